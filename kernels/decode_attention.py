@@ -1,0 +1,266 @@
+"""Decode attention over the token-slot KV pool: one new query token per request.
+
+Two stages, split-K over the sequence (flash-decoding):
+
+```
+stage 1  grid (batch, head_blocks, num_kv_splits)
+         each program: the q heads of one KV group x one slice of the request's KV
+         -> partial_o [batch, q_heads, splits, head_dim] (normalised), partial_lse (log2)
+stage 2  grid (batch, q_heads): log-sum-exp merge of the non-empty splits -> o
+```
+
+A request's slice length is ``max(cdiv(seq_len, num_kv_splits), MIN_SPLIT_LEN)``, computed
+on the device from ``kv_indptr``; short requests therefore use fewer splits, and empty
+splits are skipped by both stages. Nothing here reads device data on the host, and the
+scratch sizes depend on shapes only, so a call can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kvflow.kernels._launch import (
+    dot_precision,
+    is_interpreted,
+    multiprocessor_count,
+    next_power_of_2,
+)
+
+__all__ = ["MAX_KV_SPLITS", "decode_attention_fwd", "decode_attention_ref", "default_num_kv_splits"]
+
+MAX_KV_SPLITS = 16
+MIN_SPLIT_LEN = 64
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _decode_partial_kernel(
+    q_ptr, k_ptr, v_ptr, kv_indptr_ptr, kv_indices_ptr, part_o_ptr, part_lse_ptr,
+    scale_log2,
+    stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+    num_q_heads,
+    GROUP_SIZE: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, MIN_SPLIT: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    batch = tl.program_id(0)
+    head_block = tl.program_id(1)
+    split = tl.program_id(2)
+    kv_head = head_block // tl.cdiv(GROUP_SIZE, BLOCK_H)
+
+    offs_h = head_block * HEADS_PER_PROGRAM + tl.arange(0, BLOCK_H)
+    mask_h = (offs_h < (head_block + 1) * HEADS_PER_PROGRAM) & (offs_h < num_q_heads)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+
+    seq_start = tl.load(kv_indptr_ptr + batch)
+    seq_len = tl.load(kv_indptr_ptr + batch + 1) - seq_start
+    split_len = tl.maximum(tl.cdiv(seq_len, NUM_SPLITS), MIN_SPLIT)
+    split_start = split * split_len
+    split_end = tl.minimum(split_start + split_len, seq_len)
+    if split_end > split_start:
+        q = tl.load(
+            q_ptr + batch * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :],
+            mask=mask_h[:, None] & mask_d[None, :],
+            other=0.0,
+        )
+        if UPCAST_DOT:
+            q = q.to(tl.float32)
+        # NOTE: rows of padding heads (mask_h false) see q = 0, so their scores stay finite;
+        # only key positions are masked with -inf, and every split has at least one key.
+        e_max = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        e_sum = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+        for start_n in range(split_start, split_end, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < split_end
+            slots = tl.load(kv_indices_ptr + seq_start + offs_n, mask=mask_n, other=0).to(tl.int64)
+            mask_nd = mask_n[None, :] & mask_d[:, None]
+            k_t = tl.load(
+                k_ptr + slots[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
+                mask=mask_nd,
+                other=0.0,
+            )
+            if UPCAST_DOT:
+                k_t = k_t.to(tl.float32)
+            qk = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2
+            qk = tl.where(mask_n[None, :], qk, float("-inf"))
+            n_max = tl.maximum(tl.max(qk, 1), e_max)
+            rescale = tl.exp2(e_max - n_max)
+            p = tl.exp2(qk - n_max[:, None])
+            v = tl.load(
+                v_ptr + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+                mask=mask_n[:, None] & mask_d[None, :],
+                other=0.0,
+            )
+            if UPCAST_DOT:
+                v = v.to(tl.float32)
+            acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            e_sum = e_sum * rescale + tl.sum(p, 1)
+            e_max = n_max
+        out_offs = batch * stride_ob + offs_h[:, None] * stride_oh + split * stride_os
+        tl.store(
+            part_o_ptr + out_offs + offs_d[None, :],
+            acc / e_sum[:, None],
+            mask=mask_h[:, None] & mask_d[None, :],
+        )
+        tl.store(
+            part_lse_ptr + batch * stride_lb + offs_h * stride_lh + split,
+            e_max + tl.log2(e_sum),
+            mask=mask_h,
+        )
+
+
+@triton.jit
+def _decode_merge_kernel(
+    part_o_ptr, part_lse_ptr, o_ptr, kv_indptr_ptr,
+    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, MIN_SPLIT: tl.constexpr,
+):  # fmt: skip
+    batch = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    seq_len = tl.load(kv_indptr_ptr + batch + 1) - tl.load(kv_indptr_ptr + batch)
+    split_len = tl.maximum(tl.cdiv(seq_len, NUM_SPLITS), MIN_SPLIT)
+
+    e_max = float("-inf")
+    e_sum = 0.0
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for split in range(0, NUM_SPLITS):
+        if split * split_len < seq_len:
+            lse = tl.load(part_lse_ptr + batch * stride_lb + head * stride_lh + split)
+            part = tl.load(
+                part_o_ptr + batch * stride_pb + head * stride_ph + split * stride_ps + offs_d,
+                mask=mask_d,
+                other=0.0,
+            )
+            n_max = tl.maximum(lse, e_max)
+            rescale = tl.exp2(e_max - n_max)
+            weight = tl.exp2(lse - n_max)
+            acc = acc * rescale + weight * part
+            e_sum = e_sum * rescale + weight
+            e_max = n_max
+    # An empty request (seq_len 0, e.g. CUDA-graph padding) gets zeros, not NaN.
+    out = tl.where(seq_len > 0, acc / tl.maximum(e_sum, 1e-30), 0.0)
+    tl.store(
+        o_ptr + batch * stride_ob + head * stride_oh + offs_d,
+        out.to(o_ptr.dtype.element_ty),
+        mask=mask_d,
+    )
+
+
+def default_num_kv_splits(batch: int, num_kv_heads: int, device: torch.device) -> int:
+    """Splits per request so that stage 1 fills the GPU about twice: a function of shapes
+    only (constant for a captured batch size), between 1 and ``MAX_KV_SPLITS``."""
+    if device.type != "cuda":
+        return 4
+    programs = batch * num_kv_heads
+    target = 2 * multiprocessor_count(device.index or 0)
+    return max(1, min(MAX_KV_SPLITS, triton.cdiv(target, max(programs, 1))))
+
+
+def decode_attention_fwd(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    o: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    sm_scale: float,
+    num_kv_splits: int | None = None,
+    *,
+    partial_o: torch.Tensor | None = None,
+    partial_lse: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of one new token per request over its KV in the pool; writes ``o``.
+
+    Shapes: ``q``, ``o`` [batch, num_q_heads, head_dim] (last dim contiguous);
+    ``k_buffer``, ``v_buffer`` [num_token_slots, num_kv_heads, head_dim];
+    ``kv_indptr`` [batch + 1] int32; ``kv_indices`` [>= kv_indptr[-1]] int32 token slots,
+    request ``i`` attending to slots ``kv_indices[kv_indptr[i]:kv_indptr[i + 1]]`` (the new
+    token's own KV included, already stored). ``num_q_heads`` must be a multiple of
+    ``num_kv_heads`` (GQA). ``num_kv_splits`` (1..MAX_KV_SPLITS) defaults to
+    :func:`default_num_kv_splits`. ``partial_o`` [batch, num_q_heads, >= splits, head_dim]
+    and ``partial_lse`` [batch, num_q_heads, >= splits] (fp32) are optional scratch buffers,
+    e.g. preallocated once for CUDA-graph capture. Returns ``o``.
+    """
+    batch, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_buffer.shape[1]
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"{num_q_heads} q heads is not a multiple of {num_kv_heads} kv heads")
+    group_size = num_q_heads // num_kv_heads
+    splits = num_kv_splits or default_num_kv_splits(batch, num_kv_heads, q.device)
+    if not 1 <= splits <= MAX_KV_SPLITS:
+        raise ValueError(f"num_kv_splits must be in [1, {MAX_KV_SPLITS}], got {splits}")
+    if partial_o is None:
+        partial_o = torch.empty(
+            (batch, num_q_heads, splits, head_dim), dtype=torch.float32, device=q.device
+        )
+    if partial_lse is None:
+        partial_lse = torch.empty(
+            (batch, num_q_heads, splits), dtype=torch.float32, device=q.device
+        )
+    if batch == 0:
+        return o
+
+    block_h = 16  # tl.dot needs >= 16 rows; a KV group's heads share one tile
+    heads_per_program = min(block_h, group_size)
+    block_d = max(next_power_of_2(head_dim), 16)
+    interpreted = is_interpreted(_decode_partial_kernel)
+    grid = (batch, triton.cdiv(num_q_heads, heads_per_program), splits)
+    _decode_partial_kernel[grid](
+        q, k_buffer, v_buffer, kv_indptr, kv_indices, partial_o, partial_lse,
+        sm_scale * _LOG2E,
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
+        v_buffer.stride(0), v_buffer.stride(1),
+        partial_o.stride(0), partial_o.stride(1), partial_o.stride(2),
+        partial_lse.stride(0), partial_lse.stride(1),
+        num_q_heads,
+        GROUP_SIZE=group_size, HEADS_PER_PROGRAM=heads_per_program, BLOCK_H=block_h,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=16 if interpreted else 32,
+        NUM_SPLITS=splits, MIN_SPLIT=16 if interpreted else MIN_SPLIT_LEN,
+        UPCAST_DOT=interpreted, DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=4, num_stages=2,
+    )  # fmt: skip
+    _decode_merge_kernel[(batch, num_q_heads)](
+        partial_o, partial_lse, o, kv_indptr,
+        partial_o.stride(0), partial_o.stride(1), partial_o.stride(2),
+        partial_lse.stride(0), partial_lse.stride(1), o.stride(0), o.stride(1),
+        HEAD_DIM=head_dim, BLOCK_D=block_d,
+        NUM_SPLITS=splits, MIN_SPLIT=16 if interpreted else MIN_SPLIT_LEN,
+        num_warps=4 if head_dim <= 128 else 8,
+    )  # fmt: skip
+    return o
+
+
+def decode_attention_ref(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    sm_scale: float,
+) -> torch.Tensor:
+    """Pure-torch decode attention (fp32 math, one request at a time); returns a new
+    [batch, num_q_heads, head_dim] tensor in ``q``'s dtype. Same contract as
+    :func:`decode_attention_fwd`."""
+    batch, num_q_heads, _ = q.shape
+    group_size = num_q_heads // k_buffer.shape[1]
+    out = torch.zeros_like(q)
+    bounds = kv_indptr.tolist()
+    for req in range(batch):
+        slots = kv_indices[bounds[req] : bounds[req + 1]].long()
+        if slots.numel() == 0:
+            continue
+        keys = k_buffer[slots].float().repeat_interleave(group_size, dim=1)  # [len, qh, d]
+        values = v_buffer[slots].float().repeat_interleave(group_size, dim=1)
+        scores = torch.einsum("hd,thd->ht", q[req].float(), keys) * sm_scale
+        probs = torch.softmax(scores, dim=-1)
+        out[req] = torch.einsum("ht,thd->hd", probs, values).to(q.dtype)
+    return out
