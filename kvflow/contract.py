@@ -18,12 +18,18 @@ __all__ = [
     "DEFAULT_BOOTSTRAP_PORT",
     "HEALTH_GENERATE_PATH",
     "HEALTH_PATH",
+    "KV_TRANSFER_PORT_RANGE",
     "METRICS_PATH",
     "MODEL_CACHE_ENV",
+    "MOONCAKE_CONFIG_ENV",
+    "MOONCAKE_MASTER_METADATA_PORT",
+    "MOONCAKE_MASTER_RPC_PORT",
     "OPERATOR_HEALTH_PATH",
     "OPERATOR_HEALTH_PORT",
+    "POD_IP_ENV",
     "ROLES",
     "ROUTER_FLAGS",
+    "RUNTIME_CONFIG_DIR",
     "SERVE_FLAGS",
     "RouterOptions",
     "ServeOptions",
@@ -35,6 +41,14 @@ __all__ = [
 DEFAULT_API_PORT = 8000
 DEFAULT_BOOTSTRAP_PORT = 8998  # prefill pods: KV-transfer bootstrap endpoint
 OPERATOR_HEALTH_PORT = 8080
+# KV transfer engine (Mooncake) listening ports, RPC and TCP data, of prefill/decode pods and
+# of Mooncake store clients: the runtime binds them inside this inclusive range (for
+# example by passing "<pod-ip>:<port>" as the engine's local hostname), so a NetworkPolicy
+# can open exactly this range between prefill and decode pods.
+KV_TRANSFER_PORT_RANGE = (17000, 17999)
+# The Mooncake master (shared HiCache store): RPC and HTTP metadata server.
+MOONCAKE_MASTER_RPC_PORT = 50051
+MOONCAKE_MASTER_METADATA_PORT = 8080
 
 # HTTP paths served by every runtime pod (and the router).
 HEALTH_PATH = "/health"  # cheap liveness/readiness: no model work
@@ -45,6 +59,15 @@ OPERATOR_HEALTH_PATH = "/healthz"
 # Environment variables.
 API_KEY_ENV = "KVFLOW_API_KEY"  # bearer token required by the API when set
 MODEL_CACHE_ENV = "KVFLOW_CACHE_DIR"  # where converted/embedded models are cached
+POD_IP_ENV = "KVFLOW_POD_IP"  # the pod's own IP: advertised to KV-transfer peers
+# Path of a JSON file with the Mooncake store client settings (keys as SGLang's
+# mooncake_store config: local_hostname, metadata_server, global_segment_size,
+# local_buffer_size, protocol, device_name, master_server_address); read when
+# --hicache-storage is mooncake. An empty local_hostname means "use $KVFLOW_POD_IP".
+MOONCAKE_CONFIG_ENV = "KVFLOW_MOONCAKE_CONFIG"
+
+# Files. The operator mounts its ConfigMap (runtime.json, mooncake.json) here.
+RUNTIME_CONFIG_DIR = "/etc/kvflow"
 
 ROLES = ("unified", "prefill", "decode")
 

@@ -1,0 +1,53 @@
+"""The attention-backend contract."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from kvflow.runtime.forward_batch import ForwardBatch
+    from kvflow.runtime.mem import KVPool, ReqToTokenPool
+
+__all__ = ["AttentionBackend"]
+
+
+class AttentionBackend(ABC):
+    """Computes paged attention for one layer of one batch.
+
+    Shapes: ``q`` ``[N, num_heads, head_dim]``; ``k``/``v`` ``[N, num_kv_heads, head_dim]``
+    for the batch's new tokens; the result is ``[N, num_heads, head_dim]``.
+    :meth:`forward` first stores the new ``k``/``v`` at ``fb.out_cache_loc`` in the KV pool,
+    then attends over each request's full context (cached prefix + new tokens, causal).
+    :meth:`init_forward_metadata` runs once per batch, before the first layer, and may
+    precompute anything index-shaped into ``fb.attn_metadata``.
+    """
+
+    def __init__(self, kv_pool: KVPool, req_to_token: ReqToTokenPool, num_heads: int,
+                 num_kv_heads: int, head_dim: int, scale: float) -> None:
+        self.kv_pool = kv_pool
+        self.req_to_token = req_to_token
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+
+    @abstractmethod
+    def init_forward_metadata(self, fb: ForwardBatch) -> None: ...
+
+    @abstractmethod
+    def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                       fb: ForwardBatch) -> torch.Tensor: ...
+
+    @abstractmethod
+    def forward_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                       fb: ForwardBatch) -> torch.Tensor: ...
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                fb: ForwardBatch) -> torch.Tensor:
+        self.kv_pool.store(layer_id, fb.out_cache_loc, k, v)
+        if fb.is_decode:
+            return self.forward_decode(q, k, v, layer_id, fb)
+        return self.forward_extend(q, k, v, layer_id, fb)

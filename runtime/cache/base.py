@@ -1,0 +1,84 @@
+"""The contract between the scheduler and a prefix cache."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+
+if TYPE_CHECKING:
+    from kvflow.runtime.mem import ReqToTokenPool, TokenToKVPoolAllocator
+    from kvflow.runtime.scheduler.req import Req
+
+__all__ = ["MatchResult", "PrefixCache"]
+
+
+class MatchResult(NamedTuple):
+    """A cached prefix: its KV slots (int64 ``[prefix_len]``) and the node that ends it."""
+
+    kv_indices: torch.Tensor
+    last_node: Any
+
+
+class PrefixCache(ABC):
+    """Indexes KV slots by token ids so requests can reuse each other's prefixes.
+
+    Ownership: a KV slot belongs either to the cache (inserted, shared) or to exactly one
+    request (its un-inserted tail). A request holds a lock on the node that ends its
+    matched prefix; locked nodes and their ancestors are never evicted.
+
+    Each method that takes a request reads ``req.req_pool_idx``, ``req.kv_len``,
+    ``req.prefix_indices`` and ``req.last_node`` and updates the last two.
+    """
+
+    def __init__(self, req_to_token: ReqToTokenPool, allocator: TokenToKVPoolAllocator) -> None:
+        self.req_to_token = req_to_token
+        self.allocator = allocator
+        self.page_size = allocator.page_size
+
+    @abstractmethod
+    def match_prefix(self, token_ids: list[int], extra_key: str | None = None) -> MatchResult:
+        """Longest cached, page-aligned prefix of ``token_ids`` in namespace ``extra_key``."""
+
+    @abstractmethod
+    def cache_unfinished_req(self, req: Req) -> None:
+        """After a prefill chunk: insert the request's KV so far and re-lock its new prefix."""
+
+    @abstractmethod
+    def cache_finished_req(self, req: Req) -> None:
+        """On finish: insert the request's KV, free duplicates and its tail, unlock, free its row."""
+
+    @abstractmethod
+    def release_req(self, req: Req) -> None:
+        """On retract/abort: free the request's own KV (not the shared prefix), unlock, free its row."""
+
+    @abstractmethod
+    def inc_lock_ref(self, node: Any) -> None: ...
+
+    @abstractmethod
+    def dec_lock_ref(self, node: Any) -> None: ...
+
+    @abstractmethod
+    def evict(self, num_tokens: int) -> int:
+        """Free at least ``num_tokens`` unlocked cached tokens if possible; return how many."""
+
+    @abstractmethod
+    def evictable_size(self) -> int: ...
+
+    @abstractmethod
+    def total_size(self) -> int: ...
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Drop every entry (``/flush_cache``); only valid when no request holds a lock."""
+
+    def _free_own_tail(self, req: Req, start: int) -> None:
+        if req.kv_len > start:
+            self.allocator.free(self.req_to_token.read(req.req_pool_idx, req.kv_len, start))
+
+    def release_req_common(self, req: Req) -> None:
+        self._free_own_tail(req, len(req.prefix_indices))
+        self.dec_lock_ref(req.last_node)
+        self.req_to_token.free(req.req_pool_idx)
+        req.reset_kv_state()

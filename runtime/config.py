@@ -1,0 +1,151 @@
+"""Typed, frozen configuration of the runtime.
+
+``ModelConfig`` is read from a Hugging Face ``config.json``; ``EngineConfig`` holds what a
+user chooses. Derived values are properties; "auto" values are resolved once by
+:func:`EngineConfig.resolved`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DUMMY_CONFIGS", "EngineConfig", "ModelConfig"]
+
+# Shipped configs for ``load_format="dummy"`` (random weights in a real model's shapes).
+DUMMY_CONFIGS = {"llama-3.1-8b": Path(__file__).parent / "configs" / "llama-3.1-8b.json"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of a Llama-family model (Llama, Qwen2, Mistral)."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    eos_token_ids: tuple[int, ...]
+    torch_dtype: str = "float32"
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        arch = (raw.get("architectures") or ["LlamaForCausalLM"])[0]
+        heads = raw["num_attention_heads"]
+        # transformers >= 5 folds rope_theta and rope_scaling into rope_parameters.
+        rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+        rope_theta = rope.pop("rope_theta", None) or raw.get("rope_theta", 10000.0)
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        eos = raw.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        return cls(
+            architecture=arch,
+            vocab_size=raw["vocab_size"],
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_layers=raw["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=raw.get("num_key_value_heads") or heads,
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta),
+            rope_scaling=rope if rope_type != "default" else None,
+            max_position_embeddings=raw.get("max_position_embeddings", 4096),
+            # Qwen2 and Llama configs both carry this; Llama defaults to untied.
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=bool(raw.get("attention_bias", arch.startswith("Qwen2"))),
+            eos_token_ids=eos_ids,
+            torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
+        )
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> ModelConfig:
+        path = Path(path)
+        file = path / "config.json" if path.is_dir() else path
+        config = cls.from_dict(json.loads(file.read_text()))
+        generation = file.parent / "generation_config.json"
+        if generation.is_file():
+            eos = json.loads(generation.read_text()).get("eos_token_id")
+            extra = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+            merged = tuple(dict.fromkeys([*config.eos_token_ids, *extra]))
+            config = dataclasses.replace(config, eos_token_ids=merged)
+        return config
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What a user chooses for one engine instance (CLI defaults come from here).
+
+    ``model_path=None`` means the embedded SmolLM2-135M-Instruct. With
+    ``load_format="dummy"``, ``model_path`` may also name a shipped config
+    (see :data:`DUMMY_CONFIGS`) or a ``config.json``.
+    """
+
+    model_path: str | None = None
+    load_format: str = "auto"  # auto | dummy
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda
+    seed: int = 0
+    context_length: int | None = None
+    skip_tokenizer_init: bool = False
+
+    # KV memory
+    page_size: int = 0  # 0: auto (1 on CPU, 16 on CUDA)
+    max_total_tokens: int | None = None  # KV pool size in tokens; None: from mem_fraction
+    mem_fraction_static: float = 0.85  # CUDA: fraction of free memory for weights + KV
+    cpu_kv_cache_gb: float = 1.0  # CPU: KV pool budget when max_total_tokens is unset
+    disable_radix_cache: bool = False
+
+    # scheduling
+    max_running_requests: int = 256
+    max_queued_requests: int | None = None
+    max_prefill_tokens: int = 16384
+    chunked_prefill_size: int = 0  # 0: auto (2048 on CPU, 8192 on CUDA); -1 disables
+    schedule_policy: str = "lpm"
+    attention_backend: str = "auto"  # auto | torch | triton | flashinfer
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 160
+
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def resolved(self) -> EngineConfig:
+        """Resolve every "auto" value once, for the machine this runs on."""
+        import torch
+
+        device = self.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        on_cuda = device.startswith("cuda")
+        page_size = self.page_size or (16 if on_cuda else 1)
+        chunk = self.chunked_prefill_size or (8192 if on_cuda else 2048)
+        backend = self.attention_backend
+        if backend == "auto":
+            backend = "triton" if on_cuda else "torch"
+        return dataclasses.replace(
+            self,
+            device=device,
+            page_size=page_size,
+            chunked_prefill_size=chunk,
+            attention_backend=backend,
+            disable_cuda_graph=self.disable_cuda_graph or not on_cuda,
+        )

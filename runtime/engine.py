@@ -1,0 +1,171 @@
+"""The offline Python API: ``kvflow.Engine(...).generate(...)`` with the scheduler in-process."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvflow.runtime.config import EngineConfig
+from kvflow.runtime.detokenizer import TextStream
+from kvflow.runtime.model_runner import ModelRunner
+from kvflow.runtime.sampling import SamplingParams
+from kvflow.runtime.scheduler import FinishReason, Req, Scheduler, TokenOutput
+from kvflow.runtime.tokenizer import load_tokenizer
+
+__all__ = ["Engine", "GenerateResult", "Usage"]
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    """One generated sequence (``n`` of them per prompt when ``n > 1``)."""
+
+    text: str
+    output_ids: list[int]
+    finish_reason: FinishReason
+    usage: Usage
+    logprobs: list[float | None] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]] | None] = field(default_factory=list)
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.usage.cached_tokens
+
+
+class Engine:
+    """An engine instance: model, KV memory and scheduler in this process.
+
+    ``Engine()`` serves the embedded SmolLM2-135M-Instruct; keyword arguments are
+    :class:`~kvflow.runtime.config.EngineConfig` fields.
+    """
+
+    def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
+        self.config = EngineConfig(model_path=model_path, **kwargs).resolved()
+        self.runner = ModelRunner(self.config)
+        self.scheduler = Scheduler(self.config, self.runner)
+        self.tokenizer = None if self.config.skip_tokenizer_init else load_tokenizer(self.runner.model_path)
+        self._rids = itertools.count()
+
+    # -- public API ------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: str | Sequence[str] | None = None,
+        sampling_params: Mapping[str, Any] | SamplingParams | Sequence[Mapping[str, Any]] | None = None,
+        input_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+        extra_key: str | None = None,
+    ) -> GenerateResult | list[GenerateResult]:
+        """Generate for one prompt (returns a result, or ``n`` results) or a list of prompts
+        (returns a flat list, ``n`` per prompt, in order). All prompts run together:
+        continuous batching in one scheduler.
+        """
+        single, prompts = self._normalize_inputs(prompt, input_ids)
+        params_list = self._normalize_params(sampling_params, len(prompts))
+        groups: list[list[Req]] = []
+        for ids, params in zip(prompts, params_list, strict=True):
+            groups.append(self._make_reqs(ids, params, return_logprob, top_logprobs_num, extra_key))
+        results = self._run([req for group in groups for req in group])
+        flat = [results[req.rid] for group in groups for req in group]
+        if single and params_list[0].n == 1:
+            return flat[0]
+        return flat
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("the tokenizer was skipped (skip_tokenizer_init)")
+        return list(self.tokenizer.encode(text))
+
+    def flush_cache(self) -> bool:
+        return self.scheduler.flush_cache()
+
+    def is_memory_free(self) -> bool:
+        """True when no request holds KV memory or a request row (the leak check)."""
+        return not self.scheduler.has_work() and self.scheduler.kv.is_fully_free()
+
+    # -- internals -------------------------------------------------------------------------
+    def _normalize_inputs(self, prompt, input_ids) -> tuple[bool, list[list[int]]]:
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("give exactly one of prompt and input_ids")
+        if prompt is not None:
+            if isinstance(prompt, str):
+                return True, [self.encode(prompt)]
+            return False, [self.encode(p) for p in prompt]
+        assert input_ids is not None
+        if input_ids and isinstance(input_ids[0], int):
+            return True, [list(input_ids)]  # type: ignore[arg-type]
+        return False, [list(ids) for ids in input_ids]  # type: ignore[union-attr]
+
+    @staticmethod
+    def _normalize_params(params, count: int) -> list[SamplingParams]:
+        if isinstance(params, SamplingParams):
+            return [params] * count
+        if params is None or isinstance(params, Mapping):
+            return [SamplingParams.from_dict(params)] * count
+        if len(params) != count:
+            raise ValueError("give one sampling_params per prompt, or a single one")
+        return [p if isinstance(p, SamplingParams) else SamplingParams.from_dict(p) for p in params]
+
+    def _make_reqs(self, ids: list[int], params: SamplingParams, return_logprob: bool,
+                   top_logprobs_num: int, extra_key: str | None) -> list[Req]:
+        vocab = self.runner.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise ValueError(f"input token ids must be in [0, {vocab})")
+        params.validate(vocab)
+        if params.n > 1:
+            # Prefill the shared prompt once; the n samples then hit the prefix cache.
+            self._run([self._req(ids, params.replace(max_new_tokens=0, n=1), False, 0, extra_key)])
+        reqs = []
+        for i in range(params.n):
+            seeded = params if params.seed is None else params.replace(seed=params.seed + i)
+            reqs.append(self._req(ids, seeded, return_logprob, top_logprobs_num, extra_key))
+        return reqs
+
+    def _req(self, ids, params, return_logprob, top_logprobs_num, extra_key) -> Req:
+        index = next(self._rids)
+        rid = f"req-{index}"
+        return Req(rid, ids, params, eos_token_ids=self.runner.model_config.eos_token_ids,
+                   extra_key=extra_key, return_logprob=return_logprob,
+                   top_logprobs_num=top_logprobs_num, tokenizer=self.tokenizer,
+                   device=self.runner.device, seed=self.config.seed * 1_000_003 + index)
+
+    def _run(self, reqs: list[Req]) -> dict[str, GenerateResult]:
+        for req in reqs:
+            self.scheduler.add_request(req)
+        by_rid = {req.rid: req for req in reqs}
+        streams = {req.rid: self._text_stream(req) for req in reqs}
+        results: dict[str, GenerateResult] = {}
+        while len(results) < len(reqs):
+            for out in self.scheduler.step():
+                if out.rid in by_rid and out.finish_reason is not None:
+                    results[out.rid] = self._result(by_rid[out.rid], out, streams[out.rid])
+        return results
+
+    def _text_stream(self, req: Req) -> TextStream | None:
+        if self.tokenizer is None:
+            return None
+        return TextStream(self.tokenizer, req.origin_input_ids, req.sampling.stop,
+                          req.sampling.skip_special_tokens)
+
+    @staticmethod
+    def _result(req: Req, out: TokenOutput, stream: TextStream | None) -> GenerateResult:
+        assert out.finish_reason is not None
+        text = ""
+        if stream is not None:
+            stream.finish(req.output_ids, out.finish_reason.matched)
+            text = stream.text
+        usage = Usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
+        return GenerateResult(text, list(req.output_ids), out.finish_reason, usage,
+                              list(req.output_logprobs), list(req.output_top_logprobs))

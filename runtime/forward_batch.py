@@ -1,0 +1,52 @@
+"""What one forward pass needs to know about its batch, in tensors."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["ForwardBatch", "ForwardMode"]
+
+
+class ForwardMode(enum.Enum):
+    EXTEND = "extend"  # prefill: new tokens of each request after its cached prefix
+    DECODE = "decode"  # one new token per request
+
+
+@dataclass
+class ForwardBatch:
+    """Tensors of one step. ``N`` = new tokens in the step, ``B`` = requests.
+
+    Before the forward pass, the KV slots of the new tokens (``out_cache_loc``) are already
+    written into each request's ``req_to_token`` row, so a request's full context is
+    ``req_to_token[req_pool_indices[i], :seq_lens[i]]``.
+    """
+
+    mode: ForwardMode
+    input_ids: torch.Tensor  # [N]
+    positions: torch.Tensor  # [N]
+    out_cache_loc: torch.Tensor  # [N] KV slots the new tokens write
+    req_pool_indices: torch.Tensor  # [B]
+    seq_lens: torch.Tensor  # [B] context length after this step
+    seq_lens_cpu: list[int]
+    extend_prefix_lens_cpu: list[int] = field(default_factory=list)  # EXTEND only
+    extend_seq_lens_cpu: list[int] = field(default_factory=list)  # EXTEND only
+    attn_metadata: Any = None  # filled by the attention backend's init_forward_metadata
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def is_decode(self) -> bool:
+        return self.mode is ForwardMode.DECODE
+
+    def logits_rows(self) -> torch.Tensor:
+        """Index of each request's last new token in ``[N]`` (where its logits come from)."""
+        if self.is_decode:
+            return torch.arange(self.batch_size, device=self.input_ids.device)
+        ends = torch.tensor(self.extend_seq_lens_cpu, device=self.input_ids.device).cumsum(0)
+        return ends - 1

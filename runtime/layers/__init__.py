@@ -1,0 +1,7 @@
+"""Building blocks of the native models (torch; Triton kernels are dispatched on CUDA)."""
+
+from kvflow.runtime.layers.activation import silu_and_mul
+from kvflow.runtime.layers.norm import RMSNorm
+from kvflow.runtime.layers.rotary import RotaryEmbedding
+
+__all__ = ["RMSNorm", "RotaryEmbedding", "silu_and_mul"]

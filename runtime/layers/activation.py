@@ -1,0 +1,13 @@
+"""SwiGLU's activation: ``silu(gate) * up`` over a merged ``[tokens, 2 * intermediate]`` tensor."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["silu_and_mul"]
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up

@@ -1,0 +1,32 @@
+"""The KV tensors themselves: one K and one V buffer per layer, indexed by KV slot."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["KVPool"]
+
+
+class KVPool:
+    """Per-layer ``k_buffer[layer]`` / ``v_buffer[layer]`` of shape ``[num_slots, kv_heads, head_dim]``.
+
+    ``num_slots`` includes the padding page (slot indices start at 0; see the allocator).
+    """
+
+    def __init__(
+        self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
+        dtype: torch.dtype, device: str,
+    ) -> None:
+        shape = (num_slots, num_kv_heads, head_dim)
+        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.dtype = dtype
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    def store(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write ``k``/``v`` ``[tokens, kv_heads, head_dim]`` at slots ``loc`` ``[tokens]``."""
+        self.k_buffer[layer_id][loc] = k.to(self.dtype)
+        self.v_buffer[layer_id][loc] = v.to(self.dtype)

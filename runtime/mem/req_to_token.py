@@ -1,0 +1,41 @@
+"""First level of KV memory: which KV slot holds each token of each running request."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["ReqToTokenPool"]
+
+
+class ReqToTokenPool:
+    """A table ``req_to_token[req_pool_idx, position] -> KV slot`` plus a free list of rows.
+
+    A request takes one row when it is scheduled and gives it back when it finishes, is
+    retracted or aborted. The table's int32 rows are what attention kernels read.
+    """
+
+    def __init__(self, size: int, max_context_len: int, device: str) -> None:
+        self.size = size
+        self.max_context_len = max_context_len
+        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
+        self._free_slots = list(range(size - 1, -1, -1))
+
+    def available_size(self) -> int:
+        return len(self._free_slots)
+
+    def alloc(self) -> int | None:
+        return self._free_slots.pop() if self._free_slots else None
+
+    def free(self, req_pool_idx: int) -> None:
+        if req_pool_idx in self._free_slots:
+            raise RuntimeError(f"request slot {req_pool_idx} freed twice")
+        self._free_slots.append(req_pool_idx)
+
+    def write(self, req_pool_idx: int, start: int, kv_indices: torch.Tensor) -> None:
+        """Record that positions ``start:start+len(kv_indices)`` live at ``kv_indices``."""
+        end = start + kv_indices.numel()
+        self.req_to_token[req_pool_idx, start:end] = kv_indices.to(torch.int32)
+
+    def read(self, req_pool_idx: int, end: int, start: int = 0) -> torch.Tensor:
+        """The KV slots of positions ``start:end`` (int64, ready for indexing)."""
+        return self.req_to_token[req_pool_idx, start:end].to(torch.int64)

@@ -1,0 +1,82 @@
+"""Loads the model and owns the device state: weights, KV pools, attention backend, sampler."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from kvflow.runtime.attention import ATTENTION_BACKENDS
+from kvflow.runtime.config import EngineConfig, ModelConfig
+from kvflow.runtime.forward_batch import ForwardBatch
+from kvflow.runtime.mem import KVPool, ReqToTokenPool, TokenToKVPoolAllocator
+from kvflow.runtime.models.loader import load_model, resolve_model_path
+from kvflow.runtime.sampling import Sampler
+
+__all__ = ["ModelRunner"]
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Extra request rows beyond max_running_requests: the chunked request and requests being
+# admitted while others finish.
+_EXTRA_ROWS = 8
+
+
+def _pick_dtype(config: EngineConfig, model_config: ModelConfig) -> torch.dtype:
+    if config.dtype != "auto":
+        return _DTYPES[config.dtype]
+    if config.device == "cpu":
+        return torch.float32
+    declared = _DTYPES.get(model_config.torch_dtype, torch.bfloat16)
+    return torch.bfloat16 if declared == torch.float32 else declared
+
+
+class ModelRunner:
+    """``forward(fb)`` runs the model on a batch and returns last-position logits ``[B, vocab]``."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        assert config.device != "auto", "pass EngineConfig.resolved()"
+        self.config = config
+        self.device = config.device
+        torch.manual_seed(config.seed)
+        self.model_path = resolve_model_path(config.model_path, config.load_format)
+        self.model_config = ModelConfig.from_path(self.model_path)
+        mc = self.model_config
+        self.dtype = _pick_dtype(config, mc)
+        self.model = load_model(self.model_path, mc, config.load_format, self.dtype, self.device, config.seed)
+        self.vocab_size = mc.vocab_size
+        self.context_len = min(config.context_length or mc.max_position_embeddings,
+                               mc.max_position_embeddings)
+        self.page_size = config.page_size
+        num_pages = self._num_kv_pages()
+        self.allocator = TokenToKVPoolAllocator(num_pages, self.page_size, self.device)
+        self.kv_pool = KVPool((num_pages + 1) * self.page_size, mc.num_layers, mc.num_kv_heads,
+                              mc.head_dim, self.dtype, self.device)
+        self.req_to_token = ReqToTokenPool(config.max_running_requests + _EXTRA_ROWS,
+                                           self.context_len + 1, self.device)
+        backend_cls = ATTENTION_BACKENDS.get(config.attention_backend)
+        self.attn = backend_cls(self.kv_pool, self.req_to_token, mc.num_heads, mc.num_kv_heads,
+                                mc.head_dim, mc.head_dim**-0.5)
+        self.sampler = Sampler(mc.vocab_size, self.device)
+        logger.info("KV cache: %d tokens in pages of %d (%s)", self.allocator.size, self.page_size, self.dtype)
+
+    def _num_kv_pages(self) -> int:
+        mc, cfg = self.model_config, self.config
+        per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
+        if cfg.max_total_tokens:
+            tokens = cfg.max_total_tokens
+        elif self.device == "cpu":
+            tokens = int(cfg.cpu_kv_cache_gb * (1 << 30)) // per_token
+        else:
+            free, total = torch.cuda.mem_get_info()
+            budget = free - total * (1 - cfg.mem_fraction_static)
+            tokens = int(max(budget, 0)) // per_token
+        if tokens < self.page_size * 2:
+            raise ValueError(f"KV cache would hold only {tokens} tokens; give it more memory")
+        return tokens // self.page_size
+
+    @torch.inference_mode()
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        self.attn.init_forward_metadata(fb)
+        hidden = self.model(fb, self.attn)
+        return self.model.compute_logits(hidden[fb.logits_rows()])

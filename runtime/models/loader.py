@@ -1,0 +1,74 @@
+"""Builds a native model from a Hugging Face folder (safetensors) or with dummy weights."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from kvflow.runtime.config import DUMMY_CONFIGS, ModelConfig
+from kvflow.runtime.models import MODELS, embedded_model_path
+
+__all__ = ["load_model", "resolve_model_path"]
+logger = logging.getLogger(__name__)
+
+
+def resolve_model_path(model_path: str | None, load_format: str) -> Path:
+    """A folder (or, for dummy weights, a config file) holding the model's config."""
+    if not model_path:
+        return embedded_model_path()
+    if load_format == "dummy" and model_path in DUMMY_CONFIGS:
+        return DUMMY_CONFIGS[model_path]
+    path = Path(model_path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model path {model_path!r} does not exist (and no model hub is used)")
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model folder")
+    return path
+
+
+def _safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {folder}")
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
+                yield name, handle.get_tensor(name)
+
+
+def _init_dummy(model: nn.Module, seed: int, device: str) -> None:
+    """Small uniform weights (norms at 1), reproducible for a seed on a given device."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.fill_(1.0)
+            else:
+                param.uniform_(-0.02, 0.02, generator=generator)
+
+
+def load_model(path: Path, config: ModelConfig, load_format: str, dtype: torch.dtype,
+               device: str, seed: int) -> nn.Module:
+    """Instantiate the registered architecture on ``device`` and fill its weights."""
+    model_cls = MODELS.get(config.architecture)
+    with torch.device("meta"):
+        model = model_cls(config)
+    model = model.to_empty(device=device).to(dtype)
+    # Buffers built on meta (the RoPE table) must be recomputed for real.
+    for module in model.modules():
+        if hasattr(module, "cos_sin_cache"):
+            fresh = type(module)(config.head_dim, config.max_position_embeddings,
+                                 config.rope_theta, config.rope_scaling)
+            module.cos_sin_cache = fresh.cos_sin_cache.to(device)
+    if load_format == "dummy":
+        _init_dummy(model, seed, device)
+    else:
+        model.load_weights(_safetensors(path))
+    logger.info("loaded %s (%s, %s) on %s", config.architecture, load_format, dtype, device)
+    return model.eval()

@@ -1,0 +1,106 @@
+"""Sampling parameters of one request, validated once when the request arrives."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["SamplingParams"]
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "max_new_tokens": (int,), "min_new_tokens": (int,), "temperature": (int, float),
+    "top_p": (int, float), "top_k": (int,), "min_p": (int, float),
+    "frequency_penalty": (int, float), "presence_penalty": (int, float),
+    "repetition_penalty": (int, float), "stop": (str, list, tuple), "stop_token_ids": (list, tuple),
+    "ignore_eos": (bool,), "skip_special_tokens": (bool,), "seed": (int,), "n": (int,),
+}
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token and when to stop.
+
+    ``temperature == 0`` (or ``top_k == 1``) is greedy. ``top_k == -1`` disables top-k.
+    Penalties follow OpenAI (frequency/presence, on generated tokens) and Hugging Face
+    (repetition, on prompt and generated tokens). ``min_new_tokens`` suppresses EOS,
+    stop tokens and stop strings until that many tokens exist. ``seed`` makes sampling
+    reproducible for the request regardless of what else is in the batch.
+    """
+
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    seed: int | None = None
+    n: int = 1
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any] | None) -> SamplingParams:
+        """Build from user input; unknown keys and wrong types raise ``ValueError``."""
+        raw = dict(raw or {})
+        unknown = sorted(set(raw) - set(_TYPES))
+        if unknown:
+            raise ValueError(f"unknown sampling parameter(s): {', '.join(unknown)}")
+        values: dict[str, Any] = {}
+        for key, value in raw.items():
+            if value is None:
+                continue
+            if isinstance(value, bool) and bool not in _TYPES[key]:
+                raise ValueError(f"{key} must be a number, got a boolean")
+            if not isinstance(value, _TYPES[key]):
+                raise ValueError(f"{key} has the wrong type {type(value).__name__}")
+            values[key] = value
+        if isinstance(values.get("stop"), str):
+            values["stop"] = (values["stop"],)
+        for key in ("stop", "stop_token_ids"):
+            if key in values:
+                values[key] = tuple(values[key])
+        params = cls(**values)
+        params.validate()
+        return params
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise ``ValueError`` naming the first invalid field."""
+        checks = [
+            (self.max_new_tokens >= 0, "max_new_tokens must be >= 0"),
+            (0 <= self.min_new_tokens, "min_new_tokens must be >= 0"),
+            (self.temperature >= 0, "temperature must be >= 0"),
+            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (self.top_k == -1 or self.top_k >= 1, "top_k must be -1 (disabled) or >= 1"),
+            (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
+            (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
+            (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
+            (0 < self.repetition_penalty <= 2, "repetition_penalty must be in (0, 2]"),
+            (1 <= self.n <= 128, "n must be in [1, 128]"),
+            (all(isinstance(s, str) and s for s in self.stop), "stop must be non-empty strings"),
+            (len(self.stop) <= 16, "at most 16 stop strings"),
+            (all(isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids),
+             "stop_token_ids must be integers"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        if vocab_size is not None and any(not 0 <= t < vocab_size for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be in [0, {vocab_size})")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0)
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        return dataclasses.replace(self, **changes)

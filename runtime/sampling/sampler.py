@@ -1,0 +1,123 @@
+"""The batched sampler: penalties, masks, logprobs, then greedy or seeded sampling per row."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from kvflow.runtime.sampling.penalties import apply_penalties
+
+if TYPE_CHECKING:
+    from kvflow.runtime.scheduler.req import Req
+
+__all__ = ["SampleOutput", "Sampler", "SamplingBatch"]
+
+
+@dataclass(frozen=True)
+class SamplingBatch:
+    """The per-row parameters of one batch, gathered from its requests."""
+
+    reqs: Sequence[Req]
+    temperatures: torch.Tensor  # [B, 1]; 1.0 on greedy rows (never divides by zero)
+    top_ps: torch.Tensor  # [B]
+    top_ks: torch.Tensor  # [B]; vocab size where disabled
+    min_ps: torch.Tensor  # [B]
+    greedy: list[bool]
+    needs_filter: bool  # some row uses top-k, top-p or min-p
+
+    @classmethod
+    def from_reqs(cls, reqs: Sequence[Req], vocab_size: int, device: str) -> SamplingBatch:
+        params = [r.sampling for r in reqs]
+        greedy = [p.is_greedy for p in params]
+        temps = [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)]
+        top_ks = [vocab_size if p.top_k < 1 else min(p.top_k, vocab_size) for p in params]
+        return cls(
+            reqs=reqs,
+            temperatures=torch.tensor(temps, dtype=torch.float32, device=device)[:, None],
+            top_ps=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            top_ks=torch.tensor(top_ks, dtype=torch.int64, device=device),
+            min_ps=torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device),
+            greedy=greedy,
+            needs_filter=any(not g and (p.top_p < 1 or p.top_k > 0 or p.min_p > 0)
+                             for p, g in zip(params, greedy, strict=True)),
+        )
+
+
+@dataclass(frozen=True)
+class SampleOutput:
+    next_token_ids: list[int]
+    logprobs: list[float | None]  # log-probability of the chosen token (when asked)
+    top_logprobs: list[list[tuple[int, float]] | None]
+
+
+class Sampler:
+    """Turns a batch's last-position logits ``[B, vocab]`` into one token per request.
+
+    Logprobs are those of the model's distribution after penalties and masks, before
+    temperature and top-k/top-p/min-p filtering.
+    """
+
+    def __init__(self, vocab_size: int, device: str) -> None:
+        self.vocab_size = vocab_size
+        self.device = device
+
+    def _adjust(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
+        for row, req in enumerate(reqs):
+            params = req.sampling
+            if params.has_penalties:
+                apply_penalties(logits[row], params, req.origin_input_ids, req.output_ids)
+            if len(req.output_ids) < params.min_new_tokens and req.stop_token_set:
+                banned = torch.tensor(sorted(req.stop_token_set), dtype=torch.int64, device=logits.device)
+                logits[row, banned] = float("-inf")
+
+    def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> SampleOutput:
+        logits = logits.float()
+        self._adjust(logits, batch.reqs)
+        want_logprobs = any(r.return_logprob for r in batch.reqs)
+        logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+
+        next_ids = logits.argmax(dim=-1)
+        if not all(batch.greedy):
+            probs = torch.softmax(logits / batch.temperatures, dim=-1)
+            sampled = self._sample_rows(probs, batch)
+            greedy = torch.tensor(batch.greedy, device=logits.device)
+            next_ids = torch.where(greedy, next_ids, sampled)
+        ids = next_ids.tolist()
+        return SampleOutput(ids, *self._logprob_info(logprobs, ids, batch.reqs))
+
+    def _sample_rows(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        if batch.needs_filter:
+            sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
+            rank = torch.arange(probs.shape[-1], device=probs.device)[None, :]
+            drop = rank >= batch.top_ks[:, None]
+            # top-p keeps the smallest head whose mass reaches top_p (always the first token)
+            drop |= (sorted_probs.cumsum(dim=-1) - sorted_probs) > batch.top_ps[:, None]
+            drop |= sorted_probs < batch.min_ps[:, None] * sorted_probs[:, :1]
+            probs, index = sorted_probs.masked_fill(drop, 0.0), sorted_ids
+        else:
+            index = None
+        picks = torch.zeros(probs.shape[0], dtype=torch.int64, device=probs.device)
+        for row, req in enumerate(batch.reqs):
+            if not batch.greedy[row]:
+                picks[row] = torch.multinomial(probs[row], 1, generator=req.generator)[0]
+        if index is not None:
+            picks = index.gather(1, picks[:, None])[:, 0]
+        return picks
+
+    @staticmethod
+    def _logprob_info(logprobs: torch.Tensor | None, ids: list[int], reqs: Sequence[Req]):
+        chosen: list[float | None] = [None] * len(reqs)
+        tops: list[list[tuple[int, float]] | None] = [None] * len(reqs)
+        if logprobs is None:
+            return chosen, tops
+        for row, req in enumerate(reqs):
+            if not req.return_logprob:
+                continue
+            chosen[row] = float(logprobs[row, ids[row]])
+            if req.top_logprobs_num > 0:
+                values, indices = logprobs[row].topk(req.top_logprobs_num)
+                tops[row] = list(zip(indices.tolist(), values.tolist(), strict=True))
+        return chosen, tops

@@ -1,0 +1,127 @@
+"""A request as the scheduler sees it: token ids, KV state, sampling and finish state."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvflow.runtime.detokenizer import IncrementalDetokenizer, find_stop
+from kvflow.runtime.sampling import SamplingParams
+
+__all__ = ["FinishReason", "Req"]
+
+
+@dataclass(frozen=True)
+class FinishReason:
+    """``stop`` (``matched`` = the stop token id or stop string that ended it),
+    ``length`` (max_new_tokens or context reached) or ``abort`` (``message`` says why).
+
+    For EOS, ``matched`` is the EOS token id, as for any stop token.
+    """
+
+    type: str
+    matched: int | str | None = None
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type}
+        if self.matched is not None:
+            out["matched"] = self.matched
+        if self.message:
+            out["message"] = self.message
+        return out
+
+
+class Req:
+    """One sequence being generated. ``n > 1`` requests arrive here as ``n`` Reqs.
+
+    KV state: positions ``0:kv_len`` of ``all_token_ids()`` have KV in the slots recorded
+    in row ``req_pool_idx``; the first ``len(prefix_indices)`` of those belong to the
+    prefix cache (locked through ``last_node``), the rest to this request.
+    """
+
+    def __init__(self, rid: str, input_ids: list[int], sampling: SamplingParams, *,
+                 eos_token_ids: tuple[int, ...] = (), extra_key: str | None = None,
+                 return_logprob: bool = False, top_logprobs_num: int = 0,
+                 tokenizer: Any = None, device: str = "cpu", seed: int = 0) -> None:
+        self.rid = rid
+        self.origin_input_ids = list(input_ids)
+        self.output_ids: list[int] = []
+        self.sampling = sampling
+        self.extra_key = extra_key
+        self.return_logprob = return_logprob
+        self.top_logprobs_num = top_logprobs_num
+        self.stop_token_set = set(sampling.stop_token_ids)
+        if not sampling.ignore_eos:
+            self.stop_token_set |= set(eos_token_ids)
+        self.generator: torch.Generator | None = None
+        if not sampling.is_greedy:
+            gen_seed = sampling.seed if sampling.seed is not None else seed
+            self.generator = torch.Generator(device=device).manual_seed(gen_seed)
+        # Stop strings are matched on text, so the scheduler decodes such requests itself.
+        self._stop_text = (IncrementalDetokenizer(tokenizer, input_ids, sampling.skip_special_tokens)
+                           if sampling.stop and tokenizer is not None else None)
+
+        self.req_pool_idx: int = -1
+        self.kv_len = 0
+        self.prefix_indices = torch.empty(0, dtype=torch.int64)
+        self.last_node: Any = None
+        self.extend_len = 0  # new tokens in the current prefill step
+        self.cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
+        self.admitted = False
+        self.retractions = 0
+        self.finished_reason: FinishReason | None = None
+        self.output_logprobs: list[float | None] = []
+        self.output_top_logprobs: list[list[tuple[int, float]] | None] = []
+        self.created_at = time.monotonic()
+        self.first_token_at: float | None = None
+
+    def __repr__(self) -> str:
+        return f"Req({self.rid!r}, in={len(self.origin_input_ids)}, out={len(self.output_ids)}, kv={self.kv_len})"
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    def all_token_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    def reset_kv_state(self) -> None:
+        """Forget all KV state (after release): the request owns nothing any more."""
+        self.req_pool_idx = -1
+        self.kv_len = 0
+        self.prefix_indices = torch.empty(0, dtype=torch.int64)
+        self.last_node = None
+        self.extend_len = 0
+
+    def append_token(self, token_id: int, context_len: int) -> None:
+        """Record a sampled token and decide whether the request is finished."""
+        self.output_ids.append(token_id)
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+        params = self.sampling
+        if len(self.output_ids) >= params.min_new_tokens:
+            if token_id in self.stop_token_set:
+                self.finished_reason = FinishReason("stop", token_id)
+                return
+            if self._stop_text is not None:
+                before = len(self._stop_text.text)
+                self._stop_text.push([token_id])
+                hit = find_stop(self._stop_text.text, params.stop, before)
+                if hit:
+                    self.finished_reason = FinishReason("stop", hit[1])
+                    return
+        elif self._stop_text is not None:
+            self._stop_text.push([token_id])
+        if len(self.output_ids) >= params.max_new_tokens or self.seq_len >= context_len:
+            self.finished_reason = FinishReason("length")
+
+    def abort(self, message: str) -> None:
+        self.finished_reason = FinishReason("abort", message=message)

@@ -1,0 +1,257 @@
+"""The scheduler: waiting queue, running batch, prefill admission, decode, retraction, abort.
+
+One call of :meth:`Scheduler.step` runs one forward pass: a prefill batch when new work
+can be admitted (chunked prefill continues first), otherwise one decode step of every
+running request. It is used in-process by ``Engine`` and inside the scheduler process
+by the server.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from kvflow.runtime.cache import NoPrefixCache, PrefixCache, RadixCache
+from kvflow.runtime.config import EngineConfig
+from kvflow.runtime.model_runner import ModelRunner
+from kvflow.runtime.sampling import SamplingBatch
+from kvflow.runtime.scheduler.batch import build_decode_batch, build_extend_batch
+from kvflow.runtime.scheduler.budget import RESERVE_CLIP, PrefillBudget
+from kvflow.runtime.scheduler.kv import KVManager
+from kvflow.runtime.scheduler.output import TokenOutput
+from kvflow.runtime.scheduler.policy import order_waiting
+from kvflow.runtime.scheduler.req import FinishReason, Req
+
+__all__ = ["Scheduler"]
+logger = logging.getLogger(__name__)
+
+# New-token ratio: the share of a running request's remaining max_new_tokens reserved
+# when admitting more work. Starts optimistic, decays each decode step, and jumps up
+# after a retraction (we were too optimistic).
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY = 0.001
+RETRACT_NEW_TOKEN_RATIO = 0.9
+
+
+class Scheduler:
+    """Owns every request from arrival to finish; not thread-safe (one loop drives it)."""
+
+    def __init__(self, config: EngineConfig, runner: ModelRunner) -> None:
+        self.config = config
+        self.runner = runner
+        cache_cls: type[PrefixCache] = NoPrefixCache if config.disable_radix_cache else RadixCache
+        self.cache = cache_cls(runner.req_to_token, runner.allocator)
+        self.kv = KVManager(runner.req_to_token, runner.allocator, self.cache)
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked: Req | None = None
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.num_retractions = 0
+        self.forward_steps = 0
+
+    # -- requests in and out ---------------------------------------------------------------
+    def add_request(self, req: Req) -> None:
+        """Queue a request; raises ValueError if it can never fit."""
+        context_len = self.runner.context_len
+        if not req.origin_input_ids:
+            raise ValueError("the prompt is empty")
+        if len(req.origin_input_ids) + req.sampling.max_new_tokens > context_len:
+            raise ValueError(
+                f"prompt ({len(req.origin_input_ids)} tokens) + max_new_tokens "
+                f"({req.sampling.max_new_tokens}) exceeds the context length ({context_len})"
+            )
+        if len(req.origin_input_ids) + req.sampling.max_new_tokens > self.runner.allocator.size:
+            raise ValueError("prompt + max_new_tokens exceeds the whole KV cache")
+        self.waiting.append(req)
+
+    def abort_request(self, rid: str, message: str = "aborted by the client") -> TokenOutput | None:
+        """Abort a waiting or running request, releasing its memory. None if unknown."""
+        for req in self.waiting:
+            if req.rid == rid:
+                self.waiting.remove(req)
+                req.abort(message)
+                return self._output(req, [])
+        for req in [*self.running, *([self.chunked] if self.chunked else [])]:
+            if req.rid == rid:
+                self.cache.release_req(req)
+                if req is self.chunked:
+                    self.chunked = None
+                else:
+                    self.running.remove(req)
+                req.abort(message)
+                return self._output(req, [])
+        return None
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.chunked)
+
+    def num_requests(self) -> int:
+        return len(self.waiting) + len(self.running) + (1 if self.chunked else 0)
+
+    def flush_cache(self) -> bool:
+        """Drop every cached prefix; refused (False) while any request is in flight."""
+        if self.has_work():
+            return False
+        self.cache.evict(self.cache.total_size())
+        self.cache.reset()
+        return True
+
+    # -- one step --------------------------------------------------------------------------
+    def step(self) -> list[TokenOutput]:
+        plan = self._plan_prefill()
+        if plan:
+            return self._run_extend(plan)
+        if self.running:
+            return self._run_decode()
+        return []
+
+    def _reserve(self, req: Req) -> int:
+        remaining = req.sampling.max_new_tokens - len(req.output_ids)
+        return int(min(max(remaining, 0), RESERVE_CLIP) * self.new_token_ratio)
+
+    def _plan_prefill(self) -> list[tuple[Req, int]]:
+        if not self.waiting and self.chunked is None:
+            return []
+        cfg = self.config
+        budget = PrefillBudget(
+            input_tokens=cfg.max_prefill_tokens,
+            chunk_tokens=cfg.chunked_prefill_size if cfg.chunked_prefill_size > 0 else None,
+            kv_tokens=self.kv.available_tokens() - sum(self._reserve(r) for r in self.running),
+            requests=cfg.max_running_requests - len(self.running),
+            page_size=self.kv.page_size,
+        )
+        plan: list[tuple[Req, int]] = []
+        if self.chunked is not None:
+            req = self.chunked
+            take = budget.plan(req.seq_len - req.kv_len, self._reserve(req))
+            if take == 0:
+                return []  # memory is short: decode (and maybe retract) first
+            budget.consume(take, self._reserve(req), take == req.seq_len - req.kv_len)
+            plan.append((req, take))
+            self.chunked = None
+            if take < req.seq_len - req.kv_len:
+                return self._allocate(plan)
+        for req in order_waiting(cfg.schedule_policy, self.waiting, self.kv.match):
+            extend_len = req.seq_len - self.kv.match(req)
+            take = budget.plan(extend_len, self._reserve(req))
+            if take == 0 or not self.kv.admit(req):
+                break
+            extend_len = req.seq_len - req.kv_len
+            take = min(take, extend_len)
+            budget.consume(take, self._reserve(req), take == extend_len)
+            self.waiting.remove(req)
+            plan.append((req, take))
+            if take < extend_len:
+                break  # one chunked request per batch, and it ends the batch
+        return self._allocate(plan)
+
+    def _allocate(self, plan: list[tuple[Req, int]]) -> list[tuple[Req, int]]:
+        kept = []
+        for req, take in plan:
+            if self.kv.grow(req, take) is None:
+                logger.warning("KV allocation failed for %s; back to the queue", req.rid)
+                self.cache.release_req(req)
+                self.waiting.insert(0, req)
+                continue
+            kept.append((req, take))
+        return kept
+
+    def _run_extend(self, plan: list[tuple[Req, int]]) -> list[TokenOutput]:
+        reqs = [req for req, _ in plan]
+        extend_lens = [take for _, take in plan]
+        slots = [self.runner.req_to_token.read(r.req_pool_idx, r.kv_len + n, r.kv_len)
+                 for r, n in plan]
+        fb = build_extend_batch(reqs, extend_lens, torch.cat(slots), self.runner.device)
+        logits = self.runner.forward(fb)
+        self.forward_steps += 1
+        to_sample: list[int] = []
+        outputs: list[TokenOutput] = []
+        for row, (req, take) in enumerate(plan):
+            req.kv_len += take
+            if req.kv_len < req.seq_len:
+                self.cache.cache_unfinished_req(req)
+                self.chunked = req
+            elif len(req.output_ids) >= req.sampling.max_new_tokens:
+                req.finished_reason = req.finished_reason or FinishReason("length")
+                self.cache.cache_finished_req(req)
+                outputs.append(self._output(req, []))
+            else:
+                to_sample.append(row)
+        if to_sample:
+            outputs += self._sample_and_commit([reqs[i] for i in to_sample], logits[to_sample])
+        return outputs
+
+    def _run_decode(self) -> list[TokenOutput]:
+        outputs = self._make_room_for_decode()
+        if not self.running:
+            return outputs
+        reqs = list(self.running)
+        slots = [self.kv.grow(r, 1) for r in reqs]
+        if any(s is None for s in slots):  # _make_room_for_decode guarantees room
+            raise RuntimeError("decode allocation failed after making room")
+        fb = build_decode_batch(reqs, torch.cat(slots), self.runner.device)  # type: ignore[arg-type]
+        logits = self.runner.forward(fb)
+        self.forward_steps += 1
+        for req in reqs:
+            req.kv_len += 1
+        self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        return outputs + self._sample_and_commit(reqs, logits)
+
+    def _make_room_for_decode(self) -> list[TokenOutput]:
+        """Retract running requests until every remaining one can grow by a token."""
+        outputs: list[TokenOutput] = []
+        while self.running:
+            need = sum(self.kv.tokens_to_grow(r, 1) for r in self.running)
+            if need <= self.kv.available_tokens():
+                break
+            if len(self.running) == 1:
+                req = self.running.pop()
+                self.cache.release_req(req)
+                req.abort("the KV cache is too small for this request")
+                outputs.append(self._output(req, []))
+                break
+            # Retract the request with the least output (and longest prompt): its KV is
+            # the cheapest to rebuild relative to the memory it frees.
+            victim = min(self.running, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
+            self.running.remove(victim)
+            self.cache.release_req(victim)
+            victim.retractions += 1
+            self.num_retractions += 1
+            self.waiting.insert(0, victim)
+            self.new_token_ratio = max(self.new_token_ratio, RETRACT_NEW_TOKEN_RATIO)
+            logger.info("retracted %s (%d output tokens kept)", victim.rid, len(victim.output_ids))
+        return outputs
+
+    def _sample_and_commit(self, reqs: Sequence[Req], logits: torch.Tensor) -> list[TokenOutput]:
+        batch = SamplingBatch.from_reqs(reqs, self.runner.vocab_size, self.runner.device)
+        sampled = self.runner.sampler.sample(logits, batch)
+        outputs = []
+        for row, req in enumerate(reqs):
+            token = sampled.next_token_ids[row]
+            req.append_token(token, self.runner.context_len)
+            if req.return_logprob:
+                req.output_logprobs.append(sampled.logprobs[row])
+                req.output_top_logprobs.append(sampled.top_logprobs[row])
+            if req.finished:
+                self.cache.cache_finished_req(req)
+                if req in self.running:
+                    self.running.remove(req)
+            elif req not in self.running:
+                self.running.append(req)
+            outputs.append(self._output(req, [token], sampled.logprobs[row], sampled.top_logprobs[row]))
+        return outputs
+
+    @staticmethod
+    def _output(req: Req, new_ids: list[int], logprob: float | None = None,
+                top: list[tuple[int, float]] | None = None) -> TokenOutput:
+        return TokenOutput(
+            rid=req.rid, new_token_ids=new_ids, finish_reason=req.finished_reason,
+            prompt_tokens=len(req.origin_input_ids), completion_tokens=len(req.output_ids),
+            cached_tokens=req.cached_tokens,
+            new_logprobs=[logprob] * len(new_ids) if req.return_logprob else [],
+            new_top_logprobs=[top] * len(new_ids) if req.return_logprob else [],
+        )
+

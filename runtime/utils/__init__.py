@@ -1,0 +1,3 @@
+from kvflow.runtime.utils.registry import Registry
+
+__all__ = ["Registry"]
