@@ -1,0 +1,66 @@
+"""Pytest wiring for tests that need the local Kubernetes control plane.
+
+- `kube` (session): builds or finds the binaries, starts etcd, kube-apiserver,
+  kube-controller-manager, kube-scheduler and kwok with fake GPU nodes, yields an
+  `e2e.k8s.Kube`, and stops everything at the end of the session.
+- `kube_namespace` (function): a fresh namespace, deleted afterwards.
+- `--no-cluster` skips every test marked `cluster`; tests that use `kube` get the
+  marker automatically. By default (and in CI) they run.
+
+A cold binary build takes far longer than the per-test timeout, so binaries are
+resolved once after collection, outside any test, when a selected test needs them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from e2e.k8s import ControlPlane, ControlPlaneConfig, Kube, resolve_binaries
+
+__all__: list[str] = []
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--no-cluster",
+        action="store_true",
+        default=False,
+        help="skip tests that need the local Kubernetes control plane (marked `cluster`)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip = pytest.mark.skip(reason="--no-cluster given")
+    for item in items:
+        if "kube" in getattr(item, "fixturenames", ()) and "cluster" not in item.keywords:
+            item.add_marker(pytest.mark.cluster)
+        if config.getoption("--no-cluster") and "cluster" in item.keywords:
+            item.add_marker(skip)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    config = session.config
+    if config.getoption("--no-cluster") or config.getoption("collectonly"):
+        return
+    if any("kube" in getattr(item, "fixturenames", ()) for item in session.items):
+        resolve_binaries()  # may build for many minutes on a cold cache; prints progress
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
+    """A running control plane with 3 kwok nodes (64 CPU, 512Gi, 8 `nvidia.com/gpu` each)."""
+    config = ControlPlaneConfig(state_dir=tmp_path_factory.mktemp("k8s"))
+    with ControlPlane(resolve_binaries(), config) as plane:
+        yield plane.kube
+
+
+@pytest.fixture
+def kube_namespace(kube: Kube) -> Iterator[str]:
+    """A namespace of this test's own; deleted (without waiting) afterwards."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    kube.kubectl("create", "namespace", name)
+    yield name
+    kube.kubectl("delete", "namespace", name, "--wait=false", check=False)

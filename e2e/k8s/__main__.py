@@ -1,0 +1,81 @@
+"""CLI: `python -m e2e.k8s build` resolves the binaries; `python -m e2e.k8s up` runs a
+control plane until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from .bins import BINARIES, BinaryResolutionError, resolve_binaries
+from .config import ControlPlaneConfig
+from .controlplane import ControlPlane
+from .process import ComponentError
+from .versions import PINNED
+
+__all__ = ["main"]
+
+_DEFAULT_STATE_DIR = os.environ.get("KVFLOW_K8S_STATE_DIR", ".cache/k8s-cluster")
+
+
+def _build(_: argparse.Namespace) -> int:
+    bins = resolve_binaries()
+    width = max(map(len, BINARIES))
+    for name in BINARIES:
+        print(f"{name:<{width}}  v{PINNED.of(name):<8} {bins[name]}")
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    defaults = ControlPlaneConfig(state_dir=Path())
+    config = ControlPlaneConfig(
+        state_dir=Path(args.state_dir).resolve(),
+        node_count=args.nodes,
+        ready_timeout_s=args.timeout or defaults.ready_timeout_s,
+    )
+    bins = resolve_binaries()
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    plane = ControlPlane(bins, config)
+    try:
+        plane.start()
+        print(f"kubeconfig: {config.kubeconfig}")
+        print(f"export KUBECONFIG={config.kubeconfig}")
+        print(f"logs: {config.logs_dir}   (Ctrl-C stops the control plane)", flush=True)
+        while True:
+            time.sleep(1)
+            plane.check_running()
+    except KeyboardInterrupt:
+        print("\nstopping the control plane...", file=sys.stderr)
+        return 0
+    finally:
+        plane.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.k8s", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("build", help="resolve (download or build) the binaries, print their paths")
+    up = sub.add_parser("up", help="start a control plane and keep it running until Ctrl-C")
+    up.add_argument(
+        "--state-dir", default=_DEFAULT_STATE_DIR, help="wiped and reused (default %(default)s)"
+    )
+    up.add_argument("--nodes", type=int, default=3, help="fake kwok nodes (default %(default)s)")
+    up.add_argument("--timeout", type=float, default=None, help="seconds per readiness wait")
+    args = parser.parse_args(argv)
+    try:
+        return _build(args) if args.command == "build" else _up(args)
+    except (BinaryResolutionError, ComponentError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
