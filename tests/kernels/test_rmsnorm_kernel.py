@@ -1,0 +1,59 @@
+"""rmsnorm (plain and fused residual add) against rmsnorm_ref and HF's LlamaRMSNorm."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_testing import device_for
+
+from kvflow.kernels import rmsnorm, rmsnorm_ref
+
+
+def _run_case(device, dtype, tokens, hidden, with_residual):
+    gen = torch.Generator().manual_seed(tokens * 1000 + hidden)
+    x = (torch.randn(tokens, hidden, generator=gen) * 3).to(dtype)
+    residual = torch.randn(tokens, hidden, generator=gen).to(dtype) if with_residual else None
+    weight = (1 + 0.1 * torch.randn(hidden, generator=gen)).to(dtype)
+    expected = rmsnorm_ref(x, weight, 1e-5, residual)
+    # Exact sums and one-ulp outputs on the GPU; Triton's interpreter truncates fp32 -> bf16
+    # instead of rounding, which costs up to two bf16 ulps over the three roundings.
+    interpreted_bf16 = device == "cpu" and dtype == torch.bfloat16
+    exact = {"atol": 1e-2, "rtol": 1e-2} if interpreted_bf16 else {"atol": 0, "rtol": 0}
+    close = {"atol": 1e-2, "rtol": 4e-2} if interpreted_bf16 else {}
+    x_in = x.to(device)
+    residual_in = residual.to(device) if with_residual else None
+    got = rmsnorm(x_in, weight.to(device), 1e-5, residual_in)
+    torch.testing.assert_close(x_in.cpu(), x)  # inputs untouched
+    if with_residual:
+        torch.testing.assert_close(residual_in.cpu(), residual)
+        torch.testing.assert_close(got[1].cpu(), expected[1], **exact)
+        got, expected = got[0], expected[0]
+    # One rounding step apart at most (rsqrt and the order of the sum may differ).
+    torch.testing.assert_close(got.cpu(), expected, **close)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(("tokens", "hidden"), [(1, 64), (5, 100), (3, 576)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rmsnorm_interpret(dtype, tokens, hidden, with_residual):
+    _run_case(device_for("interpret"), dtype, tokens, hidden, with_residual)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(("tokens", "hidden"), [(1, 4096), (257, 4096), (33, 576), (7, 5000)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rmsnorm_gpu(dtype, tokens, hidden, with_residual):
+    _run_case(device_for("gpu"), dtype, tokens, hidden, with_residual)
+
+
+def test_rmsnorm_ref_matches_hf_llama():
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    gen = torch.Generator().manual_seed(3)
+    norm = LlamaRMSNorm(64, eps=1e-6).to(torch.bfloat16)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(64, generator=gen))
+    x = torch.randn(4, 64, generator=gen).bfloat16()
+    torch.testing.assert_close(rmsnorm_ref(x, norm.weight, 1e-6), norm(x), atol=0, rtol=0)
