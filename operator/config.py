@@ -1,0 +1,90 @@
+"""The runtime ConfigMap: resolved per-role settings and the Mooncake store client config.
+
+Pods mount it at :data:`contract.RUNTIME_CONFIG_DIR`; its hash goes into the pod template
+(``kvflow.dev/config-hash``) so that a configuration change rolls the pods.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from kvflow import contract
+
+from . import names
+from .pods import MOONCAKE_CONFIG_FILE, model_mount, serve_options
+from .spec import ModelDeployment
+
+RUNTIME_CONFIG_FILE = "runtime.json"
+MOONCAKE_LOCAL_BUFFER = 512 * 2**20  # staging buffer of each Mooncake store client
+
+
+def mooncake_client_config(md: ModelDeployment) -> dict[str, Any]:
+    """Mooncake store client settings (``$KVFLOW_MOONCAKE_CONFIG``); ``local_hostname`` is
+    left empty for the runtime to fill from ``$KVFLOW_POD_IP``."""
+    master = f"{names.child_name(md.name, names.MOONCAKE_MASTER)}.{md.namespace}.svc"
+    return {
+        "local_hostname": "",
+        "metadata_server": f"http://{master}:{contract.MOONCAKE_MASTER_METADATA_PORT}/metadata",
+        "master_server_address": f"{master}:{contract.MOONCAKE_MASTER_RPC_PORT}",
+        "global_segment_size": md.hicache.mooncake_segment_bytes,
+        "local_buffer_size": MOONCAKE_LOCAL_BUFFER,
+        "protocol": md.kv_transfer.protocol,
+        "device_name": "",
+    }
+
+
+def runtime_config(md: ModelDeployment) -> dict[str, Any]:
+    """What each role runs, resolved: the document ``kvflow up`` and humans read."""
+    model_path = model_mount(md).model_path
+    return {
+        "deployment": md.name,
+        "mode": md.mode,
+        "model": {"source": md.model.source, "servedModelName": md.model.served_model_name},
+        "roles": {
+            worker.role: {
+                "replicas": worker.desired_replicas,
+                "argv": contract.serve_argv(serve_options(md, worker, model_path)),
+            }
+            for worker in md.workers
+        },
+        "router": {"replicas": md.router.replicas, "policy": md.router.policy},
+        "kvTransfer": {
+            "backend": md.kv_transfer.backend,
+            "protocol": md.kv_transfer.protocol,
+            "bootstrapPort": md.kv_transfer.bootstrap_port,
+            "portRange": list(contract.KV_TRANSFER_PORT_RANGE),
+        },
+        "hiCache": {
+            "hostMemoryBytes": md.hicache.host_memory_bytes,
+            "writePolicy": md.hicache.write_policy,
+            "store": md.hicache.store,
+        },
+    }
+
+
+def config_data(md: ModelDeployment) -> dict[str, str]:
+    """The ConfigMap's ``data``: JSON documents with sorted keys (stable hashes)."""
+    data = {RUNTIME_CONFIG_FILE: json.dumps(runtime_config(md), indent=2, sort_keys=True)}
+    if md.hicache.store == "mooncake":
+        data[MOONCAKE_CONFIG_FILE] = json.dumps(
+            mooncake_client_config(md), indent=2, sort_keys=True
+        )
+    return data
+
+
+def config_hash(data: dict[str, str]) -> str:
+    """Short content hash of the ConfigMap data."""
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+    return digest[:16]
+
+
+def runtime_config_map(md: ModelDeployment) -> dict[str, Any]:
+    """ConfigMap ``<name>-runtime``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": names.object_meta(md, names.child_name(md.name, "runtime"), "runtime"),
+        "data": config_data(md),
+    }

@@ -1,0 +1,142 @@
+"""kopf handlers: thin adapters from Kubernetes events to :class:`Reconciler` calls.
+
+- ModelDeployment created, changed, or found at operator start: full reconcile.
+- A timer per ModelDeployment: full reconcile every ``drift_interval`` seconds (repairs
+  edits the event path below missed, re-tries after API outages).
+- A child deleted, or edited by another field manager: full reconcile of its owner at once.
+- A child Deployment's status moved: status refresh of its owner.
+
+Transient failures become ``kopf.TemporaryError`` (kopf retries with a delay); permanent
+ones are written to the ``Degraded`` condition and end the handler with
+``kopf.PermanentError``, so a bad spec never turns into a crash or a hot retry loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from . import names
+from .reconcile import Outcome, Reconciler
+from .render import CHILD_KINDS
+
+log = logging.getLogger(__name__)
+
+# Managers whose writes to a child are expected and are not drift.
+EXPECTED_MANAGERS = frozenset({names.FIELD_MANAGER, "kube-controller-manager", "kube-scheduler"})
+RETRY_DELAY_SECONDS = 10.0
+
+
+def _raise_for(outcome: Outcome) -> None:
+    failure = outcome.failure
+    if failure is None:
+        return
+    if failure.permanent:
+        raise kopf.PermanentError(f"{failure.reason}: {failure.message}")
+    raise kopf.TemporaryError(f"{failure.reason}: {failure.message}", delay=RETRY_DELAY_SECONDS)
+
+
+def edited_by_others(body: Mapping[str, Any]) -> bool:
+    """Whether a field manager other than the operator and the controllers wrote the spec."""
+    for entry in body.get("metadata", {}).get("managedFields") or ():
+        if entry.get("subresource") == "status":
+            continue
+        if entry.get("manager") not in EXPECTED_MANAGERS:
+            return True
+    return False
+
+
+class _StatusFilter:
+    """Remembers each Deployment's last status summary so unchanged ones are skipped."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[Any, ...]] = {}
+
+    def changed(self, body: Mapping[str, Any]) -> bool:
+        status = body.get("status") or {}
+        summary = (
+            body.get("metadata", {}).get("generation"),
+            tuple(
+                status.get(k)
+                for k in ("observedGeneration", "replicas", "readyReplicas", "updatedReplicas")
+            ),
+            tuple(
+                (c.get("type"), c.get("status"), c.get("reason"))
+                for c in status.get("conditions") or ()
+            ),
+        )
+        uid = str(body.get("metadata", {}).get("uid"))
+        if self._seen.get(uid) == summary:
+            return False
+        self._seen[uid] = summary
+        return True
+
+
+def register(
+    registry: kopf.OperatorRegistry, reconciler: Reconciler, drift_interval: float
+) -> None:
+    """Register the operator's handlers in ``registry``."""
+    md = (names.GROUP, names.VERSION, names.PLURAL)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> Any:
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.resume(*md, registry=registry)
+    @kopf.on.create(*md, registry=registry)
+    @kopf.on.update(*md, field="spec", registry=registry)
+    def apply_spec(body: kopf.Body, **_: Any) -> None:
+        outcome = reconciler.reconcile(body)
+        meta = body.metadata
+        log.info(
+            "%s/%s: applied %d, pruned %d",
+            meta.namespace,
+            meta.name,
+            outcome.applied,
+            outcome.pruned,
+        )
+        _raise_for(outcome)
+
+    @kopf.timer(*md, interval=drift_interval, initial_delay=drift_interval, registry=registry)
+    def repair_drift(body: kopf.Body, **_: Any) -> None:
+        reconciler.reconcile(body)
+
+    deployments = _StatusFilter()
+
+    def child_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        owner = body.metadata.labels.get(names.LABEL_DEPLOYMENT)
+        namespace = body.metadata.namespace
+        if not owner or not namespace or event.get("type") is None:
+            return  # the initial listing: the ModelDeployment's resume handler covers it
+        deleted = event.get("type") == "DELETED"
+        drifted = not deleted and edited_by_others(body)
+        is_deployment = body.get("kind") == "Deployment"
+        if not (deleted or drifted or (is_deployment and deployments.changed(body))):
+            return
+        current = reconciler.fetch(namespace, owner)
+        if current is None or current.get("metadata", {}).get("deletionTimestamp"):
+            return  # owner gone: the garbage collector removes the children
+        if deleted or drifted:
+            log.info(
+                "%s/%s: %s %s %s, repairing",
+                namespace,
+                owner,
+                body.get("kind"),
+                body.metadata.name,
+                "deleted" if deleted else "edited",
+            )
+            reconciler.reconcile(current)
+        else:
+            reconciler.refresh(current)
+
+    for api_version, kind in CHILD_KINDS:
+        kopf.on.event(
+            api_version,
+            kind,
+            labels={names.LABEL_MANAGED_BY: names.MANAGED_BY},
+            id=f"child-{kind.lower()}",
+            registry=registry,
+        )(child_event)

@@ -1,0 +1,188 @@
+"""Reading a ModelDeployment resource body into :class:`spec.ModelDeployment`.
+
+:func:`parse_model_deployment` takes the body as the API server returns it (CRD defaults
+applied) or as written in a file (defaults filled in here). Anything the CRD's schema
+cannot check is checked here and reported as :class:`SpecError` naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvflow import contract
+
+from .quantity import QuantityError, parse_quantity
+from .spec import (
+    DEFAULT_ROUTER_IMAGE,
+    DEFAULT_RUNTIME_IMAGE,
+    Autoscaling,
+    Endpoint,
+    HiCache,
+    KVTransfer,
+    ModelDeployment,
+    ModelSource,
+    NetworkPolicySettings,
+    PodSettings,
+    RouterRole,
+    SecretKeyRef,
+    SpecError,
+    WorkerRole,
+)
+
+
+def _secret_ref(raw: Mapping[str, Any] | None, default_key: str) -> SecretKeyRef | None:
+    if not raw:
+        return None
+    return SecretKeyRef(name=str(raw["name"]), key=str(raw.get("key") or default_key))
+
+
+def _quantities(raw: Mapping[str, Any] | None, path: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for resource, amount in (raw or {}).items():
+        try:
+            parse_quantity(amount)
+        except QuantityError as exc:
+            raise SpecError(f"{path}.{resource}", str(exc)) from exc
+        out[str(resource)] = str(amount)
+    return out
+
+
+def _pods(raw: Mapping[str, Any], path: str) -> PodSettings:
+    resources = raw.get("resources") or {}
+    return PodSettings(
+        requests=_quantities(resources.get("requests"), f"{path}.resources.requests"),
+        limits=_quantities(resources.get("limits"), f"{path}.resources.limits"),
+        node_selector={str(k): str(v) for k, v in (raw.get("nodeSelector") or {}).items()},
+        tolerations=tuple(dict(t) for t in raw.get("tolerations") or ()),
+        env=tuple(dict(e) for e in raw.get("env") or ()),
+        extra_args=tuple(str(a) for a in raw.get("extraArgs") or ()),
+    )
+
+
+def _autoscaling(raw: Mapping[str, Any] | None) -> Autoscaling:
+    raw = raw or {}
+    targets = raw.get("targets") or {}
+    return Autoscaling(
+        enabled=bool(raw.get("enabled", False)),
+        min_replicas=int(raw.get("minReplicas", 1)),
+        max_replicas=int(raw.get("maxReplicas", 4)),
+        scale_down_stabilization_seconds=int(raw.get("scaleDownStabilizationSeconds", 300)),
+        queue_per_replica=targets.get("queuePerReplica"),
+        kv_usage=targets.get("kvUsage"),
+        ttft_ms=targets.get("ttftMs"),
+        itl_ms=targets.get("itlMs"),
+    )
+
+
+def _worker(role: str, raw: Mapping[str, Any] | None) -> WorkerRole:
+    raw = raw or {}
+    return WorkerRole(
+        role=role,
+        replicas=int(raw.get("replicas", 1)),
+        gpus=int(raw.get("gpus", 0)),
+        pods=_pods(raw, f"spec.{role}"),
+        max_running_requests=raw.get("maxRunningRequests"),
+        startup_timeout_seconds=int(raw.get("startupTimeoutSeconds", 1800)),
+        autoscaling=_autoscaling(raw.get("autoscaling")),
+    )
+
+
+def _model(raw: Mapping[str, Any]) -> ModelSource:
+    source = str(raw.get("source", "embedded"))
+    pvc = raw.get("pvc") or {}
+    hf = raw.get("huggingFace") or {}
+    model = ModelSource(
+        source=source,
+        served_model_name=str(raw.get("servedModelName", "")),
+        claim_name=str(pvc.get("claimName", "")),
+        claim_path=str(pvc.get("path", "")),
+        host_path=str((raw.get("hostPath") or {}).get("path", "")),
+        hf_id=str(hf.get("id", "")),
+        hf_revision=str(hf.get("revision") or "main"),
+        hf_token=_secret_ref(hf.get("tokenSecretRef"), "token"),
+    )
+    required = {"pvc": model.claim_name, "hostPath": model.host_path, "huggingFace": model.hf_id}
+    if source in required and not required[source]:
+        raise SpecError(f"spec.model.{source}", f"required when spec.model.source is {source}")
+    return model
+
+
+def _hicache(raw: Mapping[str, Any] | None) -> HiCache:
+    raw = raw or {}
+    store = raw.get("sharedStore") or {}
+    hicache = HiCache(
+        host_memory=None if raw.get("hostMemory") is None else str(raw["hostMemory"]),
+        write_policy=str(raw.get("writePolicy", "write_through")),
+        store=str(store.get("type", "none")),
+        store_size=None if store.get("size") is None else str(store["size"]),
+        storage_class=store.get("storageClassName"),
+    )
+    for path, amount in (
+        ("spec.hiCache.hostMemory", hicache.host_memory),
+        ("spec.hiCache.sharedStore.size", hicache.store_size),
+    ):
+        if amount is not None:
+            try:
+                parse_quantity(amount)
+            except QuantityError as exc:
+                raise SpecError(path, str(exc)) from exc
+    if hicache.store != "none" and not hicache.enabled:
+        raise SpecError("spec.hiCache.hostMemory", "must be positive when a shared store is set")
+    if hicache.store == "file" and not hicache.store_size:
+        raise SpecError("spec.hiCache.sharedStore.size", "required when the store type is file")
+    return hicache
+
+
+def parse_model_deployment(body: Mapping[str, Any]) -> ModelDeployment:
+    """Read a ModelDeployment resource body; raises :class:`SpecError` naming the field."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    mode = str(spec.get("mode", "unified"))
+    workers: tuple[WorkerRole, ...]
+    if mode == "disaggregated":
+        for role in ("prefill", "decode"):
+            if role not in spec:
+                raise SpecError(f"spec.{role}", "required when spec.mode is disaggregated")
+        workers = (_worker("prefill", spec["prefill"]), _worker("decode", spec["decode"]))
+    elif mode == "unified":
+        workers = (_worker("unified", spec.get("unified")),)
+    else:
+        raise SpecError("spec.mode", f"unsupported value {mode!r}")
+    router = spec.get("router") or {}
+    kv = spec.get("kvTransfer") or {}
+    endpoint = spec.get("endpoint") or {}
+    netpol = spec.get("networkPolicy") or {}
+    return ModelDeployment(
+        name=str(meta["name"]),
+        namespace=str(meta.get("namespace") or "default"),
+        uid=str(meta.get("uid", "")),
+        generation=int(meta.get("generation", 1)),
+        mode=mode,
+        model=_model(spec.get("model") or {}),
+        image=str(spec.get("image", DEFAULT_RUNTIME_IMAGE)),
+        image_pull_policy=str(spec.get("imagePullPolicy", "IfNotPresent")),
+        image_pull_secrets=tuple(str(s["name"]) for s in spec.get("imagePullSecrets") or ()),
+        workers=workers,
+        router=RouterRole(
+            replicas=int(router.get("replicas", 1)),
+            image=str(router.get("image", DEFAULT_ROUTER_IMAGE)),
+            policy=str(router.get("policy", "cache_aware")),
+            pods=_pods(router, "spec.router"),
+        ),
+        kv_transfer=KVTransfer(
+            backend=str(kv.get("backend", "mooncake")),
+            protocol=str(kv.get("protocol", "tcp")),
+            bootstrap_port=int(kv.get("bootstrapPort", contract.DEFAULT_BOOTSTRAP_PORT)),
+        ),
+        hicache=_hicache(spec.get("hiCache")),
+        endpoint=Endpoint(
+            port=int(endpoint.get("port", contract.DEFAULT_API_PORT)),
+            service_type=str(endpoint.get("serviceType", "ClusterIP")),
+            api_key=_secret_ref(endpoint.get("apiKeySecretRef"), "api-key"),
+        ),
+        network_policy=NetworkPolicySettings(
+            enabled=bool(netpol.get("enabled", True)),
+            metrics_namespace_labels=dict(netpol.get("metricsNamespaceSelector") or {}),
+        ),
+    )

@@ -1,0 +1,97 @@
+"""PodDisruptionBudgets and NetworkPolicies.
+
+Ingress is opened narrowly: the router's API port to any client; a worker's API port only
+to the router (and to namespaces allowed to scrape metrics); the KV bootstrap port and the
+KV transfer port range only between prefill and decode pods of the same deployment (and
+between all workers when they pool memory in a Mooncake store); the Mooncake master only to
+the workers. Egress is left open (model downloads, Kubernetes API for the router).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvflow import contract
+
+from . import names
+from .podparts import API_PORT_NAME, BOOTSTRAP_PORT_NAME
+from .spec import ModelDeployment
+
+
+def disruption_budgets(md: ModelDeployment) -> list[dict[str, Any]]:
+    """One PDB per component: voluntary evictions take at most one pod at a time."""
+    components = [worker.role for worker in md.workers] + [names.ROUTER]
+    return [
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": names.object_meta(md, names.child_name(md.name, component), component),
+            "spec": {
+                "maxUnavailable": 1,
+                "unhealthyPodEvictionPolicy": "AlwaysAllow",
+                "selector": {"matchLabels": names.selector_labels(md.name, component)},
+            },
+        }
+        for component in components
+    ]
+
+
+def _pods(md: ModelDeployment, *roles: str) -> dict[str, Any]:
+    """A NetworkPolicy peer: this deployment's pods of the given roles."""
+    return {
+        "podSelector": {
+            "matchExpressions": [
+                {"key": names.LABEL_DEPLOYMENT, "operator": "In", "values": [md.name]},
+                {"key": names.LABEL_ROLE, "operator": "In", "values": list(roles)},
+            ]
+        }
+    }
+
+
+def _kv_ports() -> list[dict[str, Any]]:
+    first, last = contract.KV_TRANSFER_PORT_RANGE
+    return [{"protocol": "TCP", "port": first, "endPort": last}]
+
+
+def _policy(md: ModelDeployment, component: str, ingress: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": names.object_meta(md, names.child_name(md.name, component), component),
+        "spec": {
+            "podSelector": {"matchLabels": names.selector_labels(md.name, component)},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
+
+
+def network_policies(md: ModelDeployment) -> list[dict[str, Any]]:
+    """The deployment's NetworkPolicies (none when ``spec.networkPolicy.enabled`` is false)."""
+    if not md.network_policy.enabled:
+        return []
+    api_port = [{"protocol": "TCP", "port": API_PORT_NAME}]
+    worker_roles = [worker.role for worker in md.workers]
+    api_from: list[dict[str, Any]] = [_pods(md, names.ROUTER)]
+    if md.network_policy.metrics_namespace_labels:
+        selector = {"matchLabels": dict(md.network_policy.metrics_namespace_labels)}
+        api_from.append({"namespaceSelector": selector})
+    policies = [_policy(md, names.ROUTER, [{"ports": api_port}])]
+    for role in worker_roles:
+        ingress: list[dict[str, Any]] = [{"from": api_from, "ports": api_port}]
+        if role == "prefill":
+            bootstrap = [{"protocol": "TCP", "port": BOOTSTRAP_PORT_NAME}]
+            ingress.append({"from": [_pods(md, "decode")], "ports": bootstrap + _kv_ports()})
+        if role == "decode":
+            ingress.append({"from": [_pods(md, "prefill")], "ports": _kv_ports()})
+        if md.hicache.store == "mooncake":
+            ingress.append({"from": [_pods(md, *worker_roles)], "ports": _kv_ports()})
+        policies.append(_policy(md, role, ingress))
+    if md.hicache.store == "mooncake":
+        master_ports = [
+            {"protocol": "TCP", "port": contract.MOONCAKE_MASTER_RPC_PORT},
+            {"protocol": "TCP", "port": contract.MOONCAKE_MASTER_METADATA_PORT},
+        ]
+        master_from = [{"from": [_pods(md, *worker_roles)], "ports": master_ports}]
+        policies.append(_policy(md, names.MOONCAKE_MASTER, master_from))
+    return policies

@@ -1,0 +1,203 @@
+"""One reconcile of one ModelDeployment: render, apply, prune, observe, report.
+
+:meth:`Reconciler.reconcile` makes the children match the spec; :meth:`Reconciler.refresh`
+only recomputes status from the children. Both end by writing status (only when it
+changed). Calls for the same ModelDeployment are serialized by a per-object lock, so the
+handlers (spec change, drift timer, child events) may call from any thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from . import names
+from .kube import ApiFailure, Cluster
+from .parse import parse_model_deployment
+from .render import CHILD_KINDS, child_key, render_children
+from .spec import ModelDeployment, SpecError
+from .status import Failure, Observation, ServiceReport, WorkloadReport, compute_status
+
+log = logging.getLogger(__name__)
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def expected_components(md: ModelDeployment) -> list[str]:
+    """Components whose Deployments must exist and be ready for the model to serve."""
+    components = [worker.role for worker in md.workers] + [names.ROUTER]
+    if md.hicache.store == "mooncake":
+        components.append(names.MOONCAKE_MASTER)
+    return components
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one reconcile did and reported."""
+
+    applied: int
+    pruned: int
+    status: Mapping[str, Any]
+    failure: Failure | None
+
+
+def _owned(obj: Mapping[str, Any], uid: str) -> bool:
+    refs = obj.get("metadata", {}).get("ownerReferences") or ()
+    return any(ref.get("uid") == uid and ref.get("controller") for ref in refs)
+
+
+def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge patch turning ``old`` status into ``new`` (keys gone from ``new`` become None)."""
+    patch: dict[str, Any] = dict(new)
+    for key in old:
+        if key not in new:
+            patch[key] = None
+    old_roles, new_roles = old.get("roles") or {}, new.get("roles") or {}
+    if isinstance(old_roles, Mapping):
+        patch["roles"] = {**{k: None for k in old_roles if k not in new_roles}, **new_roles}
+    return patch
+
+
+class Reconciler:
+    """Drives children and status of ModelDeployments through a :class:`Cluster`."""
+
+    def __init__(self, cluster: Cluster, clock: Callable[[], str] = utc_now) -> None:
+        self._cluster = cluster
+        self._clock = clock
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def _lock(self, namespace: str, name: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault((namespace, name), threading.Lock())
+
+    def reconcile(self, body: Mapping[str, Any]) -> Outcome:
+        """Apply every rendered child, prune obsolete ones, then report status."""
+        meta = body["metadata"]
+        with self._lock(meta["namespace"], meta["name"]):
+            failure: Failure | None = None
+            applied = pruned = 0
+            components: list[str] | None = None
+            try:
+                md = parse_model_deployment(body)
+                components = expected_components(md)
+                children = render_children(md)
+                for child in children:
+                    self._cluster.apply(child)
+                    applied += 1
+                pruned = self._prune(md, {child_key(c) for c in children})
+            except SpecError as exc:
+                failure = Failure("InvalidSpec", str(exc), permanent=True)
+            except ApiFailure as exc:
+                failure = Failure(exc.reason, exc.message, exc.permanent)
+            if failure is not None:
+                log.warning(
+                    "%s/%s: %s: %s",
+                    meta["namespace"],
+                    meta["name"],
+                    failure.reason,
+                    failure.message,
+                )
+            status = self._report(body, components, failure)
+            return Outcome(applied, pruned, status, failure)
+
+    def refresh(self, body: Mapping[str, Any]) -> Outcome:
+        """Recompute and write status from the children, changing nothing else."""
+        meta = body["metadata"]
+        with self._lock(meta["namespace"], meta["name"]):
+            components = None
+            with contextlib.suppress(SpecError):  # unparseable: report what exists
+                components = expected_components(parse_model_deployment(body))
+            previous = _previous_failure(body)
+            return Outcome(0, 0, self._report(body, components, previous), previous)
+
+    def fetch(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The current ModelDeployment body (None once deleted)."""
+        return self._cluster.get_model_deployment(namespace, name)
+
+    def _children(self, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
+        selector = names.owned_selector(name)
+        found: list[dict[str, Any]] = []
+        for api_version, kind in CHILD_KINDS:
+            items = self._cluster.list(api_version, kind, namespace, selector)
+            found += [item for item in items if _owned(item, uid)]
+        return found
+
+    def _prune(self, md: ModelDeployment, keep: set[tuple[str, str, str]]) -> int:
+        pruned = 0
+        for child in self._children(md.namespace, md.name, md.uid):
+            if child_key(child) not in keep:
+                log.info(
+                    "%s/%s: pruning %s %s",
+                    md.namespace,
+                    md.name,
+                    child["kind"],
+                    child["metadata"]["name"],
+                )
+                self._cluster.delete(
+                    child["apiVersion"], child["kind"], md.namespace, child["metadata"]["name"]
+                )
+                pruned += 1
+        return pruned
+
+    def _observe(self, namespace: str, name: str, uid: str) -> Observation:
+        children = self._children(namespace, name, uid)
+        workloads = {}
+        endpoint = None
+        generations = []
+        for child in children:
+            annotation = (child["metadata"].get("annotations") or {}).get(
+                names.ANNOTATION_GENERATION
+            )
+            if annotation is not None and annotation.isdigit():
+                generations.append(int(annotation))
+            if child["kind"] == "Deployment":
+                report = WorkloadReport.from_deployment(child)
+                workloads[report.component] = report
+            elif child["kind"] == "Service" and child["metadata"]["name"] == name:
+                endpoint = ServiceReport.from_service(child)
+        return Observation(workloads, endpoint, generations)
+
+    def _report(
+        self, body: Mapping[str, Any], components: Sequence[str] | None, failure: Failure | None
+    ) -> dict[str, Any]:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        old = dict(body.get("status") or {})
+        try:
+            observation = self._observe(namespace, name, meta["uid"])
+            if components is None:  # unparseable spec: report what exists
+                components = sorted(observation.workloads)
+            status = compute_status(
+                int(meta.get("generation") or 1),
+                components,
+                observation,
+                failure,
+                old.get("conditions") or (),
+                self._clock(),
+            )
+            if status != old:
+                self._cluster.patch_status(namespace, name, status_patch(old, status))
+        except ApiFailure as exc:
+            log.warning("%s/%s: cannot report status: %s", namespace, name, exc.message)
+            return old
+        return status
+
+
+PERMANENT_REASONS = ("InvalidSpec", "ApplyRejected", "Forbidden", "NotFound")
+
+
+def _previous_failure(body: Mapping[str, Any]) -> Failure | None:
+    """A permanent apply failure already reported stays reported until the next reconcile."""
+    for condition in (body.get("status") or {}).get("conditions") or ():
+        degraded = condition.get("type") == "Degraded" and condition.get("status") == "True"
+        if degraded and condition.get("reason") in PERMANENT_REASONS:
+            return Failure(condition["reason"], condition.get("message", ""), permanent=True)
+    return None

@@ -1,0 +1,54 @@
+"""Everything a ModelDeployment owns, as manifests, from its spec alone.
+
+:func:`render_children` is pure: the same spec gives the same manifests, byte for byte,
+which is what the golden-file tests pin down and what makes re-applying them a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .config import runtime_config_map
+from .mooncake import master_deployment, master_service
+from .policies import disruption_budgets, network_policies
+from .services import endpoint_service, headless_service
+from .spec import ModelDeployment
+from .storage import hicache_claim
+from .workloads import router_access, router_deployment, worker_deployment
+
+# Kinds a ModelDeployment may own: (apiVersion, kind). The operator lists these to prune
+# children a spec change made obsolete; the chart's RBAC grants exactly these.
+CHILD_KINDS: tuple[tuple[str, str], ...] = (
+    ("v1", "ConfigMap"),
+    ("v1", "ServiceAccount"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("v1", "PersistentVolumeClaim"),
+    ("v1", "Service"),
+    ("apps/v1", "Deployment"),
+    ("policy/v1", "PodDisruptionBudget"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
+)
+
+
+def render_children(md: ModelDeployment) -> list[dict[str, Any]]:
+    """All child manifests, in apply order (configuration and identities before workloads)."""
+    children: list[dict[str, Any]] = [runtime_config_map(md), *router_access(md)]
+    if md.hicache.store == "file":
+        children.append(hicache_claim(md))
+    children.append(endpoint_service(md))
+    children += [headless_service(md, worker) for worker in md.workers]
+    if md.hicache.store == "mooncake":
+        children += [master_service(md), master_deployment(md)]
+    children += [worker_deployment(md, worker) for worker in md.workers]
+    children.append(router_deployment(md))
+    children += disruption_budgets(md)
+    children += network_policies(md)
+    # Plain JSON data: no shared sub-objects between manifests, nothing unserializable.
+    return [json.loads(json.dumps(child)) for child in children]
+
+
+def child_key(manifest: dict[str, Any]) -> tuple[str, str, str]:
+    """(apiVersion, kind, name): how a child is identified within its namespace."""
+    return (manifest["apiVersion"], manifest["kind"], manifest["metadata"]["name"])

@@ -1,0 +1,182 @@
+"""The ModelDeployment spec as typed, frozen dataclasses (read by ``parse.py``).
+
+Defaults repeat the CRD's, so that a spec read from a file (``kvflow up``, unit tests)
+means what the API server would make of it; a test checks the two agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvflow import contract
+
+from .quantity import parse_quantity
+
+DEFAULT_RUNTIME_IMAGE = "ghcr.io/kvflow/runtime:0.1.0"
+DEFAULT_ROUTER_IMAGE = "ghcr.io/kvflow/router:0.1.0"
+DEFAULT_MOONCAKE_SEGMENT = "4Gi"  # memory each runtime pod lends the Mooncake store
+
+
+class SpecError(ValueError):
+    """A spec the operator cannot render; ``field`` is its path, e.g. ``spec.hiCache.hostMemory``."""
+
+    def __init__(self, field_path: str, message: str) -> None:
+        super().__init__(f"{field_path}: {message}")
+        self.field_path = field_path
+
+
+@dataclass(frozen=True)
+class SecretKeyRef:
+    """One key of a Secret in the deployment's namespace."""
+
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the weights come from (``spec.model``)."""
+
+    source: str = "embedded"  # embedded | pvc | hostPath | huggingFace
+    served_model_name: str = ""
+    claim_name: str = ""
+    claim_path: str = ""
+    host_path: str = ""
+    hf_id: str = ""
+    hf_revision: str = "main"
+    hf_token: SecretKeyRef | None = None
+
+
+@dataclass(frozen=True)
+class Autoscaling:
+    """Per-role autoscaling bounds and targets (acted on by the autoscaler)."""
+
+    enabled: bool = False
+    min_replicas: int = 1
+    max_replicas: int = 4
+    scale_down_stabilization_seconds: int = 300
+    queue_per_replica: int | None = None
+    kv_usage: float | None = None
+    ttft_ms: int | None = None
+    itl_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class PodSettings:
+    """What every role's pods share: placement, resources, env and extra flags."""
+
+    requests: Mapping[str, str] = field(default_factory=dict)
+    limits: Mapping[str, str] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: Sequence[Mapping[str, Any]] = ()
+    env: Sequence[Mapping[str, Any]] = ()
+    extra_args: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class WorkerRole:
+    """``spec.unified`` / ``spec.prefill`` / ``spec.decode``: pods running ``kvflow serve``."""
+
+    role: str
+    replicas: int = 1
+    gpus: int = 0
+    pods: PodSettings = field(default_factory=PodSettings)
+    max_running_requests: int | None = None
+    startup_timeout_seconds: int = 1800
+    autoscaling: Autoscaling = field(default_factory=Autoscaling)
+
+    @property
+    def desired_replicas(self) -> int:
+        """Replicas to render: ``replicas``, clamped to the autoscaling bounds when enabled."""
+        if not self.autoscaling.enabled:
+            return self.replicas
+        return min(max(self.replicas, self.autoscaling.min_replicas), self.autoscaling.max_replicas)
+
+
+@dataclass(frozen=True)
+class RouterRole:
+    """``spec.router``: pods running ``kvflow router``."""
+
+    replicas: int = 1
+    image: str = DEFAULT_ROUTER_IMAGE
+    policy: str = "cache_aware"
+    pods: PodSettings = field(default_factory=PodSettings)
+
+
+@dataclass(frozen=True)
+class KVTransfer:
+    """``spec.kvTransfer``: how prefill pods hand KV pages to decode pods."""
+
+    backend: str = "mooncake"
+    protocol: str = "tcp"
+    bootstrap_port: int = contract.DEFAULT_BOOTSTRAP_PORT
+
+
+@dataclass(frozen=True)
+class HiCache:
+    """``spec.hiCache``: host-memory tier (L2) and shared store (L3)."""
+
+    host_memory: str | None = None
+    write_policy: str = "write_through"
+    store: str = "none"  # none | mooncake | file
+    store_size: str | None = None
+    storage_class: str | None = None
+
+    @property
+    def host_memory_bytes(self) -> int:
+        return int(parse_quantity(self.host_memory)) if self.host_memory else 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.host_memory_bytes > 0
+
+    @property
+    def mooncake_segment_bytes(self) -> int:
+        """Memory each runtime pod lends the Mooncake store (0 unless the store is mooncake)."""
+        if self.store != "mooncake":
+            return 0
+        return int(parse_quantity(self.store_size or DEFAULT_MOONCAKE_SEGMENT))
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """``spec.endpoint``: the router Service and its API key."""
+
+    port: int = contract.DEFAULT_API_PORT
+    service_type: str = "ClusterIP"
+    api_key: SecretKeyRef | None = None
+
+
+@dataclass(frozen=True)
+class NetworkPolicySettings:
+    """``spec.networkPolicy``."""
+
+    enabled: bool = True
+    metrics_namespace_labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelDeployment:
+    """A parsed ModelDeployment: identity plus the spec every builder reads."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    mode: str = "unified"
+    model: ModelSource = field(default_factory=ModelSource)
+    image: str = DEFAULT_RUNTIME_IMAGE
+    image_pull_policy: str = "IfNotPresent"
+    image_pull_secrets: Sequence[str] = ()
+    workers: Sequence[WorkerRole] = (WorkerRole("unified"),)
+    router: RouterRole = field(default_factory=RouterRole)
+    kv_transfer: KVTransfer = field(default_factory=KVTransfer)
+    hicache: HiCache = field(default_factory=HiCache)
+    endpoint: Endpoint = field(default_factory=Endpoint)
+    network_policy: NetworkPolicySettings = field(default_factory=NetworkPolicySettings)
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.mode == "disaggregated"
