@@ -8,7 +8,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Pki", "make_pki"]
+__all__ = ["FRONT_PROXY_CN", "Pki", "make_pki"]
+
+# The only client the apiserver trusts to assert a user in request headers (the
+# aggregation layer's proxy identity).
+FRONT_PROXY_CN = "front-proxy-client"
 
 _DAYS = "3650"
 
@@ -45,6 +49,14 @@ class Pki:
         return self.dir / "admin.key"
 
     @property
+    def front_proxy_crt(self) -> Path:
+        return self.dir / "front-proxy-client.crt"
+
+    @property
+    def front_proxy_key(self) -> Path:
+        return self.dir / "front-proxy-client.key"
+
+    @property
     def sa_key(self) -> Path:
         return self.dir / "sa.key"
 
@@ -68,6 +80,7 @@ def make_pki(directory: Path, service_ip: str) -> Pki:
     sans = ",".join([*(f"DNS:{n}" for n in _APISERVER_DNS), "IP:127.0.0.1", f"IP:{service_ip}"])
     ssl.signed("apiserver", "/CN=kube-apiserver", f"subjectAltName={sans}", "serverAuth")
     ssl.signed("admin", "/O=system:masters/CN=kvflow-admin", None, "clientAuth")
+    ssl.signed("front-proxy-client", f"/CN={FRONT_PROXY_CN}", None, "clientAuth")
     ssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "sa.key")
     ssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub")
     for key in directory.glob("*.key"):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .bins import Binaries
-from .certs import Pki
+from .certs import FRONT_PROXY_CN, Pki
 from .config import ControlPlaneConfig, Ports
 from .health import http_probe, insecure_tls, mutual_tls
 from .process import Component
@@ -59,6 +59,18 @@ def control_plane_components(
             # RBAC, so a chart's Roles are really enforced; the admin cert is in
             # system:masters, which RBAC lets do everything.
             "--authorization-mode=RBAC",
+            # Front-proxy (aggregation layer) identity; without it every component
+            # logs errors about a missing requestheader CA.
+            f"--requestheader-client-ca-file={pki.ca_crt}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CN}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki.front_proxy_crt}",
+            f"--proxy-client-key-file={pki.front_proxy_key}",
+            # The advertised address is loopback, which Endpoints may not hold; nothing
+            # in the cluster dials the `kubernetes` Service anyway (pods are simulated).
+            "--endpoint-reconciler-type=none",
             "--allow-privileged=true",
             "--profiling=false",
         ],

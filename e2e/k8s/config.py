@@ -31,9 +31,11 @@ class ControlPlaneConfig:
     node_count: int = 3
     node: FakeNodeSpec = field(default_factory=FakeNodeSpec)
     service_cidr: str = "10.96.0.0/16"
-    # NOTE: pod IPs are loopback addresses on purpose: nothing runs behind them, so a
-    # client that dials one (a router discovering pods) fails on this machine instead
-    # of sending packets to a private network.
+    # NOTE: kwok hands out pod IPs from a loopback range on purpose. Nothing runs
+    # behind a simulated pod, so a client that dials one (a router discovering pods)
+    # fails on this machine, or reaches a local process a test bound to that address,
+    # instead of sending packets to a private network. The price: EndpointSlices
+    # reject loopback addresses, so Services get no endpoints.
     pod_cidr: str = "127.224.0.0/16"
     ready_timeout_s: float = 120.0
 

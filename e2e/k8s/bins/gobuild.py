@@ -64,7 +64,8 @@ class KubernetesSource(BinarySource):
                 goflags="-mod=mod -buildvcs=false",
             )
             for name in kube:
-                out[name] = _checked(staging / name, f"v{v.kubernetes}", "--version")
+                args = ("version", "--client") if name == "kubectl" else ("--version",)
+                out[name] = _checked(staging / name, f"v{v.kubernetes}", *args)
             say(f"built {', '.join(kube)} in {elapsed(start)}")
         if "etcd" in names:
             start = time.monotonic()
