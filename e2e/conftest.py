@@ -18,9 +18,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from e2e.k8s import ControlPlane, ControlPlaneConfig, Kube, resolve_binaries
+from e2e.k8s import (
+    BinaryResolutionError,
+    ControlPlane,
+    ControlPlaneConfig,
+    Kube,
+    resolve_binaries,
+)
 
 __all__: list[str] = []
+
+_RESOLUTION_ERROR = pytest.StashKey[BinaryResolutionError]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -46,12 +54,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if config.getoption("--no-cluster") or config.getoption("collectonly"):
         return
     if any("kube" in getattr(item, "fixturenames", ()) for item in session.items):
-        resolve_binaries()  # may build for many minutes on a cold cache; prints progress
+        try:
+            resolve_binaries()  # may build for many minutes on a cold cache; prints progress
+        except BinaryResolutionError as err:
+            # Fail the cluster tests (in the `kube` fixture), not the whole session.
+            config.stash[_RESOLUTION_ERROR] = err
 
 
 @pytest.fixture(scope="session")
-def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
+def kube(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Kube]:
     """A running control plane with 3 kwok nodes (64 CPU, 512Gi, 8 `nvidia.com/gpu` each)."""
+    error = request.config.stash.get(_RESOLUTION_ERROR, None)
+    if error is not None:
+        raise error
     config = ControlPlaneConfig(state_dir=tmp_path_factory.mktemp("k8s"))
     with ControlPlane(resolve_binaries(), config) as plane:
         yield plane.kube

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import time
 from types import TracebackType
+from typing import IO
 
 from .bins import Binaries
 from .certs import make_pki
@@ -36,6 +38,7 @@ class ControlPlane:
         self.config = config
         self._started: list[Component] = []
         self._kube: Kube | None = None
+        self._lock: IO[str] | None = None
 
     @property
     def kube(self) -> Kube:
@@ -50,14 +53,15 @@ class ControlPlane:
     def start(self) -> ControlPlane:
         cfg = self.config
         begin = time.monotonic()
-        shutil.rmtree(cfg.state_dir, ignore_errors=True)
-        cfg.state_dir.mkdir(parents=True)
-        pki = make_pki(cfg.pki_dir, cfg.service_ip)
-        ports = Ports(*free_ports(6))
-        write_kubeconfig(cfg.kubeconfig, f"https://127.0.0.1:{ports.apiserver}", pki)
-        write_kwok_config(cfg.kwok_config)
-        api_tier, controllers = control_plane_components(self.binaries, cfg, ports, pki)
+        self._lock_state_dir()
         try:
+            shutil.rmtree(cfg.state_dir, ignore_errors=True)
+            cfg.state_dir.mkdir(parents=True)
+            pki = make_pki(cfg.pki_dir, cfg.service_ip)
+            ports = Ports(*free_ports(6))
+            write_kubeconfig(cfg.kubeconfig, f"https://127.0.0.1:{ports.apiserver}", pki)
+            write_kwok_config(cfg.kwok_config)
+            api_tier, controllers = control_plane_components(self.binaries, cfg, ports, pki)
             for component in api_tier:
                 self._launch([component])
             self._launch(controllers)
@@ -78,6 +82,9 @@ class ControlPlane:
         while self._started:
             self._started.pop().stop()
         self._kube = None
+        if self._lock is not None:
+            self._lock.close()  # closing releases the flock
+            self._lock = None
 
     def __enter__(self) -> ControlPlane:
         return self.start()
@@ -89,6 +96,19 @@ class ControlPlane:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+    def _lock_state_dir(self) -> None:
+        """Hold `<state_dir>.lock` while running: a second control plane on the same
+        state dir would wipe this one's etcd data and certificates."""
+        state_dir = self.config.state_dir
+        state_dir.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(state_dir.with_name(state_dir.name + ".lock"), "w")  # noqa: SIM115
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise ComponentError(f"another control plane is running on {state_dir}") from None
+        self._lock = lock
 
     def _launch(self, components: list[Component]) -> None:
         """Start `components` together, then wait for each to become healthy."""

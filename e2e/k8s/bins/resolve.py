@@ -88,10 +88,10 @@ def resolve_binaries(
             _fill(cache, _sources(env, versions, cache), missing)
     for name in wanted:
         if name not in found:
-            path = cache.get(name)
-            if path is None:  # _fill raises first; this guards a racing deletion
+            cached = cache.get(name)
+            if cached is None:  # _fill raises first; this guards a racing deletion
                 raise BinaryResolutionError(f"{name} vanished from {cache.bin_dir}")
-            found[name] = path
+            found[name] = cached
     return Binaries(paths={n: found[n] for n in wanted})
 
 
