@@ -36,20 +36,20 @@ def mooncake_client_config(md: ModelDeployment) -> dict[str, Any]:
 
 
 def runtime_config(md: ModelDeployment) -> dict[str, Any]:
-    """What each role runs, resolved: the document ``kvflow up`` and humans read."""
+    """What each role runs, resolved: the document ``kvflow up`` and humans read.
+
+    Replica counts stay out: scaling must not change the hash and roll every pod.
+    """
     model_path = model_mount(md).model_path
     return {
         "deployment": md.name,
         "mode": md.mode,
         "model": {"source": md.model.source, "servedModelName": md.model.served_model_name},
         "roles": {
-            worker.role: {
-                "replicas": worker.desired_replicas,
-                "argv": contract.serve_argv(serve_options(md, worker, model_path)),
-            }
+            worker.role: {"argv": contract.serve_argv(serve_options(md, worker, model_path))}
             for worker in md.workers
         },
-        "router": {"replicas": md.router.replicas, "policy": md.router.policy},
+        "router": {"policy": md.router.policy},
         "kvTransfer": {
             "backend": md.kv_transfer.backend,
             "protocol": md.kv_transfer.protocol,

@@ -1,0 +1,239 @@
+"""Properties every rendered child must have, checked on every spec (golden files pin the
+exact bytes; these say why the bytes are right)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from operator_testing import SPECS, load_model_deployment
+
+from kvflow import contract
+from kvflow.operator import SpecError, parse_model_deployment, render_children
+from kvflow.operator.names import ANNOTATION_BOOTSTRAP_PORT, LABEL_ROLE
+from kvflow.operator.quantity import parse_quantity
+
+
+def children_of(name: str) -> list[dict[str, Any]]:
+    return render_children(parse_model_deployment(load_model_deployment(SPECS[name])))
+
+
+def by_kind(children: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {c["metadata"]["name"]: c for c in children if c["kind"] == kind}
+
+
+def pod_specs(children: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        name: d["spec"]["template"]["spec"] for name, d in by_kind(children, "Deployment").items()
+    }
+
+
+def test_every_child_is_owned_labelled_and_named_within_limits(spec_name: str) -> None:
+    body = load_model_deployment(SPECS[spec_name])
+    for child in children_of(spec_name):
+        meta = child["metadata"]
+        (owner,) = meta["ownerReferences"]
+        assert owner["uid"] == body["metadata"]["uid"] and owner["controller"] is True
+        assert owner["kind"] == "ModelDeployment" and owner["name"] == body["metadata"]["name"]
+        assert meta["namespace"] == body["metadata"]["namespace"]
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "kvflow-operator"
+        assert meta["labels"]["kvflow.dev/deployment"] == body["metadata"]["name"]
+        assert meta["annotations"]["kvflow.dev/generation"] == "1"
+        assert len(meta["name"]) <= 63
+
+
+def test_pods_meet_the_restricted_pod_security_standard(spec_name: str) -> None:
+    rdma = spec_name == "disaggregated-pvc"  # RDMA asks for IPC_LOCK, documented as the exception
+    for name, pod in pod_specs(children_of(spec_name)).items():
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for container in pod["containers"] + pod.get("initContainers", []):
+            ctx = container["securityContext"]
+            assert ctx["allowPrivilegeEscalation"] is False
+            assert ctx["capabilities"]["drop"] == ["ALL"]
+            assert ctx["readOnlyRootFilesystem"] is True
+            added = ctx["capabilities"].get("add", [])
+            expect = ["IPC_LOCK"] if rdma and container["name"] == "runtime" else []
+            assert added == expect, (name, container["name"])
+
+
+def test_runtime_pods_follow_the_contract(spec_name: str) -> None:
+    children = children_of(spec_name)
+    for name, pod in pod_specs(children).items():
+        (container,) = pod["containers"]
+        argv = container["command"]
+        if container["name"] == "mooncake-master":
+            assert f"--rpc_port={contract.MOONCAKE_MASTER_RPC_PORT}" in argv
+            continue
+        flags = contract.SERVE_FLAGS if argv[1] == "serve" else contract.ROUTER_FLAGS
+        assert argv[0] == "kvflow" and argv[1] in ("serve", "router"), name
+        for flag in [a for a in argv[2:] if a.startswith("--")]:
+            extra = flag in ("--max-prefill-tokens",)  # user extraArgs come last
+            assert flag in flags or extra, (name, flag)
+        assert container["ports"][0]["containerPort"] == contract.DEFAULT_API_PORT
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["httpGet"]["path"] == contract.HEALTH_PATH
+        startup = container["startupProbe"]
+        if argv[1] == "serve":  # model loading may take the whole startup window
+            window = startup["periodSeconds"] * startup["failureThreshold"]
+            assert window >= 1800, (name, window)
+
+
+def test_prefill_pods_announce_their_bootstrap_port() -> None:
+    for spec_name, port in (("disaggregated-hicache", 8998), ("disaggregated-pvc", 9000)):
+        deployments = by_kind(children_of(spec_name), "Deployment")
+        prefill = next(
+            d for d in deployments.values() if d["metadata"]["labels"][LABEL_ROLE] == "prefill"
+        )
+        template = prefill["spec"]["template"]
+        assert template["metadata"]["annotations"][ANNOTATION_BOOTSTRAP_PORT] == str(port)
+        argv = template["spec"]["containers"][0]["command"]
+        assert argv[argv.index("--bootstrap-port") + 1] == str(port)
+
+
+def test_api_key_comes_from_the_secret_into_the_contract_env_var() -> None:
+    for name, pod in pod_specs(children_of("disaggregated-hicache")).items():
+        if "mooncake" in name:
+            continue
+        env = {e["name"]: e for e in pod["containers"][0]["env"]}
+        ref = env[contract.API_KEY_ENV]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": "smollm2-pd-api-key", "key": "api-key"}
+    for pod in pod_specs(children_of("unified-embedded")).values():
+        assert contract.API_KEY_ENV not in {e["name"] for e in pod["containers"][0].get("env", [])}
+
+
+def test_memory_requests_include_hicache_tiers() -> None:
+    gib = 2**30
+    # 8Gi requested + 8Gi host tier + 4Gi lent to the Mooncake store.
+    pods = pod_specs(children_of("disaggregated-hicache"))
+    for role in ("prefill", "decode"):
+        resources = pods[f"smollm2-pd-{role}"]["containers"][0]["resources"]
+        assert parse_quantity(resources["requests"]["memory"]) == 20 * gib
+        assert (
+            resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == "1"
+        )
+    # 24Gi + 16Gi host tier; the 32Gi limit grows by the same 16Gi. A file store lends no memory.
+    resources = pod_specs(children_of("hicache-file"))["llama-files-unified"]["containers"][0][
+        "resources"
+    ]
+    assert parse_quantity(resources["requests"]["memory"]) == 40 * gib
+    assert parse_quantity(resources["limits"]["memory"]) == 48 * gib
+    # No HiCache: requests pass through untouched.
+    resources = pod_specs(children_of("unified-embedded"))["smollm2-unified"]["containers"][0][
+        "resources"
+    ]
+    assert resources["requests"] == {"cpu": "1", "memory": "2Gi"}
+
+
+def test_children_per_variant() -> None:
+    kinds = lambda name: sorted((c["kind"], c["metadata"]["name"]) for c in children_of(name))  # noqa: E731
+    unified = kinds("unified-embedded")
+    assert ("Deployment", "smollm2-unified") in unified and ("Service", "smollm2") in unified
+    assert not any("mooncake" in n or "hicache" in n for _, n in unified)
+    pd = kinds("disaggregated-hicache")
+    for expected in [
+        ("Deployment", "smollm2-pd-prefill"),
+        ("Deployment", "smollm2-pd-decode"),
+        ("Deployment", "smollm2-pd-router"),
+        ("Deployment", "smollm2-pd-mooncake-master"),
+        ("Service", "smollm2-pd-mooncake-master"),
+        ("Service", "smollm2-pd-prefill"),
+        ("Service", "smollm2-pd-decode"),
+        ("ConfigMap", "smollm2-pd-runtime"),
+        ("PodDisruptionBudget", "smollm2-pd-decode"),
+        ("NetworkPolicy", "smollm2-pd-prefill"),
+        ("Role", "smollm2-pd-router"),
+    ]:
+        assert expected in pd
+    files = kinds("hicache-file")
+    assert ("PersistentVolumeClaim", "llama-files-hicache") in files
+    assert not any(kind == "NetworkPolicy" and "mooncake" in n for kind, n in files)
+
+
+def test_headless_services_and_the_endpoint_service() -> None:
+    services = by_kind(children_of("disaggregated-hicache"), "Service")
+    assert services["smollm2-pd-prefill"]["spec"]["clusterIP"] == "None"
+    assert {p["name"] for p in services["smollm2-pd-prefill"]["spec"]["ports"]} == {
+        "http",
+        "bootstrap",
+    }
+    endpoint = services["smollm2-pd"]["spec"]
+    assert endpoint["selector"] == {
+        "kvflow.dev/deployment": "smollm2-pd",
+        "kvflow.dev/role": "router",
+    }
+    assert "clusterIP" not in endpoint and endpoint["type"] == "ClusterIP"
+    lb = by_kind(children_of("hicache-file"), "Service")["llama-files"]["spec"]
+    assert lb["type"] == "LoadBalancer" and lb["ports"][0]["port"] == 80
+
+
+def test_network_policy_opens_kv_ports_only_between_prefill_and_decode() -> None:
+    policies = by_kind(children_of("disaggregated-pvc"), "NetworkPolicy")
+    first, last = contract.KV_TRANSFER_PORT_RANGE
+
+    def peers(policy: dict[str, Any], port: Any) -> list[list[str]]:
+        found = []
+        for rule in policy["spec"]["ingress"]:
+            if any(p["port"] == port for p in rule.get("ports", [])):
+                for peer in rule.get("from", [{}]):
+                    exprs = peer.get("podSelector", {}).get("matchExpressions", [])
+                    roles = [e["values"] for e in exprs if e["key"] == LABEL_ROLE]
+                    found += roles or [["<namespaces>" if "namespaceSelector" in peer else "<any>"]]
+        return found
+
+    assert peers(policies["llama-pd-prefill"], "bootstrap") == [["decode"]]
+    assert peers(policies["llama-pd-prefill"], first) == [["decode"]]
+    assert peers(policies["llama-pd-decode"], first) == [["prefill"]]
+    assert peers(policies["llama-pd-decode"], "http") == [["router"], ["<namespaces>"]]
+    assert peers(policies["llama-pd-router"], "http") == [["<any>"]]
+    kv_rule = next(
+        r for r in policies["llama-pd-decode"]["spec"]["ingress"] if r["ports"][0]["port"] == first
+    )
+    assert kv_rule["ports"][0]["endPort"] == last
+
+
+def test_config_change_rolls_pods_and_replica_change_does_not() -> None:
+    body = load_model_deployment(SPECS["unified-embedded"])
+    hash_of = lambda b: by_kind(render_children(parse_model_deployment(b)), "Deployment")[  # noqa: E731
+        "smollm2-unified"
+    ]["spec"]["template"]["metadata"]["annotations"]["kvflow.dev/config-hash"]
+    before = hash_of(body)
+    body["spec"]["unified"]["extraArgs"] = ["--chunked-prefill-size", "512"]
+    assert hash_of(body) != before
+    body2 = load_model_deployment(SPECS["unified-embedded"])
+    body2["spec"]["unified"]["replicas"] = 5
+    assert hash_of(body2) == before
+
+
+def test_autoscaled_replicas_are_clamped_into_bounds() -> None:
+    body = load_model_deployment(SPECS["disaggregated-hicache"])
+    body["spec"]["decode"]["replicas"] = 9  # maxReplicas is 4
+    deployments = by_kind(render_children(parse_model_deployment(body)), "Deployment")
+    assert deployments["smollm2-pd-decode"]["spec"]["replicas"] == 4
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ({"mode": "disaggregated"}, "spec.prefill"),
+        ({"mode": "hybrid"}, "spec.mode"),
+        ({"model": {"source": "pvc"}}, "spec.model.pvc"),
+        ({"hiCache": {"sharedStore": {"type": "file", "size": "1Ti"}}}, "spec.hiCache.hostMemory"),
+        (
+            {"hiCache": {"hostMemory": "8Gi", "sharedStore": {"type": "file"}}},
+            "spec.hiCache.sharedStore.size",
+        ),
+        ({"hiCache": {"hostMemory": "lots"}}, "spec.hiCache.hostMemory"),
+        (
+            {"unified": {"resources": {"requests": {"memory": "2 GB"}}}},
+            "spec.unified.resources.requests.memory",
+        ),
+    ],
+)
+def test_spec_errors_name_the_field(patch: dict[str, Any], field: str) -> None:
+    body = load_model_deployment(SPECS["unified-embedded"])
+    body["spec"].update(patch)
+    with pytest.raises(SpecError) as caught:
+        parse_model_deployment(body)
+    assert caught.value.field_path == field
+    assert str(caught.value).startswith(field)
