@@ -4,7 +4,6 @@ control plane until Ctrl-C."""
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import time
@@ -14,12 +13,11 @@ from types import FrameType
 from .bins import BINARIES, BinaryResolutionError, resolve_binaries
 from .config import ControlPlaneConfig
 from .controlplane import ControlPlane
+from .env import K8sEnv
 from .process import ComponentError
 from .versions import PINNED
 
 __all__ = ["main"]
-
-_DEFAULT_STATE_DIR = os.environ.get("KVFLOW_K8S_STATE_DIR", ".cache/k8s-cluster")
 
 
 def _build(_: argparse.Namespace) -> int:
@@ -31,11 +29,10 @@ def _build(_: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    defaults = ControlPlaneConfig(state_dir=Path())
     config = ControlPlaneConfig(
         state_dir=Path(args.state_dir).resolve(),
         node_count=args.nodes,
-        ready_timeout_s=args.timeout or defaults.ready_timeout_s,
+        ready_timeout_s=args.timeout,
     )
     bins = resolve_binaries()
 
@@ -65,10 +62,23 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("build", help="resolve (download or build) the binaries, print their paths")
     up = sub.add_parser("up", help="start a control plane and keep it running until Ctrl-C")
     up.add_argument(
-        "--state-dir", default=_DEFAULT_STATE_DIR, help="wiped and reused (default %(default)s)"
+        "--state-dir",
+        default=str(K8sEnv.from_environ().state_dir),
+        help="wiped and reused (default %(default)s)",
     )
-    up.add_argument("--nodes", type=int, default=3, help="fake kwok nodes (default %(default)s)")
-    up.add_argument("--timeout", type=float, default=None, help="seconds per readiness wait")
+    # Defaults come from the config dataclass (its class attributes hold them).
+    up.add_argument(
+        "--nodes",
+        type=int,
+        default=ControlPlaneConfig.node_count,
+        help="fake kwok nodes (default %(default)s)",
+    )
+    up.add_argument(
+        "--timeout",
+        type=float,
+        default=ControlPlaneConfig.ready_timeout_s,
+        help="seconds each component may take to become ready (default %(default)s)",
+    )
     args = parser.parse_args(argv)
     try:
         return _build(args) if args.command == "build" else _up(args)

@@ -21,12 +21,14 @@ class K8sEnv:
     - `KVFLOW_K8S_DOWNLOAD_TIMEOUT` (seconds, default 3): how long an upstream release
       download may take to answer before it is skipped; `0` skips downloads.
     - `KVFLOW_GO`: the go command (default: `go` on PATH, else /usr/local/go/bin/go).
+    - `KVFLOW_K8S_STATE_DIR` (default `.cache/k8s-cluster`): state of `python -m e2e.k8s up`.
     """
 
     bin_dir: Path | None
     cache_dir: Path
     download_timeout_s: float
     go: str
+    state_dir: Path
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> K8sEnv:
@@ -38,6 +40,7 @@ class K8sEnv:
             cache_dir=Path(cache_dir).expanduser(),
             download_timeout_s=float(environ.get("KVFLOW_K8S_DOWNLOAD_TIMEOUT", "3")),
             go=go,
+            state_dir=Path(environ.get("KVFLOW_K8S_STATE_DIR") or ".cache/k8s-cluster"),
         )
 
     @property
