@@ -73,6 +73,7 @@ class Sampler:
                 banned = torch.tensor(sorted(req.stop_token_set), dtype=torch.int64, device=logits.device)
                 logits[row, banned] = float("-inf")
 
+    @torch.inference_mode()
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> SampleOutput:
         logits = logits.float()
         self._adjust(logits, batch.reqs)
