@@ -1,8 +1,8 @@
 """kopf handlers: thin adapters from Kubernetes events to :class:`Reconciler` calls.
 
 - ModelDeployment created, changed, or found at operator start: full reconcile.
-- A timer per ModelDeployment: full reconcile every ``drift_interval`` seconds (repairs
-  edits the event path below missed, re-tries after API outages).
+- Every ``drift_interval`` seconds: full reconcile of every ModelDeployment (``drift.py``;
+  repairs what the event path below missed, re-tries after API outages).
 - A child deleted, or edited by another field manager: full reconcile of its owner at once.
 - A child Deployment's status moved: status refresh of its owner.
 
@@ -14,12 +14,14 @@ ones are written to the ``Degraded`` condition and end the handler with
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import kopf
 
 from . import names
+from .drift import DriftRepair
+from .kube import ApiFailure, Cluster
 from .reconcile import Outcome, Reconciler
 from .render import CHILD_KINDS
 
@@ -76,33 +78,43 @@ class _StatusFilter:
 
 
 def register(
-    registry: kopf.OperatorRegistry, reconciler: Reconciler, drift_interval: float
+    registry: kopf.OperatorRegistry,
+    cluster: Cluster,
+    namespaces: Sequence[str],
+    drift_interval: float,
 ) -> None:
-    """Register the operator's handlers in ``registry``."""
+    """Register the operator's handlers in ``registry`` (watching ``namespaces``, or every
+    namespace when empty)."""
     md = (names.GROUP, names.VERSION, names.PLURAL)
+    reconciler = Reconciler(cluster)
+    drift = DriftRepair(cluster, reconciler, namespaces, drift_interval)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> Any:
         return kopf.login_via_client(**kwargs)
 
-    @kopf.on.resume(*md, registry=registry)
-    @kopf.on.create(*md, registry=registry)
-    @kopf.on.update(*md, field="spec", registry=registry)
-    def apply_spec(body: kopf.Body, **_: Any) -> None:
-        outcome = reconciler.reconcile(body)
-        meta = body.metadata
-        log.info(
-            "%s/%s: applied %d, pruned %d",
-            meta.namespace,
-            meta.name,
-            outcome.applied,
-            outcome.pruned,
-        )
-        _raise_for(outcome)
+    @kopf.on.startup(registry=registry)
+    def start_drift_repair(**_: Any) -> None:
+        drift.start()
 
-    @kopf.timer(*md, interval=drift_interval, initial_delay=drift_interval, registry=registry)
-    def repair_drift(body: kopf.Body, **_: Any) -> None:
-        reconciler.reconcile(body)
+    @kopf.on.cleanup(registry=registry)
+    def stop_drift_repair(**_: Any) -> None:
+        drift.stop()
+
+    @kopf.on.resume(*md, id="apply-spec", registry=registry)
+    @kopf.on.create(*md, id="apply-spec", registry=registry)
+    @kopf.on.update(*md, id="apply-spec", field="spec", registry=registry)
+    def apply_spec(meta: kopf.Meta, **_: Any) -> None:
+        namespace, name = str(meta.namespace), str(meta.name)
+        try:
+            outcome = reconciler.reconcile(namespace, name)
+        except ApiFailure as exc:  # could not even read the ModelDeployment
+            raise kopf.TemporaryError(exc.message, delay=RETRY_DELAY_SECONDS) from exc
+        if outcome is not None:
+            log.info(
+                "%s/%s: applied %d, pruned %d", namespace, name, outcome.applied, outcome.pruned
+            )
+            _raise_for(outcome)
 
     deployments = _StatusFilter()
 
@@ -114,23 +126,22 @@ def register(
         deleted = event.get("type") == "DELETED"
         drifted = not deleted and edited_by_others(body)
         is_deployment = body.get("kind") == "Deployment"
-        if not (deleted or drifted or (is_deployment and deployments.changed(body))):
-            return
-        current = reconciler.fetch(namespace, owner)
-        if current is None or current.get("metadata", {}).get("deletionTimestamp"):
-            return  # owner gone: the garbage collector removes the children
-        if deleted or drifted:
-            log.info(
-                "%s/%s: %s %s %s, repairing",
-                namespace,
-                owner,
-                body.get("kind"),
-                body.metadata.name,
-                "deleted" if deleted else "edited",
-            )
-            reconciler.reconcile(current)
-        else:
-            reconciler.refresh(current)
+        try:
+            if deleted or drifted:
+                what = "deleted" if deleted else "edited"
+                log.info(
+                    "%s/%s: %s %s %s, repairing",
+                    namespace,
+                    owner,
+                    body.get("kind"),
+                    body.metadata.name,
+                    what,
+                )
+                reconciler.reconcile(namespace, owner)
+            elif is_deployment and deployments.changed(body):
+                reconciler.refresh(namespace, owner)
+        except ApiFailure as exc:  # the drift sweep will come back to it
+            log.warning("%s/%s: %s", namespace, owner, exc.message)
 
     for api_version, kind in CHILD_KINDS:
         kopf.on.event(

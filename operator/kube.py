@@ -143,7 +143,7 @@ class Cluster:
             force_conflicts=True,
         )
 
-    def list(
+    def list_objects(
         self, api_version: str, kind: str, namespace: str, selector: str
     ) -> list[dict[str, Any]]:
         """Objects of one kind matching a label selector, each with apiVersion and kind set."""
@@ -173,6 +173,19 @@ class Cluster:
             if failure.status == 404:
                 return None
             raise
+
+    def list_model_deployments(self, namespace: str | None) -> list[dict[str, Any]]:
+        """ModelDeployments in one namespace, or in all when ``namespace`` is None."""
+        if namespace is None:
+            path = f"/apis/{names.API_VERSION}/{names.PLURAL}"
+        else:
+            path = resource_path(names.API_VERSION, names.KIND, namespace)
+        result = self._request("get", path, f"list {names.KIND}")
+        items = list(result.get("items") or [])
+        for item in items:
+            item.setdefault("apiVersion", names.API_VERSION)
+            item.setdefault("kind", names.KIND)
+        return items
 
     def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """JSON merge patch of the status subresource (``None`` values delete keys)."""

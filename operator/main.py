@@ -19,7 +19,6 @@ from kvflow import contract
 
 from .handlers import register
 from .kube import Cluster
-from .reconcile import Reconciler
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,12 +71,22 @@ def settings_for(args: argparse.Namespace) -> kopf.OperatorSettings:
     return settings
 
 
+class _QuietChildEvents(logging.Filter):
+    """Drops kopf's per-event "Handler 'child-...' succeeded" lines (one per child status
+    change); the operator logs what it repairs itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Handler 'child-")
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     kopf.configure(verbose=args.verbose)
-    reconciler = Reconciler(Cluster(_api_client()))
+    if not args.verbose:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_QuietChildEvents())
     registry = kopf.OperatorRegistry()
-    register(registry, reconciler, args.drift_interval)
+    register(registry, Cluster(_api_client()), args.namespace, args.drift_interval)
     liveness = None
     if args.health_port:
         liveness = f"http://{args.health_host}:{args.health_port}{contract.OPERATOR_HEALTH_PATH}"

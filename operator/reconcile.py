@@ -78,10 +78,17 @@ class Reconciler:
         with self._guard:
             return self._locks.setdefault((namespace, name), threading.Lock())
 
-    def reconcile(self, body: Mapping[str, Any]) -> Outcome:
-        """Apply every rendered child, prune obsolete ones, then report status."""
-        meta = body["metadata"]
-        with self._lock(meta["namespace"], meta["name"]):
+    def reconcile(self, namespace: str, name: str) -> Outcome | None:
+        """Apply every rendered child, prune obsolete ones, then report status.
+
+        The ModelDeployment is read afresh under the lock, so a caller holding an older
+        copy (a watch event, a listing) never writes stale status. None when it is gone or
+        being deleted (the garbage collector removes the children).
+        """
+        with self._lock(namespace, name):
+            body = self._fetch(namespace, name)
+            if body is None:
+                return None
             failure: Failure | None = None
             applied = pruned = 0
             components: list[str] | None = None
@@ -98,35 +105,33 @@ class Reconciler:
             except ApiFailure as exc:
                 failure = Failure(exc.reason, exc.message, exc.permanent)
             if failure is not None:
-                log.warning(
-                    "%s/%s: %s: %s",
-                    meta["namespace"],
-                    meta["name"],
-                    failure.reason,
-                    failure.message,
-                )
+                log.warning("%s/%s: %s: %s", namespace, name, failure.reason, failure.message)
             status = self._report(body, components, failure)
             return Outcome(applied, pruned, status, failure)
 
-    def refresh(self, body: Mapping[str, Any]) -> Outcome:
+    def refresh(self, namespace: str, name: str) -> Outcome | None:
         """Recompute and write status from the children, changing nothing else."""
-        meta = body["metadata"]
-        with self._lock(meta["namespace"], meta["name"]):
+        with self._lock(namespace, name):
+            body = self._fetch(namespace, name)
+            if body is None:
+                return None
             components = None
             with contextlib.suppress(SpecError):  # unparseable: report what exists
                 components = expected_components(parse_model_deployment(body))
             previous = _previous_failure(body)
             return Outcome(0, 0, self._report(body, components, previous), previous)
 
-    def fetch(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The current ModelDeployment body (None once deleted)."""
-        return self._cluster.get_model_deployment(namespace, name)
+    def _fetch(self, namespace: str, name: str) -> dict[str, Any] | None:
+        body = self._cluster.get_model_deployment(namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None
+        return body
 
     def _children(self, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
         selector = names.owned_selector(name)
         found: list[dict[str, Any]] = []
         for api_version, kind in CHILD_KINDS:
-            items = self._cluster.list(api_version, kind, namespace, selector)
+            items = self._cluster.list_objects(api_version, kind, namespace, selector)
             found += [item for item in items if _owned(item, uid)]
         return found
 
