@@ -124,14 +124,11 @@ class Engine:
         if any(not 0 <= t < vocab for t in ids):
             raise ValueError(f"input token ids must be in [0, {vocab})")
         params.validate(vocab)
-        if params.n > 1:
+        samples = params.expand_n()
+        if len(samples) > 1:
             # Prefill the shared prompt once; the n samples then hit the prefix cache.
-            self._run([self._req(ids, params.replace(max_new_tokens=0, n=1), False, 0, extra_key)])
-        reqs = []
-        for i in range(params.n):
-            seeded = params if params.seed is None else params.replace(seed=params.seed + i)
-            reqs.append(self._req(ids, seeded, return_logprob, top_logprobs_num, extra_key))
-        return reqs
+            self._run([self._req(ids, params.prefill_only(), False, 0, extra_key)])
+        return [self._req(ids, s, return_logprob, top_logprobs_num, extra_key) for s in samples]
 
     def _req(self, ids, params, return_logprob, top_logprobs_num, extra_key) -> Req:
         index = next(self._rids)

@@ -102,5 +102,15 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0)
 
+    def expand_n(self) -> list[SamplingParams]:
+        """The ``n`` single samples of this request; sample ``i`` uses ``seed + i``."""
+        if self.n == 1:
+            return [self]
+        return [self.replace(n=1, seed=None if self.seed is None else self.seed + i) for i in range(self.n)]
+
+    def prefill_only(self) -> SamplingParams:
+        """Parameters that run the prompt into the prefix cache and generate nothing."""
+        return self.replace(n=1, max_new_tokens=0, min_new_tokens=0)
+
     def replace(self, **changes: Any) -> SamplingParams:
         return dataclasses.replace(self, **changes)

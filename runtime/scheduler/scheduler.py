@@ -73,7 +73,7 @@ class Scheduler:
             if req.rid == rid:
                 self.waiting.remove(req)
                 req.abort(message)
-                return self._output(req, [])
+                return self.make_output(req, [])
         for req in [*self.running, *([self.chunked] if self.chunked else [])]:
             if req.rid == rid:
                 self.cache.release_req(req)
@@ -82,7 +82,7 @@ class Scheduler:
                 else:
                     self.running.remove(req)
                 req.abort(message)
-                return self._output(req, [])
+                return self.make_output(req, [])
         return None
 
     def has_work(self) -> bool:
@@ -177,7 +177,7 @@ class Scheduler:
             elif len(req.output_ids) >= req.sampling.max_new_tokens:
                 req.finished_reason = req.finished_reason or FinishReason("length")
                 self.cache.cache_finished_req(req)
-                outputs.append(self._output(req, []))
+                outputs.append(self.make_output(req, []))
             else:
                 to_sample.append(row)
         if to_sample:
@@ -211,7 +211,7 @@ class Scheduler:
                 req = self.running.pop()
                 self.cache.release_req(req)
                 req.abort("the KV cache is too small for this request")
-                outputs.append(self._output(req, []))
+                outputs.append(self.make_output(req, []))
                 break
             # Retract the request with the least output (and longest prompt): its KV is
             # the cheapest to rebuild relative to the memory it frees.
@@ -241,11 +241,11 @@ class Scheduler:
                     self.running.remove(req)
             elif req not in self.running:
                 self.running.append(req)
-            outputs.append(self._output(req, [token], sampled.logprobs[row], sampled.top_logprobs[row]))
+            outputs.append(self.make_output(req, [token], sampled.logprobs[row], sampled.top_logprobs[row]))
         return outputs
 
     @staticmethod
-    def _output(req: Req, new_ids: list[int], logprob: float | None = None,
+    def make_output(req: Req, new_ids: list[int], logprob: float | None = None,
                 top: list[tuple[int, float]] | None = None) -> TokenOutput:
         return TokenOutput(
             rid=req.rid, new_token_ids=new_ids, finish_reason=req.finished_reason,

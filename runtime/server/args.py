@@ -1,0 +1,125 @@
+"""``kvflow serve`` arguments: the runtime contract's flags plus every EngineConfig field.
+
+Engine flags are generated from :class:`EngineConfig` (defaults and types come from the
+dataclass), so a new engine option is a CLI flag without edits here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+
+from kvflow import contract
+from kvflow.runtime.attention import ATTENTION_BACKENDS
+from kvflow.runtime.config import EngineConfig
+from kvflow.runtime.scheduler.policy import SCHEDULE_POLICIES
+
+__all__ = ["ServerArgs", "build_parser", "parse_args"]
+
+_CHOICES = {
+    "load_format": ["auto", "dummy"],
+    "dtype": ["auto", "float32", "bfloat16", "float16"],
+    "device": ["auto", "cpu", "cuda"],
+    "schedule_policy": list(SCHEDULE_POLICIES),
+    "attention_backend": ["auto", *ATTENTION_BACKENDS.choices()],
+}
+# Contract flags whose features this runtime does not implement yet: refused when set.
+_UNSUPPORTED = ("bootstrap_port", "kv_transfer_protocol", "hicache_host_memory_gb",
+                "hicache_write_policy", "hicache_storage", "hicache_storage_path")
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """Everything one ``kvflow serve`` process is started with."""
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    host: str = "127.0.0.1"
+    port: int = contract.DEFAULT_API_PORT
+    served_model_name: str = ""
+    role: str = "unified"
+    api_key: str | None = None
+    watchdog_timeout: float = 300.0  # seconds a busy scheduler may go without a step
+    drain_timeout: float = 30.0  # seconds SIGTERM waits for in-flight requests
+    log_level: str = "info"
+
+    @property
+    def model_name(self) -> str:
+        from kvflow.runtime.models import EMBEDDED_MODEL_NAME
+
+        if self.served_model_name:
+            return self.served_model_name
+        if self.engine.model_path:
+            return os.path.basename(os.path.normpath(self.engine.model_path))
+        return EMBEDDED_MODEL_NAME
+
+
+def _engine_fields() -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(EngineConfig) if f.name not in ("extra", "model_path")]
+
+
+def _base_type(tp: object) -> type:
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and args:
+        return args[0]
+    return tp  # type: ignore[return-value]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvflow serve", description="Serve a model over an OpenAI-compatible API.")
+    contract_group = parser.add_argument_group("runtime contract (what the operator sets)")
+    for flag, text in contract.SERVE_FLAGS.items():
+        kwargs: dict = {"help": text}
+        if flag == "--port":
+            kwargs.update(type=int, default=contract.DEFAULT_API_PORT)
+        elif flag == "--host":
+            kwargs["default"] = "127.0.0.1"
+        elif flag == "--role":
+            kwargs.update(choices=contract.ROLES, default="unified")
+        elif flag in ("--bootstrap-port", "--max-running-requests"):
+            kwargs["type"] = int
+        elif flag == "--hicache-host-memory-gb":
+            kwargs["type"] = float
+        contract_group.add_argument(flag, **kwargs)
+    server = parser.add_argument_group("server")
+    server.add_argument("--api-key", default=os.environ.get(contract.API_KEY_ENV),
+                        help=f"require this bearer token (default: ${contract.API_KEY_ENV})")
+    server.add_argument("--watchdog-timeout", type=float, default=ServerArgs.watchdog_timeout)
+    server.add_argument("--drain-timeout", type=float, default=ServerArgs.drain_timeout)
+    server.add_argument("--log-level", default="info")
+    engine = parser.add_argument_group("engine")
+    resolved_types = typing.get_type_hints(EngineConfig)
+    for f in _engine_fields():
+        flag = "--" + f.name.replace("_", "-")
+        if flag in contract.SERVE_FLAGS:
+            continue
+        base = _base_type(resolved_types[f.name])
+        if base is bool:
+            engine.add_argument(flag, action="store_true", default=f.default)
+        else:
+            engine.add_argument(flag, type=base, default=f.default, choices=_CHOICES.get(f.name))
+    return parser
+
+
+def parse_args(argv: list[str]) -> ServerArgs:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    for name in _UNSUPPORTED:
+        if getattr(ns, name) not in (None, ""):
+            parser.error(f"--{name.replace('_', '-')} is part of the contract but not implemented "
+                         "by this runtime version")
+    if ns.role != "unified":
+        parser.error(f"--role {ns.role} needs prefill/decode disaggregation, not implemented yet")
+    engine_kwargs = {f.name: getattr(ns, f.name) for f in _engine_fields()}
+    if ns.max_running_requests is not None:
+        engine_kwargs["max_running_requests"] = ns.max_running_requests
+    else:
+        engine_kwargs["max_running_requests"] = EngineConfig.max_running_requests
+    engine_cfg = EngineConfig(model_path=ns.model_path or None, **engine_kwargs)
+    return ServerArgs(engine=engine_cfg, host=ns.host, port=ns.port,
+                      served_model_name=ns.served_model_name or "", role=ns.role,
+                      api_key=ns.api_key or None, watchdog_timeout=ns.watchdog_timeout,
+                      drain_timeout=ns.drain_timeout, log_level=ns.log_level)

@@ -1,0 +1,187 @@
+"""The FastAPI app: native and OpenAI-compatible routes over one TokenizerManager."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from kvflow import contract
+from kvflow.runtime.sampling import SamplingParams
+from kvflow.runtime.server.errors import RequestError
+from kvflow.runtime.server.native import native_generate, prepare_native
+from kvflow.runtime.server.openai.common import sse
+from kvflow.runtime.server.openai.chat import chat_completion, prepare_chat
+from kvflow.runtime.server.openai.completions import completion, prepare_completion
+from kvflow.runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequestBody
+from kvflow.runtime.server.tokenizer_manager import GenerateInput, RequestHandle, TokenizerManager
+
+__all__ = ["create_app"]
+
+_OPEN_PATHS = {contract.HEALTH_PATH, contract.HEALTH_GENERATE_PATH, contract.METRICS_PATH}
+_DISCONNECT_POLL_S = 0.5
+_HEALTH_GENERATE_TIMEOUT_S = 60.0
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+
+async def _respond(request: Request, handles: list[RequestHandle], body: Awaitable[Any]) -> Response:
+    """Await the response body; abort its samples if the client disconnects meanwhile.
+
+    A streaming body is returned as soon as it exists; its own clean-up aborts unfinished
+    samples when the client goes away mid-stream.
+    """
+    task = asyncio.ensure_future(body)
+    try:
+        while not task.done():
+            await asyncio.wait([task], timeout=_DISCONNECT_POLL_S)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()
+                _cancel(handles)
+                return Response(status_code=499)
+        result = task.result()
+    except BaseException:
+        _cancel(handles)
+        raise
+    if isinstance(result, AsyncIterator):
+        return StreamingResponse(_guarded(result), media_type="text/event-stream")
+    _cancel(handles)
+    return JSONResponse(result)
+
+
+async def _guarded(stream: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Once streaming has begun the status is sent: report failures as an error event."""
+    try:
+        async for chunk in stream:
+            yield chunk
+    except RequestError as err:
+        yield sse({"error": {"message": err.message, "type": "server_error", "code": err.status}})
+        yield sse("[DONE]")
+
+
+def _cancel(handles: list[RequestHandle]) -> None:
+    for handle in handles:
+        handle.cancel()
+
+
+def create_app(tm: TokenizerManager) -> FastAPI:
+    app = FastAPI(title="kvflow", version="0.1.0")
+    api_key = tm.args.api_key
+
+    @app.middleware("http")
+    async def require_api_key(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if api_key and request.url.path not in _OPEN_PATHS:
+            if request.headers.get("authorization", "") != f"Bearer {api_key}":
+                return _error(401, "missing or wrong API key (Authorization: Bearer <key>)")
+        return await call_next(request)
+
+    @app.exception_handler(RequestError)
+    async def on_request_error(_: Request, err: RequestError) -> JSONResponse:
+        return _error(err.status, err.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(_: Request, err: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: "
+                             f"{e.get('msg')}" for e in err.errors())
+        return _error(400, f"invalid request: {problems}")
+
+    @app.get(contract.HEALTH_PATH)
+    async def health() -> Response:
+        if tm.dead_reason:
+            return _error(503, f"unhealthy: {tm.dead_reason}")
+        return JSONResponse({"status": "draining" if tm.draining else "ok"})
+
+    @app.get(contract.HEALTH_GENERATE_PATH)
+    async def health_generate() -> Response:
+        probe = GenerateInput([0], SamplingParams(max_new_tokens=1, temperature=0))
+        handles = await tm.generate([probe])
+        try:
+            async with asyncio.timeout(_HEALTH_GENERATE_TIMEOUT_S):
+                async for _ in handles[0]:
+                    pass
+        except TimeoutError:
+            return _error(503, "the model did not produce a token in time")
+        finally:
+            handles[0].cancel()
+        return JSONResponse({"status": "ok"})
+
+    @app.get(contract.METRICS_PATH)
+    async def metrics() -> Response:
+        return Response(generate_latest(tm.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": tm.args.model_name, "object": "model", "created": 0,
+                                            "owned_by": "kvflow", "max_model_len": tm.context_len}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        tm.check_accepting()
+        inp = prepare_chat(tm, body)
+        handles = await tm.generate([inp])
+        return await _respond(request, handles, chat_completion(tm, body, inp, handles))
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        tm.check_accepting()
+        inputs, texts = prepare_completion(tm, body)
+        handles = await tm.generate(inputs)
+        return await _respond(request, handles, completion(tm, body, inputs, texts, handles))
+
+    @app.post("/generate")
+    async def generate(body: GenerateRequestBody, request: Request) -> Response:
+        tm.check_accepting()
+        single, inputs = prepare_native(tm, body)
+        handles = await tm.generate(inputs)
+        return await _respond(request, handles, native_generate(single, inputs, handles, body.stream))
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request) -> Response:
+        payload = await _json_object(request)
+        rid = payload.get("rid")
+        if not isinstance(rid, str) or not rid:
+            raise RequestError(400, "abort_request needs a string 'rid'")
+        known = rid in tm.states
+        tm.abort(rid, "aborted by /abort_request")
+        return JSONResponse({"rid": rid, "found": known})
+
+    @app.post("/flush_cache")
+    async def flush_cache() -> Response:
+        reply = await tm.control("flush_cache")
+        if not reply.ok:
+            return _error(409, "cannot flush the cache while requests are in flight")
+        return JSONResponse({"flushed": True})
+
+    @app.get("/get_server_info")
+    async def server_info() -> dict[str, Any]:
+        reply = await tm.control("get_stats")
+        stats = reply.payload["stats"]
+        return {"model_name": tm.args.model_name, "engine": _jsonable(vars(tm.args.engine)),
+                **tm.info, "in_flight_requests": tm.num_in_flight,
+                "stats": {**vars(stats), "token_usage": stats.token_usage}}
+
+    return app
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    try:
+        payload = json.loads(await request.body() or b"{}")
+    except json.JSONDecodeError as err:
+        raise RequestError(400, f"malformed JSON: {err}") from err
+    if not isinstance(payload, dict):
+        raise RequestError(400, "the request body must be a JSON object")
+    return payload
+
+
+def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: v if isinstance(v, (str, int, float, bool, type(None), list, dict)) else str(v)
+            for k, v in values.items()}

@@ -1,0 +1,139 @@
+"""Starts one runtime instance: scheduler and detokenizer subprocesses, then the HTTP server.
+
+Start-up waits until every subprocess reports ready. If a subprocess dies, in-flight and
+new requests fail with 503 and the server exits non-zero. SIGTERM drains: new requests
+get 503, in-flight ones finish (up to ``drain_timeout``), then children are reaped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import multiprocessing as mp
+import signal
+import time
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import uvicorn
+
+from kvflow.runtime.models.loader import resolve_model_path
+from kvflow.runtime.server.args import ServerArgs
+from kvflow.runtime.server.detokenizer_process import run_detokenizer_process
+from kvflow.runtime.server.http_server import create_app
+from kvflow.runtime.server.ipc import IpcPaths, make_ipc_paths
+from kvflow.runtime.server.scheduler_process import run_scheduler_process
+from kvflow.runtime.server.tokenizer_manager import TokenizerManager
+from kvflow.runtime.tokenizer import load_tokenizer
+
+__all__ = ["launch_server"]
+logger = logging.getLogger("kvflow.server")
+_START_TIMEOUT_S = 900.0
+_MONITOR_INTERVAL_S = 0.5
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+def _start_children(args: ServerArgs, paths: IpcPaths) -> tuple[list[BaseProcess], dict[str, Any]]:
+    ctx = mp.get_context("spawn")  # never fork a process that may hold CUDA state
+    tokenizer_path = None if args.engine.skip_tokenizer_init else args.engine.model_path
+    specs = [("scheduler", run_scheduler_process, (args, paths)),
+             ("detokenizer", run_detokenizer_process, (tokenizer_path, paths))]
+    procs, pipes = [], []
+    for name, target, target_args in specs:
+        reader, writer = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=target, args=(*target_args, writer), name=f"kvflow-{name}")
+        proc.start()
+        procs.append(proc)
+        pipes.append((name, reader))
+    info: dict[str, Any] = {}
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    for (name, reader), proc in zip(pipes, procs, strict=True):
+        while not reader.poll(0.5):
+            if not proc.is_alive():
+                raise StartupError(f"the {name} process exited with code {proc.exitcode} while starting")
+            if time.monotonic() > deadline:
+                raise StartupError(f"the {name} process did not become ready in {_START_TIMEOUT_S:.0f} s")
+        status, payload = reader.recv()
+        if status != "ready":
+            raise StartupError(f"the {name} process failed to start: {payload}")
+        info.update(payload)
+    return procs, info
+
+
+def _reap(procs: list[BaseProcess]) -> None:
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs:
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+async def _serve(args: ServerArgs, tm: TokenizerManager, procs: list[BaseProcess]) -> int:
+    tm.start()
+    config = uvicorn.Config(create_app(tm), host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=5, lifespan="off", access_log=False)
+    server = uvicorn.Server(config)
+    exit_code = 0
+    serve_task = asyncio.create_task(server.serve())
+    while not server.started and not serve_task.done():
+        await asyncio.sleep(0.05)
+    if serve_task.done():
+        await serve_task
+        return 1  # could not bind, for instance
+
+    async def drain() -> None:
+        if tm.draining:
+            return
+        tm.draining = True
+        logger.info("draining %d in-flight requests (up to %.0f s)", tm.num_in_flight, args.drain_timeout)
+        deadline = time.monotonic() + args.drain_timeout
+        while tm.num_in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        tm.abort_all("the server is shutting down")
+        server.should_exit = True
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(drain()))
+    logger.info("kvflow serving %s on http://%s:%d", args.model_name, args.host, args.port)
+    print(f"kvflow: serving {args.model_name} at http://{args.host}:{args.port}/v1", flush=True)
+    while not serve_task.done():
+        dead = [p for p in procs if not p.is_alive()]
+        if dead and not tm.dead_reason:
+            reason = ", ".join(f"{p.name} exited with code {p.exitcode}" for p in dead)
+            logger.error("subprocess died: %s", reason)
+            tm.fail_all(reason)
+            exit_code = 1
+            await asyncio.sleep(_MONITOR_INTERVAL_S)  # let handlers answer 503
+            server.should_exit = True
+        await asyncio.sleep(_MONITOR_INTERVAL_S)
+    await serve_task
+    return exit_code
+
+
+def launch_server(args: ServerArgs) -> int:
+    """Run until SIGTERM/SIGINT or a subprocess failure; returns the process exit code."""
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    engine = args.engine.resolved()
+    # Resolve (and, for the embedded model, convert) once here, before children race on it.
+    model_path = resolve_model_path(engine.model_path, engine.load_format)
+    args = dataclasses.replace(args, engine=dataclasses.replace(engine, model_path=str(model_path)))
+    paths = make_ipc_paths()
+    procs: list[BaseProcess] = []
+    try:
+        procs, info = _start_children(args, paths)
+        tokenizer = None if args.engine.skip_tokenizer_init else load_tokenizer(model_path)
+        tm = TokenizerManager(args, paths, info, tokenizer)
+        return asyncio.run(_serve(args, tm, procs))
+    except StartupError as err:
+        logger.error("%s", err)
+        return 1
+    finally:
+        _reap(procs)

@@ -1,0 +1,125 @@
+"""Messages between the runtime's processes: typed dataclasses, one serializer.
+
+Flow::
+
+    TokenizerManager --GenerateRequest/AbortRequest/ControlRequest--> Scheduler
+    Scheduler --StreamStart/TokenBatch--> Detokenizer --TextBatch--> TokenizerManager
+    Scheduler --ControlReply/SchedulerStats--> TokenizerManager
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvflow.runtime.scheduler.output import TokenOutput
+from kvflow.runtime.scheduler.req import FinishReason
+
+__all__ = [
+    "AbortRequest",
+    "ControlReply",
+    "ControlRequest",
+    "GenerateRequest",
+    "SchedulerStats",
+    "StreamStart",
+    "TextBatch",
+    "TextOutput",
+    "TokenBatch",
+    "dumps",
+    "loads",
+]
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    rid: str
+    input_ids: list[int]
+    sampling: dict[str, Any]  # SamplingParams fields, already validated
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    extra_key: str | None = None
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    rid: str
+    message: str = "aborted by the client"
+
+
+@dataclass(frozen=True)
+class ControlRequest:
+    """A request/reply exchange with the scheduler: ``flush_cache`` or ``get_stats``."""
+
+    request_id: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class ControlReply:
+    request_id: str
+    ok: bool
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """Published by the scheduler after each step and when idle (for /metrics and /get_server_info)."""
+
+    num_running_reqs: int
+    num_queue_reqs: int
+    kv_total_tokens: int
+    kv_used_tokens: int  # held by requests or by the prefix cache
+    kv_request_tokens: int  # held by requests (0 when idle: the leak check)
+    cached_tokens: int  # held by the prefix cache
+    free_request_rows: int
+    total_request_rows: int
+    forward_steps: int
+    num_retractions: int
+
+    @property
+    def token_usage(self) -> float:
+        return self.kv_used_tokens / max(self.kv_total_tokens, 1)
+
+
+@dataclass(frozen=True)
+class StreamStart:
+    """Scheduler -> detokenizer, before a request's first tokens (same socket, so ordered)."""
+
+    rid: str
+    prompt_ids: list[int]
+    stop: tuple[str, ...]
+    skip_special_tokens: bool
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    outputs: list[TokenOutput]
+
+
+@dataclass(frozen=True)
+class TextOutput:
+    """New text of one request (the detokenizer's output)."""
+
+    rid: str
+    text_delta: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    new_logprobs: list[float | None]
+    new_top_logprobs: list[list[tuple[int, float]] | None]
+
+
+@dataclass(frozen=True)
+class TextBatch:
+    outputs: list[TextOutput]
+
+
+def dumps(message: object) -> bytes:
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def loads(data: bytes) -> Any:
+    return pickle.loads(data)

@@ -1,0 +1,84 @@
+"""Prometheus metrics under SGLang's names (``sglang:`` prefix), so existing dashboards and
+the Gateway API Inference Extension's endpoint picker can read them."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from kvflow.runtime.server.messages import SchedulerStats
+
+__all__ = ["METRIC_NAMES", "RuntimeMetrics"]
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+_ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+# name -> help; the docs list is generated from this table.
+METRIC_NAMES = {
+    "sglang:num_running_reqs": "requests in the running batch",
+    "sglang:num_queue_reqs": "requests waiting to be scheduled",
+    "sglang:token_usage": "fraction of KV cache slots in use (requests + prefix cache)",
+    "sglang:cache_hit_rate": "cached prompt tokens / prompt tokens, since start",
+    "sglang:prompt_tokens_total": "prompt tokens of finished requests",
+    "sglang:generation_tokens_total": "generated tokens of finished requests",
+    "sglang:cached_tokens_total": "prompt tokens served from the prefix cache",
+    "sglang:num_requests_total": "finished requests (any finish reason)",
+    "sglang:num_aborted_requests_total": "requests aborted (client disconnect, abort API, errors)",
+    "sglang:time_to_first_token_seconds": "histogram: arrival to first token",
+    "sglang:inter_token_latency_seconds": "histogram: gap between streamed tokens",
+    "sglang:e2e_request_latency_seconds": "histogram: arrival to finish",
+    "sglang:cache_config_info": "KV cache layout: labels page_size and num_pages (value 1)",
+}
+
+
+class RuntimeMetrics:
+    """The runtime's collectors in their own registry, labelled with the served model name."""
+
+    def __init__(self, model_name: str, page_size: int, num_pages: int) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        r = self.registry
+        self.running = Gauge("sglang:num_running_reqs", METRIC_NAMES["sglang:num_running_reqs"], labels, registry=r)
+        self.queued = Gauge("sglang:num_queue_reqs", METRIC_NAMES["sglang:num_queue_reqs"], labels, registry=r)
+        self.token_usage = Gauge("sglang:token_usage", METRIC_NAMES["sglang:token_usage"], labels, registry=r)
+        self.hit_rate = Gauge("sglang:cache_hit_rate", METRIC_NAMES["sglang:cache_hit_rate"], labels, registry=r)
+        self.prompt_tokens = Counter("sglang:prompt_tokens", METRIC_NAMES["sglang:prompt_tokens_total"], labels, registry=r)
+        self.generation_tokens = Counter("sglang:generation_tokens", METRIC_NAMES["sglang:generation_tokens_total"], labels, registry=r)
+        self.cached_tokens = Counter("sglang:cached_tokens", METRIC_NAMES["sglang:cached_tokens_total"], labels, registry=r)
+        self.requests = Counter("sglang:num_requests", METRIC_NAMES["sglang:num_requests_total"], labels, registry=r)
+        self.aborted = Counter("sglang:num_aborted_requests", METRIC_NAMES["sglang:num_aborted_requests_total"], labels, registry=r)
+        self.ttft = Histogram("sglang:time_to_first_token_seconds", METRIC_NAMES["sglang:time_to_first_token_seconds"],
+                              labels, buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("sglang:inter_token_latency_seconds", METRIC_NAMES["sglang:inter_token_latency_seconds"],
+                             labels, buckets=_ITL_BUCKETS, registry=r)
+        self.e2e = Histogram("sglang:e2e_request_latency_seconds", METRIC_NAMES["sglang:e2e_request_latency_seconds"],
+                             labels, buckets=_LATENCY_BUCKETS, registry=r)
+        info = Gauge("sglang:cache_config_info", METRIC_NAMES["sglang:cache_config_info"],
+                     ["page_size", "num_pages"], registry=r)
+        info.labels(page_size=str(page_size), num_pages=str(num_pages)).set(1)
+        self.model = model_name
+        self._prompt_total = 0
+        self._cached_total = 0
+
+    def observe_stats(self, stats: SchedulerStats) -> None:
+        self.running.labels(self.model).set(stats.num_running_reqs)
+        self.queued.labels(self.model).set(stats.num_queue_reqs)
+        self.token_usage.labels(self.model).set(stats.token_usage)
+
+    def on_first_token(self, seconds: float) -> None:
+        self.ttft.labels(self.model).observe(seconds)
+
+    def on_token_gap(self, seconds: float, tokens: int = 1) -> None:
+        for _ in range(tokens):
+            self.itl.labels(self.model).observe(seconds / tokens)
+
+    def on_finish(self, seconds: float, prompt: int, completion: int, cached: int, aborted: bool) -> None:
+        self.e2e.labels(self.model).observe(seconds)
+        self.requests.labels(self.model).inc()
+        self.prompt_tokens.labels(self.model).inc(prompt)
+        self.generation_tokens.labels(self.model).inc(completion)
+        self.cached_tokens.labels(self.model).inc(cached)
+        if aborted:
+            self.aborted.labels(self.model).inc()
+        self._prompt_total += prompt
+        self._cached_total += cached
+        self.hit_rate.labels(self.model).set(self._cached_total / max(self._prompt_total, 1))

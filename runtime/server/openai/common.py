@@ -1,0 +1,106 @@
+"""Shared by the chat and completions adapters: running samples, usage, logprobs, SSE."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvflow.runtime.server.messages import TextOutput
+from kvflow.runtime.server.tokenizer_manager import RequestHandle
+
+__all__ = ["SampleResult", "collect", "merge_streams", "new_id", "sse", "usage_dict"]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def sse(payload: dict[str, Any] | str) -> str:
+    body = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {body}\n\n"
+
+
+@dataclass
+class SampleResult:
+    """Everything one finished sample produced."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]] | None] = field(default_factory=list)
+    finish_reason: str | None = None
+    matched_stop: int | str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    def add(self, out: TextOutput) -> None:
+        self.text += out.text_delta
+        self.token_ids += out.new_token_ids
+        self.logprobs += out.new_logprobs
+        self.top_logprobs += out.new_top_logprobs
+        self.prompt_tokens, self.completion_tokens = out.prompt_tokens, out.completion_tokens
+        self.cached_tokens = out.cached_tokens
+        if out.finish_reason is not None:
+            self.finish_reason = out.finish_reason.type
+            self.matched_stop = out.finish_reason.matched
+
+
+async def merge_streams(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, TextOutput]]:
+    """Interleave the outputs of several samples as they arrive: ``(index, output)``."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, handle: RequestHandle) -> None:
+        try:
+            async for out in handle:
+                await queue.put((index, out))
+        except Exception as err:  # delivered to the consumer
+            await queue.put((index, err))
+        await queue.put((index, None))
+
+    tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
+    try:
+        remaining = len(handles)
+        while remaining:
+            index, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        for handle in handles:
+            handle.cancel()
+
+
+async def collect(handles: list[RequestHandle]) -> list[SampleResult]:
+    results = [SampleResult() for _ in handles]
+    async for index, out in merge_streams(handles):
+        results[index].add(out)
+    return results
+
+
+def usage_dict(results: list[SampleResult], n: int) -> dict[str, Any]:
+    """Prompt tokens count once per prompt (not per sample), as OpenAI does."""
+    prompts = results[::n]
+    prompt_tokens = sum(r.prompt_tokens for r in prompts)
+    completion = sum(r.completion_tokens for r in results)
+    cached = sum(max(r.cached_tokens for r in results[i : i + n]) for i in range(0, len(results), n))
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def now() -> int:
+    return int(time.time())
+
+
+TokenText = Callable[[int], str]

@@ -1,0 +1,91 @@
+"""Request schemas of the OpenAI-compatible API (responses are built as plain dicts).
+
+Fields beyond OpenAI's (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``,
+``min_tokens``, ``stop_token_ids``, ``skip_special_tokens``) follow SGLang and vLLM.
+Unknown fields are ignored, as OpenAI clients add their own; wrongly typed ones are 400.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+__all__ = ["ChatCompletionRequest", "CompletionRequest", "GenerateRequestBody", "StreamOptions"]
+
+
+class StreamOptions(BaseModel):
+    include_usage: StrictBool = False
+
+
+class _SamplingFields(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    n: int = 1
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    # extensions
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: StrictBool = False
+    min_tokens: int | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: StrictBool = True
+
+    def sampling_dict(self, max_new_tokens: int) -> dict[str, Any]:
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop
+        values = {
+            "max_new_tokens": max_new_tokens, "min_new_tokens": self.min_tokens,
+            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+            "min_p": self.min_p, "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty, "stop": stop,
+            "stop_token_ids": self.stop_token_ids, "ignore_eos": self.ignore_eos,
+            "skip_special_tokens": self.skip_special_tokens, "seed": self.seed, "n": self.n,
+        }
+        return {k: v for k, v in values.items() if v is not None}
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: StrictBool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    echo: StrictBool = False
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+
+
+class GenerateRequestBody(BaseModel):
+    """SGLang's native ``/generate`` body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    stream: StrictBool = False
+    return_logprob: StrictBool = False
+    top_logprobs_num: int = Field(default=0, ge=0, le=20)
+    extra_key: str | None = None
+    rid: str | None = None

@@ -1,0 +1,163 @@
+"""The scheduler subprocess: receive -> schedule -> run batch -> send tokens, forever."""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import zmq
+
+from kvflow.runtime.model_runner import ModelRunner
+from kvflow.runtime.sampling import SamplingParams
+from kvflow.runtime.scheduler import Req, Scheduler, TokenOutput
+from kvflow.runtime.scheduler.req import FinishReason
+from kvflow.runtime.server.args import ServerArgs
+from kvflow.runtime.server.ipc import IpcPaths, Puller, Pusher
+from kvflow.runtime.tokenizer import load_tokenizer
+from kvflow.runtime.server.messages import (
+    AbortRequest,
+    ControlReply,
+    ControlRequest,
+    GenerateRequest,
+    SchedulerStats,
+    StreamStart,
+    TokenBatch,
+)
+
+__all__ = ["run_scheduler_process"]
+logger = logging.getLogger("kvflow.scheduler")
+_IDLE_POLL_MS = 200
+_STATS_INTERVAL_S = 0.25
+
+
+class Watchdog(threading.Thread):
+    """Logs stacks when a busy loop makes no progress; kills the process after a limit."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(daemon=True, name="scheduler-watchdog")
+        self.timeout = timeout
+        self.last_progress = time.monotonic()
+        self.busy = False
+        self._warned = False
+
+    def tick(self, busy: bool) -> None:
+        self.last_progress, self.busy, self._warned = time.monotonic(), busy, False
+
+    def run(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.timeout / 4))
+            stalled = time.monotonic() - self.last_progress
+            if not self.busy:
+                continue
+            if stalled > self.timeout / 2 and not self._warned:
+                logger.error("scheduler loop made no progress for %.0f s; stacks follow", stalled)
+                faulthandler.dump_traceback(file=sys.stderr)
+                self._warned = True
+            if stalled > self.timeout:
+                logger.critical("scheduler loop stuck for %.0f s: exiting", stalled)
+                os._exit(3)
+
+
+class SchedulerLoop:
+    def __init__(self, args: ServerArgs, paths: IpcPaths) -> None:
+        self.args = args
+        self.runner = ModelRunner(args.engine)
+        self.scheduler = Scheduler(args.engine, self.runner)
+        # Stop strings are matched on text, so the scheduler decodes the requests that have them.
+        self.tokenizer = None if args.engine.skip_tokenizer_init else load_tokenizer(self.runner.model_path)
+        ctx = zmq.Context()
+        self.inbox = Puller(ctx, paths.to_scheduler)
+        self.to_detokenizer = Pusher(ctx, paths.to_detokenizer)
+        self.to_tokenizer = Pusher(ctx, paths.to_tokenizer)
+        self.watchdog = Watchdog(args.watchdog_timeout)
+        self._last_stats = 0.0
+
+    def ready_info(self) -> dict[str, Any]:
+        mc = self.runner.model_config
+        return {"context_len": self.runner.context_len, "vocab_size": mc.vocab_size,
+                "eos_token_ids": list(mc.eos_token_ids), "max_total_tokens": self.runner.allocator.size,
+                "page_size": self.runner.page_size, "num_pages": self.runner.allocator.num_pages,
+                "model_path": str(self.runner.model_path), "device": self.runner.device,
+                "dtype": str(self.runner.dtype).removeprefix("torch.")}
+
+    def _handle(self, message: Any) -> list[TokenOutput]:
+        if isinstance(message, GenerateRequest):
+            mc = self.runner.model_config
+            req = Req(message.rid, message.input_ids, SamplingParams(**message.sampling),
+                      eos_token_ids=mc.eos_token_ids, extra_key=message.extra_key,
+                      return_logprob=message.return_logprob, top_logprobs_num=message.top_logprobs_num,
+                      tokenizer=self.tokenizer, device=self.runner.device,
+                      seed=hash(message.rid) % (1 << 31))
+            self.to_detokenizer.send(StreamStart(req.rid, req.origin_input_ids, req.sampling.stop,
+                                                 req.sampling.skip_special_tokens))
+            try:
+                self.scheduler.add_request(req)
+            except ValueError as err:
+                req.finished_reason = FinishReason("abort", message=str(err))
+                return [self.scheduler.make_output(req, [])]
+        elif isinstance(message, AbortRequest):
+            out = self.scheduler.abort_request(message.rid, message.message)
+            return [out] if out else []
+        elif isinstance(message, ControlRequest):
+            self.to_tokenizer.send(self._control(message))
+        return []
+
+    def _control(self, message: ControlRequest) -> ControlReply:
+        if message.kind == "flush_cache":
+            return ControlReply(message.request_id, self.scheduler.flush_cache())
+        if message.kind == "get_stats":
+            return ControlReply(message.request_id, True, {"stats": self.stats()})
+        return ControlReply(message.request_id, False, {"error": f"unknown control {message.kind!r}"})
+
+    def stats(self) -> SchedulerStats:
+        sched, alloc = self.scheduler, self.runner.allocator
+        cached = sched.cache.total_size()
+        used = alloc.size - alloc.available_size()
+        rows = self.runner.req_to_token
+        return SchedulerStats(
+            num_running_reqs=len(sched.running) + (1 if sched.chunked else 0),
+            num_queue_reqs=len(sched.waiting), kv_total_tokens=alloc.size, kv_used_tokens=used,
+            kv_request_tokens=used - cached, cached_tokens=cached,
+            free_request_rows=rows.available_size(), total_request_rows=rows.size,
+            forward_steps=sched.forward_steps, num_retractions=sched.num_retractions)
+
+    def _publish_stats(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last_stats >= _STATS_INTERVAL_S:
+            self.to_tokenizer.send(self.stats())
+            self._last_stats = now
+
+    def run_forever(self) -> None:
+        self.watchdog.start()
+        while True:
+            busy = self.scheduler.has_work()
+            first = self.inbox.recv(timeout_ms=0 if busy else _IDLE_POLL_MS)
+            messages = ([first] if first is not None else []) + self.inbox.recv_all()
+            outputs: list[TokenOutput] = []
+            for message in messages:
+                outputs += self._handle(message)
+            if self.scheduler.has_work():
+                outputs += self.scheduler.step()
+            self.watchdog.tick(self.scheduler.has_work())
+            if outputs:
+                self.to_detokenizer.send(TokenBatch(outputs))
+            self._publish_stats(force=bool(messages) and not self.scheduler.has_work())
+
+
+def run_scheduler_process(args: ServerArgs, paths: IpcPaths, ready: Any) -> None:
+    """Entry point of the subprocess; reports ``("ready", info)`` or ``("error", text)`` on ``ready``."""
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s scheduler %(levelname)s %(message)s")
+    faulthandler.enable()
+    try:
+        loop = SchedulerLoop(args, paths)
+    except Exception as err:  # reported to the parent, which exits with the message
+        logger.exception("scheduler failed to start")
+        ready.send(("error", f"{type(err).__name__}: {err}"))
+        return
+    ready.send(("ready", loop.ready_info()))
+    loop.run_forever()

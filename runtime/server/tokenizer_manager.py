@@ -1,0 +1,267 @@
+"""The TokenizerManager: validates and tokenizes requests, tracks them until they finish.
+
+Lives in the HTTP process. Sends work to the scheduler, receives text from the
+detokenizer, and hands each request's outputs to the handler awaiting them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from kvflow.runtime.sampling import SamplingParams
+from kvflow.runtime.server.args import ServerArgs
+from kvflow.runtime.server.errors import RequestError
+from kvflow.runtime.server.ipc import IpcPaths, Puller, Pusher
+from kvflow.runtime.server.messages import (
+    AbortRequest,
+    ControlReply,
+    ControlRequest,
+    GenerateRequest,
+    SchedulerStats,
+    TextBatch,
+    TextOutput,
+)
+from kvflow.runtime.server.metrics import RuntimeMetrics
+from kvflow.runtime.tokenizer import apply_chat_template
+
+__all__ = ["GenerateInput", "RequestHandle", "TokenizerManager"]
+logger = logging.getLogger("kvflow.tokenizer_manager")
+_CONTROL_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class GenerateInput:
+    """One prompt to generate for (already tokenized), with validated sampling parameters."""
+
+    input_ids: list[int]
+    sampling: SamplingParams
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    extra_key: str | None = None
+
+
+@dataclass
+class _ReqState:
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    created: float = field(default_factory=time.monotonic)
+    last_token_at: float | None = None
+    finished: bool = False
+
+
+class TokenizerManager:
+    def __init__(self, args: ServerArgs, paths: IpcPaths, info: dict[str, Any], tokenizer: Any) -> None:
+        self.args = args
+        self.info = info
+        self.tokenizer = tokenizer
+        self.context_len: int = info["context_len"]
+        self.vocab_size: int = info["vocab_size"]
+        self.max_total_tokens: int = info["max_total_tokens"]
+        self._sync_ctx = zmq.Context()
+        self._async_ctx = zmq.asyncio.Context()
+        self.to_scheduler = Pusher(self._sync_ctx, paths.to_scheduler)
+        self.inbox = Puller(self._async_ctx, paths.to_tokenizer)
+        self.metrics = RuntimeMetrics(args.model_name, info["page_size"], info["num_pages"])
+        self.states: dict[str, _ReqState] = {}
+        self.stats: SchedulerStats | None = None
+        self._control: dict[str, asyncio.Future] = {}
+        self._ids = itertools.count()
+        self.dead_reason: str | None = None
+        self.draining = False
+        self._recv_task: asyncio.Task | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        self._recv_task = asyncio.get_running_loop().create_task(self._recv_loop())
+
+    def fail_all(self, reason: str) -> None:
+        """A subprocess died: every in-flight request ends with a server error."""
+        self.dead_reason = reason
+        for state in self.states.values():
+            state.queue.put_nowait(RequestError(503, f"server unhealthy: {reason}"))
+        for fut in self._control.values():
+            if not fut.done():
+                fut.set_exception(RequestError(503, f"server unhealthy: {reason}"))
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self.states)
+
+    async def _recv_loop(self) -> None:
+        while True:
+            message = await self.inbox.recv_async()
+            if isinstance(message, TextBatch):
+                for out in message.outputs:
+                    self._deliver(out)
+            elif isinstance(message, SchedulerStats):
+                self.stats = message
+                self.metrics.observe_stats(message)
+            elif isinstance(message, ControlReply):
+                fut = self._control.pop(message.request_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(message)
+
+    def _deliver(self, out: TextOutput) -> None:
+        state = self.states.get(out.rid)
+        if state is None:
+            return
+        now = time.monotonic()
+        if out.new_token_ids:
+            if state.last_token_at is None:
+                self.metrics.on_first_token(now - state.created)
+            else:
+                self.metrics.on_token_gap(now - state.last_token_at, len(out.new_token_ids))
+            state.last_token_at = now
+        if out.finish_reason is not None:
+            state.finished = True
+            self.states.pop(out.rid, None)
+            self.metrics.on_finish(now - state.created, out.prompt_tokens, out.completion_tokens,
+                                   out.cached_tokens, out.finish_reason.type == "abort")
+        state.queue.put_nowait(out)
+
+    # -- requests -------------------------------------------------------------------------
+    def check_accepting(self) -> None:
+        if self.dead_reason:
+            raise RequestError(503, f"server unhealthy: {self.dead_reason}")
+        if self.draining:
+            raise RequestError(503, "server is shutting down")
+        limit = self.args.engine.max_queued_requests
+        if limit is not None and self.num_in_flight >= self.args.engine.max_running_requests + limit:
+            raise RequestError(503, f"too many requests: {self.num_in_flight} in flight, "
+                               f"queue limit {limit} reached; retry later")
+
+    def tokenize(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise RequestError(400, "this server skips tokenizer init: send input_ids")
+        return list(self.tokenizer.encode(text))
+
+    def chat_ids(self, messages: list[dict[str, Any]], **template_kwargs: Any) -> list[int]:
+        if self.tokenizer is None:
+            raise RequestError(400, "this server skips tokenizer init: chat needs a tokenizer")
+        try:
+            return apply_chat_template(self.tokenizer, messages, **template_kwargs)
+        except (ValueError, TypeError, KeyError) as err:
+            raise RequestError(400, f"cannot apply the chat template: {err}") from err
+
+    def decode(self, ids: list[int]) -> str:
+        return "" if self.tokenizer is None else self.tokenizer.decode(ids)
+
+    def token_text(self, token_id: int) -> str:
+        return "" if self.tokenizer is None else self.tokenizer.decode([token_id])
+
+    def validate(self, inp: GenerateInput) -> None:
+        ids = inp.input_ids
+        if not ids:
+            raise RequestError(400, "the prompt is empty")
+        bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise RequestError(400, f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        try:
+            inp.sampling.validate(self.vocab_size)
+        except ValueError as err:
+            raise RequestError(400, str(err)) from err
+        if len(ids) >= self.context_len:
+            raise RequestError(400, f"the prompt has {len(ids)} tokens; this model's context "
+                               f"length is {self.context_len}")
+        total = len(ids) + inp.sampling.max_new_tokens
+        if total > self.context_len:
+            raise RequestError(400, f"the prompt ({len(ids)} tokens) + max_tokens "
+                               f"({inp.sampling.max_new_tokens}) = {total} exceeds the context "
+                               f"length ({self.context_len})")
+        if total > self.max_total_tokens:
+            raise RequestError(400, f"the prompt + max_tokens ({total}) exceeds the KV cache "
+                               f"({self.max_total_tokens} tokens)")
+
+    def default_max_tokens(self, prompt_len: int) -> int:
+        return max(self.context_len - prompt_len, 0)
+
+    def _submit(self, inp: GenerateInput, rid: str) -> _ReqState:
+        state = _ReqState()
+        self.states[rid] = state
+        sampling = {k: v for k, v in vars(inp.sampling).items()}
+        self.to_scheduler.send(GenerateRequest(rid, inp.input_ids, sampling, inp.return_logprob,
+                                               inp.top_logprobs_num, inp.extra_key))
+        return state
+
+    async def generate(self, inputs: list[GenerateInput]) -> list[RequestHandle]:
+        """Start every prompt (``n`` samples each); one output stream per sample, in order."""
+        self.check_accepting()
+        for inp in inputs:
+            self.validate(inp)
+        streams = []
+        for inp in inputs:
+            samples = inp.sampling.expand_n()
+            if len(samples) > 1:
+                # Prefill the shared prompt once; the samples then hit the prefix cache.
+                warm = GenerateInput(inp.input_ids, inp.sampling.prefill_only(), extra_key=inp.extra_key)
+                warm_handle = self._start(warm)
+                try:
+                    async for _ in warm_handle:
+                        pass
+                finally:
+                    warm_handle.cancel()
+            for sampling in samples:
+                sample_inp = GenerateInput(inp.input_ids, sampling, inp.return_logprob,
+                                           inp.top_logprobs_num, inp.extra_key)
+                streams.append(self._start(sample_inp))
+        return streams
+
+    def _start(self, inp: GenerateInput) -> RequestHandle:
+        rid = f"{uuid.uuid4().hex[:12]}-{next(self._ids)}"
+        return RequestHandle(self, rid, self._submit(inp, rid))
+
+    def abort(self, rid: str, message: str = "aborted by the client") -> None:
+        self.to_scheduler.send(AbortRequest(rid, message))
+
+    def abort_all(self, message: str) -> None:
+        for rid in list(self.states):
+            self.abort(rid, message)
+
+    async def control(self, kind: str) -> ControlReply:
+        if self.dead_reason:
+            raise RequestError(503, f"server unhealthy: {self.dead_reason}")
+        request_id = uuid.uuid4().hex
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._control[request_id] = fut
+        self.to_scheduler.send(ControlRequest(request_id, kind))
+        try:
+            return await asyncio.wait_for(fut, _CONTROL_TIMEOUT_S)
+        except TimeoutError as err:
+            raise RequestError(503, f"the scheduler did not answer {kind} in time") from err
+        finally:
+            self._control.pop(request_id, None)
+
+
+class RequestHandle:
+    """One running sample: iterate it for its outputs; :meth:`cancel` aborts it if unfinished."""
+
+    def __init__(self, manager: TokenizerManager, rid: str, state: _ReqState) -> None:
+        self.manager = manager
+        self.rid = rid
+        self._state = state
+
+    @property
+    def finished(self) -> bool:
+        return self._state.finished
+
+    async def __aiter__(self) -> AsyncIterator[TextOutput]:
+        while True:
+            item = await self._state.queue.get()
+            if isinstance(item, Exception):
+                raise item
+            yield item
+            if item.finish_reason is not None:
+                return
+
+    def cancel(self, message: str = "the client went away") -> None:
+        if not self._state.finished and self.rid in self.manager.states:
+            self.manager.abort(self.rid, message)
