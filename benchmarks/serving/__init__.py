@@ -1,0 +1,37 @@
+"""Serving benchmark: a streaming load generator for OpenAI-compatible servers and a driver
+that runs kvflow and ``transformers serve`` on the same prompts (see ``bench_serving.py``).
+"""
+
+from .client import Endpoint, RequestResult, RunRecord, run_load
+from .driver import BenchConfig, PlannedRun, build_plan, run_servers, select_servers
+from .machine import load_average, machine_info
+from .report import render_markdown
+from .servers import SERVERS, LaunchOptions, ServerSpec, running_server
+from .stats import Summary, percentile, summarize
+from .workloads import Corpus, Prompt, fixed_length_prompts, shared_prefix_prompts
+
+__all__ = [
+    "SERVERS",
+    "BenchConfig",
+    "Corpus",
+    "Endpoint",
+    "LaunchOptions",
+    "PlannedRun",
+    "Prompt",
+    "RequestResult",
+    "RunRecord",
+    "ServerSpec",
+    "Summary",
+    "build_plan",
+    "fixed_length_prompts",
+    "load_average",
+    "machine_info",
+    "percentile",
+    "render_markdown",
+    "run_load",
+    "run_servers",
+    "running_server",
+    "select_servers",
+    "shared_prefix_prompts",
+    "summarize",
+]

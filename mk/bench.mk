@@ -1,0 +1,10 @@
+# Serving benchmark (benchmarks/bench_serving.py): kvflow vs `transformers serve
+# --continuous-batching` on the same prompts, and kvflow's radix cache on vs off on a
+# shared-prefix workload; writes benchmarks/results/serving.md and serving.json.
+# BENCH_SERVING_ARGS adds flags, e.g. BENCH_SERVING_ARGS="--only kvflow" or
+# "--concurrency 1,32 --fixed-requests 1=8,32=64" (see `$(PY) benchmarks/bench_serving.py compare -h`).
+BENCH_SERVING_ARGS ?=
+
+.PHONY: bench-serving
+bench-serving: $(STAMP) ## serving benchmark: kvflow vs transformers serve, radix on/off (benchmarks/results/serving.md)
+	$(PY) benchmarks/bench_serving.py compare $(BENCH_SERVING_ARGS)
