@@ -36,7 +36,8 @@ def prepare_native(tm: TokenizerManager, body: GenerateRequestBody) -> tuple[boo
             sampling = SamplingParams.from_dict(params)
         except ValueError as err:
             raise RequestError(400, str(err)) from err
-        inputs.append(GenerateInput(ids, sampling, body.return_logprob, body.top_logprobs_num, body.extra_key))
+        inputs.append(GenerateInput(ids, sampling, body.return_logprob, body.top_logprobs_num,
+                                    body.extra_key, body.rid))
     return single, inputs
 
 

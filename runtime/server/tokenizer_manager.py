@@ -48,6 +48,7 @@ class GenerateInput:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     extra_key: str | None = None
+    rid: str | None = None  # client-chosen id (for /abort_request); one sample only
 
 
 @dataclass
@@ -197,6 +198,10 @@ class TokenizerManager:
         self.check_accepting()
         for inp in inputs:
             self.validate(inp)
+            if inp.rid is not None and (inp.sampling.n > 1 or len(inputs) > 1):
+                raise RequestError(400, "rid can only name a single prompt with n = 1")
+            if inp.rid is not None and inp.rid in self.states:
+                raise RequestError(400, f"a request with rid {inp.rid!r} is already in flight")
         streams = []
         for inp in inputs:
             samples = inp.sampling.expand_n()
@@ -211,12 +216,12 @@ class TokenizerManager:
                     warm_handle.cancel()
             for sampling in samples:
                 sample_inp = GenerateInput(inp.input_ids, sampling, inp.return_logprob,
-                                           inp.top_logprobs_num, inp.extra_key)
+                                           inp.top_logprobs_num, inp.extra_key, inp.rid)
                 streams.append(self._start(sample_inp))
         return streams
 
     def _start(self, inp: GenerateInput) -> RequestHandle:
-        rid = f"{uuid.uuid4().hex[:12]}-{next(self._ids)}"
+        rid = inp.rid or f"{uuid.uuid4().hex[:12]}-{next(self._ids)}"
         return RequestHandle(self, rid, self._submit(inp, rid))
 
     def abort(self, rid: str, message: str = "aborted by the client") -> None:

@@ -1,0 +1,76 @@
+"""A real ``kvflow serve`` process (HTTP + scheduler + detokenizer) for tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+START_TIMEOUT_S = 240
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    """A server started with extra flags; ``url`` is its base URL."""
+
+    def __init__(self, *flags: str, log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kvflow", "serve", "--port", str(self.port), *flags],
+            stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
+        )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"server did not start:\n{log.read_text()[-3000:]}")
+
+    def headers(self, api_key: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def server_info(self, api_key: str | None = None) -> dict:
+        return httpx.get(f"{self.url}/get_server_info", headers=self.headers(api_key), timeout=30).json()
+
+    def wait_idle_and_free(self, api_key: str | None = None, timeout: float = 60) -> dict:
+        """Wait until nothing is in flight and no request holds KV memory (the leak check)."""
+        deadline = time.monotonic() + timeout
+        info = {}
+        while time.monotonic() < deadline:
+            info = self.server_info(api_key)
+            stats = info["stats"]
+            if (info["in_flight_requests"] == 0 and stats["kv_request_tokens"] == 0
+                    and stats["free_request_rows"] == stats["total_request_rows"]
+                    and stats["num_running_reqs"] == 0 and stats["num_queue_reqs"] == 0):
+                return info
+            time.sleep(0.2)
+        raise AssertionError(f"server not idle with free KV memory: {info}")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
