@@ -64,17 +64,10 @@ def release(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[di
         if c["name"] != "Router"
     ]
     (old_chart / "files" / "crds" / CRD_FILE.name).write_text(yaml.safe_dump(old_crd))
-    kube.helm(
-        "install",
-        name,
-        str(old_chart),
-        "-n",
-        namespace,
-        "--create-namespace",
-        "--wait",
-        "--timeout",
-        "120s",
-    )
+    # Adopting a CRD that kubectl applied takes over kubectl's fields (docs/operator.md).
+    adopt = ["--force-conflicts"] if existing else []
+    install = ["install", name, str(old_chart), "-n", namespace, "--create-namespace", *adopt]
+    kube.helm(*install, "--wait", "--timeout", "120s")
     columns = kube.get_json("crd", CRD_NAME)["spec"]["versions"][0]["additionalPrinterColumns"]
     assert "Router" not in [c["name"] for c in columns]
     upgraded = kube.helm(

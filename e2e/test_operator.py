@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +83,17 @@ def is_ready(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:
     return body if current and condition(body, "Ready").get("status") == "True" else None
 
 
+def wait_body(
+    kube: Kube, predicate: Callable[[], dict[str, Any] | None], timeout: float, what: str
+) -> dict[str, Any]:
+    """``kube.wait_for`` for predicates that return a ModelDeployment body when satisfied."""
+    body = kube.wait_for(predicate, timeout, 0.2, what)
+    assert body is not None
+    return body
+
+
 def wait_ready(kube: Kube, ns: str, name: str, timeout: float = 90) -> dict[str, Any]:
-    return kube.wait_for(lambda: is_ready(kube, ns, name), timeout, 0.2, f"{name} Ready")
+    return wait_body(kube, lambda: is_ready(kube, ns, name), timeout, f"{name} Ready")
 
 
 def children(kube: Kube, ns: str, name: str) -> dict[tuple[str, str, str], dict[str, Any]]:
@@ -156,7 +165,7 @@ def patch_and_wait(kube: Kube, ns: str, name: str, spec_patch: dict[str, Any]) -
         body = is_ready(kube, ns, name)
         return body if body and body["metadata"]["generation"] > generation else None
 
-    return kube.wait_for(rolled_out, 90, 0.3, f"{name} generation > {generation} Ready")
+    return wait_body(kube, rolled_out, 90, f"{name} generation > {generation} Ready")
 
 
 def report(record_property: Any, label: str, seconds: float) -> None:
@@ -296,7 +305,7 @@ def test_file_store_volume_and_permanent_errors(
 ) -> None:
     storage_class = f"{ns}-rwx"
     _bind_volume(kube, ns, storage_class)
-    store = {
+    store: dict[str, Any] = {
         "hostMemory": "4Gi",
         "sharedStore": {"type": "file", "size": "50Gi", "storageClassName": storage_class},
     }
@@ -325,15 +334,12 @@ def test_file_store_volume_and_permanent_errors(
         "-p",
         json.dumps({"spec": {"hiCache": store}}),
     )
-    body = kube.wait_for(
-        lambda: (
-            (b := md(kube, ns, "smollm2"))
-            and condition(b, "Degraded").get("status") == "True"
-            and b
-        ),
-        30,
-        0.3,
-    )
+
+    def degraded_body() -> dict[str, Any] | None:
+        body = md(kube, ns, "smollm2")
+        return body if condition(body, "Degraded").get("status") == "True" else None
+
+    body = wait_body(kube, degraded_body, 30, "Degraded")
     degraded = condition(body, "Degraded")
     assert degraded["reason"] == "ApplyRejected" and "PersistentVolumeClaim" in degraded["message"]
     assert condition(body, "Progressing")["reason"] == "ApplyRejected"
@@ -396,15 +402,15 @@ def test_operator_restart_duplicates_nothing(
     for name in ("smollm2", "smollm2-pd"):
         wait_ready(kube, ns, name)
     before = snapshot()
+    applied = operator.log().count(": applied ")
     operator.kill()
     operator.start()
-    resumed = operator.log().count("Resuming is processed")
-    kube.wait_for(
-        lambda: operator.log().count("Resuming is processed") >= resumed + 2 or None, 30, 0.3
-    )
+    # The new process re-applies every child of both ModelDeployments on resume...
+    kube.wait_for(lambda: operator.log().count(": applied ") >= applied + 2, 30, 0.3, "resume")
     time.sleep(DRIFT_INTERVAL * 1.5)  # at least one drift sweep too
     after = snapshot()
-    assert after == before  # same objects, same resourceVersions: re-applying was a no-op
+    # ...and it changes nothing: same objects, same resourceVersions, same pods.
+    assert after == before
     for name in ("smollm2", "smollm2-pd"):
         assert is_ready(kube, ns, name)
 

