@@ -1,0 +1,106 @@
+"""The harness's own logic, without starting a cluster: cache bookkeeping, resolution
+precedence, certificates, kubeconfig, fake nodes and `wait_for`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from e2e.k8s import PINNED, Binaries, K8sEnv, Kube, resolve_binaries
+from e2e.k8s.bins import BinCache
+from e2e.k8s.certs import make_pki
+from e2e.k8s.config import FakeNodeSpec
+from e2e.k8s.kubeconfig import write_kubeconfig
+from e2e.k8s.nodes import fake_node, node_is_ready
+
+
+def _executable(path: Path, text: str = "#!/bin/sh\nexit 0\n") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def test_staging_modules_follow_the_kubernetes_version() -> None:
+    assert PINNED.staging == "v0." + PINNED.kubernetes.split(".", 1)[1]
+    assert PINNED.of("kube-apiserver") == PINNED.of("kubectl") == PINNED.kubernetes
+    assert PINNED.of("etcd") == PINNED.etcd
+
+
+def test_cache_serves_a_binary_only_at_its_pinned_version(tmp_path: Path) -> None:
+    cache = BinCache(tmp_path, PINNED)
+    assert cache.get("kwok") is None
+    with cache.staging() as staging:
+        installed = cache.install("kwok", _executable(staging / "kwok"))
+    assert cache.get("kwok") == installed == cache.bin_dir / "kwok"
+    assert not any(p.name.startswith("staging-") for p in cache.root.iterdir())
+
+    bumped = BinCache(tmp_path, type(PINNED)(kwok="9.9.9"))
+    assert bumped.get("kwok") is None  # a new pin means a new build
+    assert bumped.get("kube-apiserver") is None
+
+
+def test_explicit_bin_dir_wins_over_the_cache(tmp_path: Path) -> None:
+    mine = _executable(tmp_path / "mine" / "kubectl")
+    cache = BinCache(tmp_path / "cache", PINNED)
+    with cache.staging() as staging:
+        cache.install("kubectl", _executable(staging / "kubectl"))
+    env = K8sEnv(
+        bin_dir=mine.parent,
+        cache_dir=tmp_path / "cache",
+        download_timeout_s=0,
+        go="/nonexistent/go",
+        state_dir=tmp_path / "state",
+    )
+    assert resolve_binaries(["kubectl"], env=env)["kubectl"] == mine
+    mine.unlink()  # gone from the explicit dir: the cache's copy is next
+    assert resolve_binaries(["kubectl"], env=env)["kubectl"] == cache.bin_dir / "kubectl"
+
+
+def test_pki_and_kubeconfig_are_consistent(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path / "pki", "10.96.0.1")
+    for cert in (pki.apiserver_crt, pki.admin_crt, pki.front_proxy_crt):
+        subprocess.run(
+            ["openssl", "verify", "-CAfile", pki.ca_crt, cert], check=True, capture_output=True
+        )
+    text = subprocess.run(
+        ["openssl", "x509", "-in", pki.apiserver_crt, "-noout", "-ext", "subjectAltName"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    assert "IP Address:127.0.0.1" in text and "IP Address:10.96.0.1" in text
+    assert oct(pki.sa_key.stat().st_mode & 0o777) == "0o600"
+
+    config = yaml.safe_load(
+        write_kubeconfig(tmp_path / "kc", "https://127.0.0.1:6443", pki).read_text()
+    )
+    assert config["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:6443"
+    assert config["users"][0]["user"]["client-key-data"]
+
+
+def test_fake_node_readiness_needs_ready_and_no_not_ready_taint() -> None:
+    node = fake_node("n0", FakeNodeSpec(), ("kwok.x-k8s.io/node", "fake"))
+    assert node["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+    assert not node_is_ready(node)
+    node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    node["spec"]["taints"] = [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]
+    assert not node_is_ready(node)
+    node["spec"]["taints"] = []
+    assert node_is_ready(node)
+
+
+def test_wait_for_returns_the_value_and_chains_the_last_error(tmp_path: Path) -> None:
+    kube = Kube(kubeconfig=tmp_path / "kc", binaries=Binaries(paths={}), env=dict(os.environ))
+    calls = iter([None, 0, "done"])
+    assert kube.wait_for(lambda: next(calls), timeout=5, interval=0.01) == "done"
+
+    def broken() -> bool:
+        raise LookupError("not there yet")
+
+    with pytest.raises(TimeoutError, match="the thing") as timed_out:
+        kube.wait_for(broken, timeout=0.05, interval=0.01, what="the thing")
+    assert isinstance(timed_out.value.__cause__, LookupError)
