@@ -13,6 +13,7 @@ resolved once after collection, outside any test, when a selected test needs the
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 
@@ -54,8 +55,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if config.getoption("--no-cluster") or config.getoption("collectonly"):
         return
     if any("kube" in getattr(item, "fixturenames", ()) for item in session.items):
+        # A cold cache means a build of many minutes: let its progress lines through.
+        capture = config.pluginmanager.getplugin("capturemanager")
         try:
-            resolve_binaries()  # may build for many minutes on a cold cache; prints progress
+            with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+                resolve_binaries()
         except BinaryResolutionError as err:
             # Fail the cluster tests (in the `kube` fixture), not the whole session.
             config.stash[_RESOLUTION_ERROR] = err
