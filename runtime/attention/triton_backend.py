@@ -1,0 +1,69 @@
+"""Attention with kvflow's Triton kernels (paged decode with split-K, ragged extend)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvflow.kernels import decode_attention_fwd, extend_attention_fwd
+from kvflow.runtime.attention.base import AttentionBackend
+from kvflow.runtime.forward_batch import ForwardBatch
+
+__all__ = ["TritonBackend"]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    kv_indptr: torch.Tensor  # [B + 1] int32: decode = full context, extend = cached prefix
+    kv_indices: torch.Tensor  # int32 token slots
+    qo_indptr: torch.Tensor | None = None  # [B + 1] int32, extend only
+    max_len_extend: int = 0
+
+
+def _indptr(lengths: list[int], device: torch.device) -> torch.Tensor:
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    out[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
+    return out.to(device, non_blocking=True)
+
+
+class TritonBackend(AttentionBackend):
+    """Default backend on CUDA (also runs on CPU under ``TRITON_INTERPRET=1`` for tests)."""
+
+    def _gather_slots(self, fb: ForwardBatch, lengths: list[int]) -> torch.Tensor:
+        table = self.req_to_token.req_to_token
+        width = max(max(lengths), 1)
+        rows = table[fb.req_pool_indices, :width]
+        lens = torch.tensor(lengths, device=rows.device)
+        mask = torch.arange(width, device=rows.device)[None, :] < lens[:, None]
+        return rows[mask].to(torch.int32)
+
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        device = fb.input_ids.device
+        if fb.is_decode:
+            lengths = fb.seq_lens_cpu
+            fb.attn_metadata = _Plan(_indptr(lengths, device), self._gather_slots(fb, lengths))
+            return
+        prefix = fb.extend_prefix_lens_cpu
+        fb.attn_metadata = _Plan(
+            kv_indptr=_indptr(prefix, device),
+            kv_indices=self._gather_slots(fb, prefix),
+            qo_indptr=_indptr(fb.extend_seq_lens_cpu, device),
+            max_len_extend=max(fb.extend_seq_lens_cpu),
+        )
+
+    def forward_extend(self, q, k, v, layer_id, fb):
+        plan: _Plan = fb.attn_metadata
+        out = torch.empty_like(q)
+        extend_attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), out,
+                             self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id],
+                             plan.qo_indptr, plan.kv_indptr, plan.kv_indices, plan.max_len_extend,
+                             self.scale)
+        return out
+
+    def forward_decode(self, q, k, v, layer_id, fb):
+        plan: _Plan = fb.attn_metadata
+        out = torch.empty_like(q)
+        decode_attention_fwd(q.contiguous(), self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id],
+                             out, plan.kv_indptr, plan.kv_indices, self.scale)
+        return out
