@@ -59,4 +59,6 @@ class DriftRepair(threading.Thread):
                     log.warning(
                         "drift repair: %s/%s: %s", meta["namespace"], meta["name"], exc.message
                     )
+                except Exception:  # a bug must not end the sweeps of every other object
+                    log.exception("drift repair: %s/%s failed", meta["namespace"], meta["name"])
         return done

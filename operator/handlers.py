@@ -76,6 +76,9 @@ class _StatusFilter:
         self._seen[uid] = summary
         return True
 
+    def forget(self, body: Mapping[str, Any]) -> None:
+        self._seen.pop(str(body.get("metadata", {}).get("uid")), None)
+
 
 def register(
     registry: kopf.OperatorRegistry,
@@ -124,6 +127,8 @@ def register(
         if not owner or not namespace or event.get("type") is None:
             return  # the initial listing: the ModelDeployment's resume handler covers it
         deleted = event.get("type") == "DELETED"
+        if deleted:
+            deployments.forget(body)
         drifted = not deleted and edited_by_others(body)
         is_deployment = body.get("kind") == "Deployment"
         try:

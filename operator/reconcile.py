@@ -132,7 +132,13 @@ class Reconciler:
         found: list[dict[str, Any]] = []
         for api_version, kind in CHILD_KINDS:
             items = self._cluster.list_objects(api_version, kind, namespace, selector)
-            found += [item for item in items if _owned(item, uid)]
+            # Objects already being deleted (a pruned claim held by its pvc-protection
+            # finalizer, say) are neither desired state nor worth deleting again.
+            found += [
+                item
+                for item in items
+                if _owned(item, uid) and not item["metadata"].get("deletionTimestamp")
+            ]
         return found
 
     def _prune(self, md: ModelDeployment, keep: set[tuple[str, str, str]]) -> int:

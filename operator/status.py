@@ -68,14 +68,16 @@ class WorkloadReport:
 
     @property
     def state(self) -> str:
+        """One of the component states in the module docstring."""
         if self.failure:
             return "Failed"
-        if self.ready >= self.desired and self.observed_generation >= self.generation:
-            return "Ready" if self.current <= self.desired else "RollingOut"
-        behind = self.observed_generation < self.generation
-        if behind or self.updated < self.desired or self.current > self.desired:
+        caught_up = self.observed_generation >= self.generation
+        settled = caught_up and self.updated >= self.desired and self.current <= self.desired
+        if settled and self.ready >= self.desired:
+            return "Ready"
+        if not settled or not self.rollout_complete:
             return "RollingOut"
-        return "RollingOut" if not self.rollout_complete else "Unavailable"
+        return "Unavailable"
 
 
 @dataclass(frozen=True)
