@@ -59,6 +59,11 @@ def _by_concurrency(text: str) -> dict[int, int]:
     return {int(clients): int(requests) for clients, requests in pairs}
 
 
+def _format(table: dict[int, int]) -> str:
+    """``{1: 8, 32: 32}`` -> ``"1=8,32=32"``."""
+    return ",".join(f"{clients}={value}" for clients, value in table.items())
+
+
 def _shape_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", default=str(_MODEL), help="Hugging Face folder (served model and tokenizer)"
@@ -66,7 +71,6 @@ def _shape_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api", choices=["completions", "chat"], default=_DEFAULTS.api)
     parser.add_argument("--input-len", type=int, default=_DEFAULTS.input_len)
     parser.add_argument("--output-len", type=int, default=_DEFAULTS.output_len)
-    parser.add_argument("--shared-groups", type=int, default=_DEFAULTS.shared_groups)
     parser.add_argument("--prefix-len", type=int, default=_DEFAULTS.prefix_len)
     parser.add_argument("--question-len", type=int, default=_DEFAULTS.question_len)
     parser.add_argument("--shared-output-len", type=int, default=_DEFAULTS.shared_output_len)
@@ -90,13 +94,17 @@ def _parser() -> argparse.ArgumentParser:
         "--only",
         help=f"comma-separated servers among {list(SERVERS)} (kvflow also selects kvflow-no-radix)",
     )
-    compare.add_argument("--concurrency", default="1,32", help="client counts, comma-separated")
     compare.add_argument(
-        "--fixed-requests", default="1=8,32=32", help="requests per run by clients"
+        "--concurrency",
+        default=",".join(map(str, _DEFAULTS.concurrencies)),
+        help="client counts, comma-separated (default: %(default)s)",
     )
-    compare.add_argument(
-        "--shared-requests", default="1=16,32=64", help="requests per run by clients"
-    )
+    for flag, table in (
+        ("--fixed-requests", _DEFAULTS.fixed_requests),
+        ("--shared-requests", _DEFAULTS.shared_requests),
+        ("--shared-groups", _DEFAULTS.shared_groups),
+    ):
+        compare.add_argument(flag, default=_format(table), help="by clients (default: %(default)s)")
     compare.add_argument("--dtype", help="passed to every server (default: each one's auto)")
     compare.add_argument("--kvflow-args", default="", help="extra flags for kvflow serve")
     compare.add_argument(
@@ -112,6 +120,9 @@ def _parser() -> argparse.ArgumentParser:
     load.add_argument("--workload", choices=["fixed", "shared"], default="fixed")
     load.add_argument("--concurrency", type=int, default=32)
     load.add_argument("--num-requests", type=int, default=32)
+    load.add_argument(
+        "--shared-groups", type=int, default=8, help="prefix groups (shared workload)"
+    )
     load.add_argument(
         "--eos",
         choices=list(_EOS_BODIES),
@@ -135,7 +146,7 @@ def _config(args: argparse.Namespace) -> BenchConfig:
         input_len=args.input_len,
         output_len=args.output_len,
         fixed_requests=_by_concurrency(args.fixed_requests),
-        shared_groups=args.shared_groups,
+        shared_groups=_by_concurrency(args.shared_groups),
         prefix_len=args.prefix_len,
         question_len=args.question_len,
         shared_output_len=args.shared_output_len,

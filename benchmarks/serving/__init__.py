@@ -3,10 +3,11 @@ that runs kvflow and ``transformers serve`` on the same prompts (see ``bench_ser
 """
 
 from .client import Endpoint, RequestResult, RunRecord, run_load
+from .cpu import session_cpu_seconds
 from .driver import BenchConfig, PlannedRun, build_plan, run_servers, select_servers
 from .machine import load_average, machine_info
 from .report import render_markdown
-from .servers import SERVERS, LaunchOptions, ServerSpec, running_server
+from .servers import SERVERS, LaunchOptions, RunningServer, ServerSpec, running_server
 from .stats import Summary, percentile, summarize
 from .workloads import Corpus, Prompt, fixed_length_prompts, shared_prefix_prompts
 
@@ -20,6 +21,7 @@ __all__ = [
     "Prompt",
     "RequestResult",
     "RunRecord",
+    "RunningServer",
     "ServerSpec",
     "Summary",
     "build_plan",
@@ -32,6 +34,7 @@ __all__ = [
     "run_servers",
     "running_server",
     "select_servers",
+    "session_cpu_seconds",
     "shared_prefix_prompts",
     "summarize",
 ]

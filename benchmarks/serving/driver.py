@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from .client import Endpoint, run_load
+from .cpu import session_cpu_seconds
 from .machine import load_average
 from .servers import SERVERS, LaunchOptions, ServerSpec, running_server
 from .stats import summarize
@@ -32,11 +33,11 @@ class BenchConfig:
     input_len: int = 170
     output_len: int = 64
     fixed_requests: dict[int, int] = field(default_factory=lambda: {1: 8, 32: 32})
-    shared_groups: int = 8
+    shared_groups: dict[int, int] = field(default_factory=lambda: {1: 2, 32: 8})
     prefix_len: int = 1000
     question_len: int = 24
     shared_output_len: int = 64
-    shared_requests: dict[int, int] = field(default_factory=lambda: {1: 16, 32: 64})
+    shared_requests: dict[int, int] = field(default_factory=lambda: {1: 8, 32: 32})
     api: str = "completions"
     run_timeout: float = 600.0
     warmup_requests: int = 2
@@ -44,6 +45,10 @@ class BenchConfig:
     def requests(self, workload: str, concurrency: int) -> int:
         table = self.fixed_requests if workload == "fixed" else self.shared_requests
         return table.get(concurrency, 2 * concurrency)
+
+    def groups(self, concurrency: int) -> int:
+        """Prefix groups of a shared-prefix run (default 8)."""
+        return self.shared_groups.get(concurrency, 8)
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,7 @@ def build_plan(corpus: Corpus, config: BenchConfig, workloads: set[str]) -> list
     for concurrency in config.concurrencies if "shared" in workloads else ():
         count = config.requests("shared", concurrency)
         prompts = shared_prefix_prompts(
-            corpus, count, config.shared_groups, config.prefix_len, config.question_len
+            corpus, count, config.groups(concurrency), config.prefix_len, config.question_len
         )
         plan.append(PlannedRun("shared", concurrency, config.shared_output_len, tuple(prompts)))
     return plan
@@ -110,17 +115,20 @@ def _run_server(
     log_dir: Path,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    with running_server(spec, opts, log_dir / f"{spec.name}.log") as base_url:
+    with running_server(spec, opts, log_dir / f"{spec.name}.log") as server:
+        base_url = server.base_url
         endpoint = Endpoint(base_url, config.api, _served_model(base_url), spec.extra_body)
         for run in plan:
             if run.workload != "warmup" and run.workload not in spec.workloads:
                 continue
             _flush_cache(base_url)
-            load = load_average()
+            load, cpu_before = load_average(), session_cpu_seconds(server.session_id)
             record = run_load(
                 endpoint, list(run.prompts), run.concurrency, run.max_tokens, config.run_timeout
             )
             summary = summarize(record, len(run.prompts))
+            cpu_after = session_cpu_seconds(server.session_id)
+            cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
             if run.workload == "warmup":
                 if summary.succeeded == 0:
                     raise RuntimeError(f"{spec.name}: warm-up failed: {summary.first_error}")
@@ -130,6 +138,10 @@ def _run_server(
                     "server": spec.name,
                     "workload": run.workload,
                     "load_average": load,
+                    "server_cpu_s": cpu,
+                    "cpu_ms_per_token": cpu * 1e3 / summary.output_tokens
+                    if cpu is not None and summary.output_tokens
+                    else None,
                     **summary.as_dict(),
                 }
             )
@@ -143,7 +155,8 @@ def _print_row(row: dict[str, Any]) -> None:
         f"ok {row['succeeded']}/{row['requests']}  {row['output_tok_s']:8.2f} out tok/s  "
         f"TTFT med {row['ttft_median_s']:.3f} s p99 {row['ttft_p99_s']:.3f} s  "
         f"ITL med {row['itl_median_ms']:.1f} ms p99 {row['itl_p99_ms']:.1f} ms  "
-        f"out tok {row['min_output_tokens']}-{row['max_output_tokens']}  load {row['load_average']}",
+        f"out tok {row['min_output_tokens']}-{row['max_output_tokens']}  "
+        f"CPU {row['cpu_ms_per_token'] or float('nan'):.0f} ms/tok  load {row['load_average']}",
         flush=True,
     )
 

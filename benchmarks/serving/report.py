@@ -27,6 +27,8 @@ _COLUMNS = (
     ("itl_p99_ms", "ITL p99 ms", "{:.1f}"),
     ("tpot_median_ms", "TPOT med ms", "{:.1f}"),
     ("cached_tokens", "cached tok", "{}"),
+    ("server_cpu_s", "server CPU s", "{:.1f}"),
+    ("cpu_ms_per_token", "CPU ms / out tok", "{:.0f}"),
     ("load_average", "load avg (1, 5, 15 min)", "{}"),
 )
 
@@ -64,6 +66,10 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _quotient(top: float | None, bottom: float | None) -> float:
+    return top / bottom if top is not None and bottom else math.nan
+
+
 def _ratio_lines(rows: list[dict[str, Any]]) -> list[str]:
     lines = []
     for workload, top, bottom, meaning in _RATIOS:
@@ -73,13 +79,16 @@ def _ratio_lines(rows: list[dict[str, Any]]) -> list[str]:
             if server != top or den is None or not den["output_tok_s"]:
                 continue
             throughput = num["output_tok_s"] / den["output_tok_s"]
-            ttft = den["ttft_median_s"] / num["ttft_median_s"] if num["ttft_median_s"] else math.nan
-            lines.append(f"| {meaning} | {concurrency} | **{throughput:.2f}x** | {ttft:.2f}x |")
+            ttft = _quotient(den["ttft_median_s"], num["ttft_median_s"])
+            cpu = _quotient(den.get("cpu_ms_per_token"), num.get("cpu_ms_per_token"))
+            lines.append(
+                f"| {meaning} | {concurrency} | **{throughput:.2f}x** | {ttft:.2f}x | {cpu:.2f}x |"
+            )
     if not lines:
         return ["No ratio: this run did not measure both sides of any comparison."]
     header = [
-        "| comparison | clients | output tok/s ratio | median TTFT speed-up |",
-        "|---|---|---|---|",
+        "| comparison | clients | output tok/s ratio | median TTFT speed-up | CPU per token saving |",
+        "|---|---|---|---|---|",
     ]
     return header + lines
 
@@ -95,12 +104,12 @@ def _setup_lines(doc: dict[str, Any]) -> list[str]:
         "fixed": f"- fixed workload: prompts of {config['input_len']} tokens of the Python "
         f"reference manual (distinct, no shared prefix), {config['output_len']} output tokens; "
         f"requests per run: {_per_clients(config['fixed_requests'])}",
-        "shared": f"- shared-prefix workload: {config['shared_groups']} groups, each a "
+        "shared": "- shared-prefix workload: groups of requests sharing a "
         f"{config['prefix_len']}-token prefix, + a distinct question quoting "
         f"{config['question_len']} tokens, {config['shared_output_len']} output tokens; "
-        f"requests per run: {_per_clients(config['shared_requests'])} (request i in group i mod "
-        f"{config['shared_groups']}; runs use different prefixes; kvflow's cache is flushed "
-        "between runs)",
+        f"requests per run: {_per_clients(config['shared_requests'])}, in groups: "
+        f"{_per_clients(config['shared_groups'])} (request i in group i mod groups; runs use "
+        "different prefixes; kvflow's cache is flushed between runs)",
     }
     lines = [
         f"- model: `{config['model']}`; client: {config['api']} API, streaming, temperature 0, "
@@ -116,7 +125,9 @@ def _setup_lines(doc: dict[str, Any]) -> list[str]:
     lines.append(
         "- out tok/s: output tokens (server's usage) / wall time of the run; TTFT: send to "
         "first text event; ITL: gaps between text events; TPOT: (latency - TTFT) / "
-        "(output tokens - 1), median over requests"
+        "(output tokens - 1), median over requests; server CPU s: user + system CPU time of the "
+        "server's whole process tree during the run (less sensitive than wall time to other "
+        "jobs on a shared machine)"
     )
     return lines
 

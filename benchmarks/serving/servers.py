@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
-__all__ = ["SERVERS", "LaunchOptions", "ServerSpec", "running_server"]
+__all__ = ["SERVERS", "LaunchOptions", "RunningServer", "ServerSpec", "running_server"]
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,13 @@ SERVERS: dict[str, ServerSpec] = {
 }
 
 
+class RunningServer(NamedTuple):
+    """A started server: where to send requests, and its session (its process tree)."""
+
+    base_url: str
+    session_id: int
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -164,8 +171,8 @@ def _stop(proc: subprocess.Popen, grace: float) -> None:
 @contextmanager
 def running_server(
     spec: ServerSpec, opts: LaunchOptions, log_path: Path, ready_timeout: float = 600.0
-) -> Iterator[str]:
-    """Start ``spec`` on a free port, yield its base URL once ready, stop it on exit."""
+) -> Iterator[RunningServer]:
+    """Start ``spec`` on a free port, yield it once ready, stop it on exit."""
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     argv = spec.argv(port, opts)
@@ -180,6 +187,6 @@ def running_server(
             except (RuntimeError, TimeoutError) as exc:
                 tail = "".join(log_path.read_text(errors="replace").splitlines(True)[-30:])
                 raise RuntimeError(f"{spec.name}: {exc}; log {log_path}:\n{tail}") from exc
-            yield base_url
+            yield RunningServer(base_url, proc.pid)  # a new session's id is its leader's pid
         finally:
             _stop(proc, grace=30.0)
