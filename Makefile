@@ -27,7 +27,7 @@ test: $(STAMP) ## run the whole test suite (unit, engine parity, server, control
 lint: $(STAMP) ## ruff (lint + format check) and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy kvflow operator
+	$(VENV)/bin/mypy kvflow operator runtime
 
 .PHONY: fmt
 fmt: $(STAMP) ## format the code with ruff
@@ -35,6 +35,11 @@ fmt: $(STAMP) ## format the code with ruff
 	$(VENV)/bin/ruff check --fix .
 
 -include mk/*.mk
+
+
+.PHONY: bench-offline
+bench-offline: $(STAMP) ## offline throughput: Engine.generate vs transformers generate (benchmarks/results/offline.md)
+	$(PY) benchmarks/bench_offline.py --num-prompts 64 --output-len 64
 
 .PHONY: help
 help: ## list the targets

@@ -10,8 +10,12 @@ from pathlib import Path
 
 from setuptools import setup
 
-ROOTS = {"kvflow": "kvflow", "kvflow.runtime": "runtime", "kvflow.kernels": "kernels",
-         "kvflow.operator": "operator"}
+ROOTS = {
+    "kvflow": "kvflow",
+    "kvflow.runtime": "runtime",
+    "kvflow.kernels": "kernels",
+    "kvflow.operator": "operator",
+}
 
 
 def _packages() -> list[str]:
@@ -23,5 +27,9 @@ def _packages() -> list[str]:
     return found
 
 
-setup(packages=_packages(), package_dir=ROOTS, include_package_data=True,
-      package_data={"kvflow.runtime": ["configs/*.json"]})
+setup(
+    packages=_packages(),
+    package_dir=ROOTS,
+    include_package_data=True,
+    package_data={"kvflow.runtime": ["configs/*.json"]},
+)

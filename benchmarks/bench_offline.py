@@ -18,10 +18,30 @@ from pathlib import Path
 
 import torch
 
-TOPICS = ["the ocean", "a robot", "mountains", "coffee", "the moon", "a library", "trains", "winter",
-          "bees", "a lighthouse", "jazz", "deserts", "volcanoes", "chess", "rain", "bridges"]
-STYLES = ["Write a short poem about {}.", "Explain {} to a child.", "Give three facts about {}.",
-          "Describe {} in one paragraph, with vivid detail and a surprising ending."]
+TOPICS = [
+    "the ocean",
+    "a robot",
+    "mountains",
+    "coffee",
+    "the moon",
+    "a library",
+    "trains",
+    "winter",
+    "bees",
+    "a lighthouse",
+    "jazz",
+    "deserts",
+    "volcanoes",
+    "chess",
+    "rain",
+    "bridges",
+]
+STYLES = [
+    "Write a short poem about {}.",
+    "Explain {} to a child.",
+    "Give three facts about {}.",
+    "Describe {} in one paragraph, with vivid detail and a surprising ending.",
+]
 
 
 def make_prompts(tokenizer, count: int) -> list[list[int]]:
@@ -29,7 +49,9 @@ def make_prompts(tokenizer, count: int) -> list[list[int]]:
     for i in range(count):
         text = STYLES[i % len(STYLES)].format(TOPICS[i % len(TOPICS)])
         chat = [{"role": "user", "content": text}]
-        prompts.append(tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True))
+        prompts.append(
+            tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+        )
     return [list(p["input_ids"] if hasattr(p, "keys") else p) for p in prompts]
 
 
@@ -47,7 +69,9 @@ def run_kvflow(model_path: str, prompts: list[list[int]], output_len: int) -> fl
     return elapsed
 
 
-def run_transformers(model_path: str, prompts: list[list[int]], output_len: int, batch_size: int) -> float:
+def run_transformers(
+    model_path: str, prompts: list[list[int]], output_len: int, batch_size: int
+) -> float:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
@@ -57,8 +81,14 @@ def run_transformers(model_path: str, prompts: list[list[int]], output_len: int,
         ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])  # left padding
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=output_len,
-                                 min_new_tokens=output_len, do_sample=False, pad_token_id=0)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=output_len,
+                min_new_tokens=output_len,
+                do_sample=False,
+                pad_token_id=0,
+            )
         assert out.shape[1] == width + output_len
 
     generate(prompts[:4])

@@ -11,8 +11,16 @@ import sys
 
 # sub-command -> (module, function, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "serve": ("kvflow.runtime.server.cli", "main", "run the serving runtime (OpenAI-compatible API)"),
-    "generate": ("kvflow.runtime.cli", "generate_main", "generate offline with the in-process engine"),
+    "serve": (
+        "kvflow.runtime.server.cli",
+        "main",
+        "run the serving runtime (OpenAI-compatible API)",
+    ),
+    "generate": (
+        "kvflow.runtime.cli",
+        "generate_main",
+        "generate offline with the in-process engine",
+    ),
     "operator": ("kvflow.operator.main", "main", "run the Kubernetes operator"),
 }
 

@@ -55,14 +55,19 @@ class Engine:
         self.config = EngineConfig(model_path=model_path, **kwargs).resolved()
         self.runner = ModelRunner(self.config)
         self.scheduler = Scheduler(self.config, self.runner)
-        self.tokenizer = None if self.config.skip_tokenizer_init else load_tokenizer(self.runner.model_path)
+        self.tokenizer = (
+            None if self.config.skip_tokenizer_init else load_tokenizer(self.runner.model_path)
+        )
         self._rids = itertools.count()
 
     # -- public API ------------------------------------------------------------------------
     def generate(
         self,
         prompt: str | Sequence[str] | None = None,
-        sampling_params: Mapping[str, Any] | SamplingParams | Sequence[Mapping[str, Any]] | None = None,
+        sampling_params: Mapping[str, Any]
+        | SamplingParams
+        | Sequence[Mapping[str, Any]]
+        | None = None,
         input_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
@@ -118,8 +123,14 @@ class Engine:
             raise ValueError("give one sampling_params per prompt, or a single one")
         return [p if isinstance(p, SamplingParams) else SamplingParams.from_dict(p) for p in params]
 
-    def _make_reqs(self, ids: list[int], params: SamplingParams, return_logprob: bool,
-                   top_logprobs_num: int, extra_key: str | None) -> list[Req]:
+    def _make_reqs(
+        self,
+        ids: list[int],
+        params: SamplingParams,
+        return_logprob: bool,
+        top_logprobs_num: int,
+        extra_key: str | None,
+    ) -> list[Req]:
         vocab = self.runner.vocab_size
         if any(not 0 <= t < vocab for t in ids):
             raise ValueError(f"input token ids must be in [0, {vocab})")
@@ -133,10 +144,18 @@ class Engine:
     def _req(self, ids, params, return_logprob, top_logprobs_num, extra_key) -> Req:
         index = next(self._rids)
         rid = f"req-{index}"
-        return Req(rid, ids, params, eos_token_ids=self.runner.model_config.eos_token_ids,
-                   extra_key=extra_key, return_logprob=return_logprob,
-                   top_logprobs_num=top_logprobs_num, tokenizer=self.tokenizer,
-                   device=self.runner.device, seed=self.config.seed * 1_000_003 + index)
+        return Req(
+            rid,
+            ids,
+            params,
+            eos_token_ids=self.runner.model_config.eos_token_ids,
+            extra_key=extra_key,
+            return_logprob=return_logprob,
+            top_logprobs_num=top_logprobs_num,
+            tokenizer=self.tokenizer,
+            device=self.runner.device,
+            seed=self.config.seed * 1_000_003 + index,
+        )
 
     def _run(self, reqs: list[Req]) -> dict[str, GenerateResult]:
         for req in reqs:
@@ -153,8 +172,12 @@ class Engine:
     def _text_stream(self, req: Req) -> TextStream | None:
         if self.tokenizer is None:
             return None
-        return TextStream(self.tokenizer, req.origin_input_ids, req.sampling.stop,
-                          req.sampling.skip_special_tokens)
+        return TextStream(
+            self.tokenizer,
+            req.origin_input_ids,
+            req.sampling.stop,
+            req.sampling.skip_special_tokens,
+        )
 
     @staticmethod
     def _result(req: Req, out: TokenOutput, stream: TextStream | None) -> GenerateResult:
@@ -164,5 +187,11 @@ class Engine:
             stream.finish(req.output_ids, out.finish_reason.matched)
             text = stream.text
         usage = Usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
-        return GenerateResult(text, list(req.output_ids), out.finish_reason, usage,
-                              list(req.output_logprobs), list(req.output_top_logprobs))
+        return GenerateResult(
+            text,
+            list(req.output_ids),
+            out.finish_reason,
+            usage,
+            list(req.output_logprobs),
+            list(req.output_top_logprobs),
+        )

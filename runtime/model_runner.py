@@ -43,22 +43,43 @@ class ModelRunner:
         self.model_config = ModelConfig.from_path(self.model_path)
         mc = self.model_config
         self.dtype = _pick_dtype(config, mc)
-        self.model = load_model(self.model_path, mc, config.load_format, self.dtype, self.device, config.seed)
+        self.model = load_model(
+            self.model_path, mc, config.load_format, self.dtype, self.device, config.seed
+        )
         self.vocab_size = mc.vocab_size
-        self.context_len = min(config.context_length or mc.max_position_embeddings,
-                               mc.max_position_embeddings)
+        self.context_len = min(
+            config.context_length or mc.max_position_embeddings, mc.max_position_embeddings
+        )
         self.page_size = config.page_size
         num_pages = self._num_kv_pages()
         self.allocator = TokenToKVPoolAllocator(num_pages, self.page_size, self.device)
-        self.kv_pool = KVPool((num_pages + 1) * self.page_size, mc.num_layers, mc.num_kv_heads,
-                              mc.head_dim, self.dtype, self.device)
-        self.req_to_token = ReqToTokenPool(config.max_running_requests + _EXTRA_ROWS,
-                                           self.context_len + 1, self.device)
+        self.kv_pool = KVPool(
+            (num_pages + 1) * self.page_size,
+            mc.num_layers,
+            mc.num_kv_heads,
+            mc.head_dim,
+            self.dtype,
+            self.device,
+        )
+        self.req_to_token = ReqToTokenPool(
+            config.max_running_requests + _EXTRA_ROWS, self.context_len + 1, self.device
+        )
         backend_cls = ATTENTION_BACKENDS.get(config.attention_backend)
-        self.attn = backend_cls(self.kv_pool, self.req_to_token, mc.num_heads, mc.num_kv_heads,
-                                mc.head_dim, mc.head_dim**-0.5)
+        self.attn = backend_cls(
+            self.kv_pool,
+            self.req_to_token,
+            mc.num_heads,
+            mc.num_kv_heads,
+            mc.head_dim,
+            mc.head_dim**-0.5,
+        )
         self.sampler = Sampler(mc.vocab_size, self.device)
-        logger.info("KV cache: %d tokens in pages of %d (%s)", self.allocator.size, self.page_size, self.dtype)
+        logger.info(
+            "KV cache: %d tokens in pages of %d (%s)",
+            self.allocator.size,
+            self.page_size,
+            self.dtype,
+        )
 
     def _num_kv_pages(self) -> int:
         mc, cfg = self.model_config, self.config

@@ -9,7 +9,7 @@ VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 
 missing=()
-for pkg in libibverbs1 librdmacm1; do
+for pkg in libibverbs1 librdmacm1 openssl; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -25,8 +25,15 @@ class AttentionBackend(ABC):
     precompute anything index-shaped into ``fb.attn_metadata``.
     """
 
-    def __init__(self, kv_pool: KVPool, req_to_token: ReqToTokenPool, num_heads: int,
-                 num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(
+        self,
+        kv_pool: KVPool,
+        req_to_token: ReqToTokenPool,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+    ) -> None:
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
         self.num_heads = num_heads
@@ -38,15 +45,18 @@ class AttentionBackend(ABC):
     def init_forward_metadata(self, fb: ForwardBatch) -> None: ...
 
     @abstractmethod
-    def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                       fb: ForwardBatch) -> torch.Tensor: ...
+    def forward_extend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, fb: ForwardBatch
+    ) -> torch.Tensor: ...
 
     @abstractmethod
-    def forward_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                       fb: ForwardBatch) -> torch.Tensor: ...
+    def forward_decode(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, fb: ForwardBatch
+    ) -> torch.Tensor: ...
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                fb: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, fb: ForwardBatch
+    ) -> torch.Tensor:
         self.kv_pool.store(layer_id, fb.out_cache_loc, k, v)
         if fb.is_decode:
             return self.forward_decode(q, k, v, layer_id, fb)

@@ -31,8 +31,10 @@ class TorchNativeBackend(AttentionBackend):
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         device = fb.input_ids.device
-        rows = [self.req_to_token.read(int(i), n) for i, n in
-                zip(fb.req_pool_indices.tolist(), fb.seq_lens_cpu, strict=True)]
+        rows = [
+            self.req_to_token.read(int(i), n)
+            for i, n in zip(fb.req_pool_indices.tolist(), fb.seq_lens_cpu, strict=True)
+        ]
         if fb.is_decode:
             max_len = max(fb.seq_lens_cpu)
             slots = torch.zeros((fb.batch_size, max_len), dtype=torch.int64, device=device)
@@ -42,8 +44,12 @@ class TorchNativeBackend(AttentionBackend):
             mask = torch.arange(max_len, device=device)[None, :] < lens[:, None]
             fb.attn_metadata = _DecodePlan(slots, mask[:, None, None, :])
             return
-        starts, masks, offset = [], [], 0
-        for prefix_len, extend_len in zip(fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu, strict=True):
+        starts: list[int] = []
+        masks: list[torch.Tensor | None] = []
+        offset = 0
+        for prefix_len, extend_len in zip(
+            fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu, strict=True
+        ):
             starts.append(offset)
             offset += extend_len
             if prefix_len == 0:
@@ -58,13 +64,21 @@ class TorchNativeBackend(AttentionBackend):
         plan: _ExtendPlan = fb.attn_metadata
         k_buf, v_buf = self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
         out = torch.empty_like(q)
-        for start, slots, mask, n in zip(plan.q_starts, plan.kv_slots, plan.masks,
-                                         fb.extend_seq_lens_cpu, strict=True):
+        for start, slots, mask, n in zip(
+            plan.q_starts, plan.kv_slots, plan.masks, fb.extend_seq_lens_cpu, strict=True
+        ):
             qi = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
             ki = k_buf[slots].transpose(0, 1).unsqueeze(0).to(q.dtype)
             vi = v_buf[slots].transpose(0, 1).unsqueeze(0).to(q.dtype)
-            oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, is_causal=mask is None,
-                                                scale=self.scale, enable_gqa=True)
+            oi = F.scaled_dot_product_attention(
+                qi,
+                ki,
+                vi,
+                attn_mask=mask,
+                is_causal=mask is None,
+                scale=self.scale,
+                enable_gqa=True,
+            )
             out[start : start + n] = oi[0].transpose(0, 1)
         return out
 
@@ -73,7 +87,11 @@ class TorchNativeBackend(AttentionBackend):
         kb = self.kv_pool.k_buffer[layer_id][plan.kv_slots].to(q.dtype)  # [B, L, Hkv, D]
         vb = self.kv_pool.v_buffer[layer_id][plan.kv_slots].to(q.dtype)
         out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), kb.transpose(1, 2), vb.transpose(1, 2), attn_mask=plan.mask,
-            scale=self.scale, enable_gqa=True,
+            q.unsqueeze(2),
+            kb.transpose(1, 2),
+            vb.transpose(1, 2),
+            attn_mask=plan.mask,
+            scale=self.scale,
+            enable_gqa=True,
         )  # [B, H, 1, D]
         return out.squeeze(2)

@@ -55,15 +55,31 @@ class TritonBackend(AttentionBackend):
     def forward_extend(self, q, k, v, layer_id, fb):
         plan: _Plan = fb.attn_metadata
         out = torch.empty_like(q)
-        extend_attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), out,
-                             self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id],
-                             plan.qo_indptr, plan.kv_indptr, plan.kv_indices, plan.max_len_extend,
-                             self.scale)
+        extend_attention_fwd(
+            q.contiguous(),
+            k.contiguous(),
+            v.contiguous(),
+            out,
+            self.kv_pool.k_buffer[layer_id],
+            self.kv_pool.v_buffer[layer_id],
+            plan.qo_indptr,
+            plan.kv_indptr,
+            plan.kv_indices,
+            plan.max_len_extend,
+            self.scale,
+        )
         return out
 
     def forward_decode(self, q, k, v, layer_id, fb):
         plan: _Plan = fb.attn_metadata
         out = torch.empty_like(q)
-        decode_attention_fwd(q.contiguous(), self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id],
-                             out, plan.kv_indptr, plan.kv_indices, self.scale)
+        decode_attention_fwd(
+            q.contiguous(),
+            self.kv_pool.k_buffer[layer_id],
+            self.kv_pool.v_buffer[layer_id],
+            out,
+            plan.kv_indptr,
+            plan.kv_indices,
+            self.scale,
+        )
         return out

@@ -115,7 +115,9 @@ class RadixCache(PrefixCache):
         kv = torch.cat(values) if values else torch.empty(0, dtype=torch.int64)
         return MatchResult(kv, node)
 
-    def insert(self, token_ids: list[int], kv_indices: torch.Tensor, extra_key: str | None = None) -> int:
+    def insert(
+        self, token_ids: list[int], kv_indices: torch.Tensor, extra_key: str | None = None
+    ) -> int:
         """Insert ``token_ids -> kv_indices``; return how many leading tokens were already cached.
 
         The caller still owns ``kv_indices[:returned]`` and must free the ones it does not

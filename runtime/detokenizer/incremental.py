@@ -22,7 +22,9 @@ class IncrementalDetokenizer:
     ``ids[prefix_offset:read_offset]``.
     """
 
-    def __init__(self, tokenizer: Any, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self, tokenizer: Any, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True
+    ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.ids = list(prompt_ids[-_CONTEXT_TOKENS:])

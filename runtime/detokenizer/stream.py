@@ -28,8 +28,13 @@ class TextStream:
     matched stop string (if the request stopped on one) and without a matched stop token.
     """
 
-    def __init__(self, tokenizer: Any, prompt_ids: Sequence[int], stops: Sequence[str],
-                 skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        prompt_ids: Sequence[int],
+        stops: Sequence[str],
+        skip_special_tokens: bool = True,
+    ) -> None:
         self.detok = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens)
         self.stops = tuple(stops)
         self.emitted = 0

@@ -23,18 +23,23 @@ class RotaryEmbedding(nn.Module):
     last dimension, sin in the second.
     """
 
-    def __init__(self, head_dim: int, max_position: int, base: float,
-                 rope_scaling: dict[str, Any] | None) -> None:
+    def __init__(
+        self, head_dim: int, max_position: int, base: float, rope_scaling: dict[str, Any] | None
+    ) -> None:
         super().__init__()
         self.head_dim = head_dim
-        self.register_buffer("cos_sin_cache", build_cos_sin_cache(head_dim, max_position, base, rope_scaling),
-                             persistent=False)
+        self.register_buffer(
+            "cos_sin_cache",
+            build_cos_sin_cache(head_dim, max_position, base, rope_scaling),
+            persistent=False,
+        )
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``q`` ``[tokens, heads, head_dim]``, ``k`` ``[tokens, kv_heads, head_dim]``."""
-        cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
+        table: torch.Tensor = self.cos_sin_cache  # type: ignore[assignment]
+        cos, sin = table[positions].unsqueeze(1).chunk(2, dim=-1)
         cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 

@@ -20,8 +20,11 @@ __all__ = ["LlamaForCausalLM"]
 
 # HF parameter suffix -> (our parameter suffix, shard index)
 _STACKED = {
-    "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
 }
 
 
@@ -35,8 +38,9 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
         self.rotary = rotary
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, fb: ForwardBatch,
-                attn) -> torch.Tensor:
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, fb: ForwardBatch, attn
+    ) -> torch.Tensor:
         cfg = self.config
         qkv = self.qkv_proj(hidden)
         q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
@@ -83,15 +87,19 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
-                                 config.rope_theta, config.rope_scaling)
+        rotary = RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+        )
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, rotary) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
-            config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
 
     def forward(self, fb: ForwardBatch, attn) -> torch.Tensor:
         hidden = self.embed_tokens(fb.input_ids)
@@ -110,8 +118,10 @@ class LlamaForCausalLM(nn.Module):
         """Copy Hugging Face-named tensors into the merged parameters."""
         params = dict(self.named_parameters())
         cfg = self.config
-        shard_sizes = {"qkv_proj": [cfg.q_size, cfg.kv_size, cfg.kv_size],
-                       "gate_up_proj": [cfg.intermediate_size, cfg.intermediate_size]}
+        shard_sizes = {
+            "qkv_proj": [cfg.q_size, cfg.kv_size, cfg.kv_size],
+            "gate_up_proj": [cfg.intermediate_size, cfg.intermediate_size],
+        }
         loaded: set[str] = set()
         for hf_name, tensor in weights:
             name = hf_name.removeprefix("model.")
@@ -132,8 +142,11 @@ class LlamaForCausalLM(nn.Module):
                     raise KeyError(f"checkpoint tensor {hf_name!r} has no matching parameter")
                 params[name].data.copy_(tensor)
                 loaded.add(name)
-        expected = {n for n in params if "qkv_proj.weight" not in n and "gate_up_proj" not in n
-                    and "qkv_proj.bias" not in n}
+        expected = {
+            n
+            for n in params
+            if "qkv_proj.weight" not in n and "gate_up_proj" not in n and "qkv_proj.bias" not in n
+        }
         missing = sorted(n for n in expected if n not in loaded)
         if missing:
             raise KeyError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")

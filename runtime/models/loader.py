@@ -24,7 +24,9 @@ def resolve_model_path(model_path: str | None, load_format: str) -> Path:
         return DUMMY_CONFIGS[model_path]
     path = Path(model_path).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"model path {model_path!r} does not exist (and no model hub is used)")
+        raise FileNotFoundError(
+            f"model path {model_path!r} does not exist (and no model hub is used)"
+        )
     if path.is_dir() and not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model folder")
     return path
@@ -53,8 +55,9 @@ def _init_dummy(model: nn.Module, seed: int, device: str) -> None:
                 param.uniform_(-0.02, 0.02, generator=generator)
 
 
-def load_model(path: Path, config: ModelConfig, load_format: str, dtype: torch.dtype,
-               device: str, seed: int) -> nn.Module:
+def load_model(
+    path: Path, config: ModelConfig, load_format: str, dtype: torch.dtype, device: str, seed: int
+) -> nn.Module:
     """Instantiate the registered architecture on ``device`` and fill its weights."""
     model_cls = MODELS.get(config.architecture)
     with torch.device("meta"):
@@ -63,8 +66,12 @@ def load_model(path: Path, config: ModelConfig, load_format: str, dtype: torch.d
     # Buffers built on meta (the RoPE table) must be recomputed for real.
     for module in model.modules():
         if hasattr(module, "cos_sin_cache"):
-            fresh = type(module)(config.head_dim, config.max_position_embeddings,
-                                 config.rope_theta, config.rope_scaling)
+            fresh = type(module)(
+                config.head_dim,
+                config.max_position_embeddings,
+                config.rope_theta,
+                config.rope_scaling,
+            )
             module.cos_sin_cache = fresh.cos_sin_cache.to(device)
     if load_format == "dummy":
         _init_dummy(model, seed, device)

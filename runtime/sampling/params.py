@@ -10,11 +10,21 @@ from typing import Any
 __all__ = ["SamplingParams"]
 
 _TYPES: dict[str, tuple[type, ...]] = {
-    "max_new_tokens": (int,), "min_new_tokens": (int,), "temperature": (int, float),
-    "top_p": (int, float), "top_k": (int,), "min_p": (int, float),
-    "frequency_penalty": (int, float), "presence_penalty": (int, float),
-    "repetition_penalty": (int, float), "stop": (str, list, tuple), "stop_token_ids": (list, tuple),
-    "ignore_eos": (bool,), "skip_special_tokens": (bool,), "seed": (int,), "n": (int,),
+    "max_new_tokens": (int,),
+    "min_new_tokens": (int,),
+    "temperature": (int, float),
+    "top_p": (int, float),
+    "top_k": (int,),
+    "min_p": (int, float),
+    "frequency_penalty": (int, float),
+    "presence_penalty": (int, float),
+    "repetition_penalty": (int, float),
+    "stop": (str, list, tuple),
+    "stop_token_ids": (list, tuple),
+    "ignore_eos": (bool,),
+    "skip_special_tokens": (bool,),
+    "seed": (int,),
+    "n": (int,),
 }
 
 
@@ -74,7 +84,7 @@ class SamplingParams:
         """Raise ``ValueError`` naming the first invalid field."""
         checks = [
             (self.max_new_tokens >= 0, "max_new_tokens must be >= 0"),
-            (0 <= self.min_new_tokens, "min_new_tokens must be >= 0"),
+            (self.min_new_tokens >= 0, "min_new_tokens must be >= 0"),
             (self.temperature >= 0, "temperature must be >= 0"),
             (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
             (self.top_k == -1 or self.top_k >= 1, "top_k must be -1 (disabled) or >= 1"),
@@ -85,8 +95,10 @@ class SamplingParams:
             (1 <= self.n <= 128, "n must be in [1, 128]"),
             (all(isinstance(s, str) and s for s in self.stop), "stop must be non-empty strings"),
             (len(self.stop) <= 16, "at most 16 stop strings"),
-            (all(isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids),
-             "stop_token_ids must be integers"),
+            (
+                all(isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids),
+                "stop_token_ids must be integers",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -100,13 +112,18 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0)
+        return bool(
+            self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0
+        )
 
     def expand_n(self) -> list[SamplingParams]:
         """The ``n`` single samples of this request; sample ``i`` uses ``seed + i``."""
         if self.n == 1:
             return [self]
-        return [self.replace(n=1, seed=None if self.seed is None else self.seed + i) for i in range(self.n)]
+        return [
+            self.replace(n=1, seed=None if self.seed is None else self.seed + i)
+            for i in range(self.n)
+        ]
 
     def prefill_only(self) -> SamplingParams:
         """Parameters that run the prompt into the prefix cache and generate nothing."""

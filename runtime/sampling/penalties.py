@@ -9,8 +9,9 @@ from kvflow.runtime.sampling.params import SamplingParams
 __all__ = ["apply_penalties"]
 
 
-def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: list[int],
-                    output_ids: list[int]) -> None:
+def apply_penalties(
+    logits: torch.Tensor, params: SamplingParams, prompt_ids: list[int], output_ids: list[int]
+) -> None:
     """Penalize ``logits`` ``[vocab]`` in place for one request.
 
     Repetition (Hugging Face): every token seen in the prompt or output has its logit
@@ -19,11 +20,16 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: li
     """
     device = logits.device
     if params.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(prompt_ids) | set(output_ids)), dtype=torch.int64, device=device)
+        seen = torch.tensor(
+            sorted(set(prompt_ids) | set(output_ids)), dtype=torch.int64, device=device
+        )
         values = logits[seen]
-        logits[seen] = torch.where(values > 0, values / params.repetition_penalty,
-                                   values * params.repetition_penalty)
+        logits[seen] = torch.where(
+            values > 0, values / params.repetition_penalty, values * params.repetition_penalty
+        )
     if (params.frequency_penalty or params.presence_penalty) and output_ids:
         out = torch.tensor(output_ids, dtype=torch.int64, device=device)
         counts = torch.bincount(out, minlength=logits.numel()).to(logits.dtype)
-        logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(logits.dtype)
+        logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(
+            logits.dtype
+        )

@@ -41,8 +41,10 @@ class SamplingBatch:
             top_ks=torch.tensor(top_ks, dtype=torch.int64, device=device),
             min_ps=torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device),
             greedy=greedy,
-            needs_filter=any(not g and (p.top_p < 1 or p.top_k > 0 or p.min_p > 0)
-                             for p, g in zip(params, greedy, strict=True)),
+            needs_filter=any(
+                not g and (p.top_p < 1 or p.top_k > 0 or p.min_p > 0)
+                for p, g in zip(params, greedy, strict=True)
+            ),
         )
 
 
@@ -70,7 +72,9 @@ class Sampler:
             if params.has_penalties:
                 apply_penalties(logits[row], params, req.origin_input_ids, req.output_ids)
             if len(req.output_ids) < params.min_new_tokens and req.stop_token_set:
-                banned = torch.tensor(sorted(req.stop_token_set), dtype=torch.int64, device=logits.device)
+                banned = torch.tensor(
+                    sorted(req.stop_token_set), dtype=torch.int64, device=logits.device
+                )
                 logits[row, banned] = float("-inf")
 
     @torch.inference_mode()

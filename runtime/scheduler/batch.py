@@ -12,8 +12,9 @@ from kvflow.runtime.scheduler.req import Req
 __all__ = ["build_decode_batch", "build_extend_batch"]
 
 
-def build_extend_batch(reqs: Sequence[Req], extend_lens: Sequence[int],
-                       out_cache_loc: torch.Tensor, device: str) -> ForwardBatch:
+def build_extend_batch(
+    reqs: Sequence[Req], extend_lens: Sequence[int], out_cache_loc: torch.Tensor, device: str
+) -> ForwardBatch:
     """Prefill step: request i runs tokens ``kv_len : kv_len + extend_lens[i]``."""
     input_ids: list[int] = []
     positions: list[int] = []
@@ -27,7 +28,9 @@ def build_extend_batch(reqs: Sequence[Req], extend_lens: Sequence[int],
         input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
         positions=torch.tensor(positions, dtype=torch.int64, device=device),
         out_cache_loc=out_cache_loc,
-        req_pool_indices=torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64, device=device),
+        req_pool_indices=torch.tensor(
+            [r.req_pool_idx for r in reqs], dtype=torch.int64, device=device
+        ),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=device),
         seq_lens_cpu=seq_lens,
         extend_prefix_lens_cpu=prefix_lens,
@@ -35,7 +38,9 @@ def build_extend_batch(reqs: Sequence[Req], extend_lens: Sequence[int],
     )
 
 
-def build_decode_batch(reqs: Sequence[Req], out_cache_loc: torch.Tensor, device: str) -> ForwardBatch:
+def build_decode_batch(
+    reqs: Sequence[Req], out_cache_loc: torch.Tensor, device: str
+) -> ForwardBatch:
     """Decode step: each request feeds its last token at position ``kv_len``."""
     seq_lens = [r.kv_len + 1 for r in reqs]
     return ForwardBatch(
@@ -43,7 +48,9 @@ def build_decode_batch(reqs: Sequence[Req], out_cache_loc: torch.Tensor, device:
         input_ids=torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64, device=device),
         positions=torch.tensor([r.kv_len for r in reqs], dtype=torch.int64, device=device),
         out_cache_loc=out_cache_loc,
-        req_pool_indices=torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64, device=device),
+        req_pool_indices=torch.tensor(
+            [r.req_pool_idx for r in reqs], dtype=torch.int64, device=device
+        ),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=device),
         seq_lens_cpu=seq_lens,
     )

@@ -14,8 +14,9 @@ __all__ = ["KVManager"]
 class KVManager:
     """Glue between requests, the two KV pools and the prefix cache."""
 
-    def __init__(self, req_to_token: ReqToTokenPool, allocator: TokenToKVPoolAllocator,
-                 cache: PrefixCache) -> None:
+    def __init__(
+        self, req_to_token: ReqToTokenPool, allocator: TokenToKVPoolAllocator, cache: PrefixCache
+    ) -> None:
         self.req_to_token = req_to_token
         self.allocator = allocator
         self.cache = cache
@@ -72,6 +73,8 @@ class KVManager:
     def is_fully_free(self) -> bool:
         """True when no request holds memory (cached prefixes may remain, all unlocked)."""
         cached = self.cache.total_size()
-        return (self.allocator.available_size() + cached == self.allocator.size
-                and self.cache.evictable_size() == cached
-                and self.req_to_token.available_size() == self.req_to_token.size)
+        return (
+            self.allocator.available_size() + cached == self.allocator.size
+            and self.cache.evictable_size() == cached
+            and self.req_to_token.available_size() == self.req_to_token.size
+        )

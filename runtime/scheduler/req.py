@@ -43,10 +43,20 @@ class Req:
     prefix cache (locked through ``last_node``), the rest to this request.
     """
 
-    def __init__(self, rid: str, input_ids: list[int], sampling: SamplingParams, *,
-                 eos_token_ids: tuple[int, ...] = (), extra_key: str | None = None,
-                 return_logprob: bool = False, top_logprobs_num: int = 0,
-                 tokenizer: Any = None, device: str = "cpu", seed: int = 0) -> None:
+    def __init__(
+        self,
+        rid: str,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        eos_token_ids: tuple[int, ...] = (),
+        extra_key: str | None = None,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+        tokenizer: Any = None,
+        device: str = "cpu",
+        seed: int = 0,
+    ) -> None:
         self.rid = rid
         self.origin_input_ids = list(input_ids)
         self.output_ids: list[int] = []
@@ -62,8 +72,11 @@ class Req:
             gen_seed = sampling.seed if sampling.seed is not None else seed
             self.generator = torch.Generator(device=device).manual_seed(gen_seed)
         # Stop strings are matched on text, so the scheduler decodes such requests itself.
-        self._stop_text = (IncrementalDetokenizer(tokenizer, input_ids, sampling.skip_special_tokens)
-                           if sampling.stop and tokenizer is not None else None)
+        self._stop_text = (
+            IncrementalDetokenizer(tokenizer, input_ids, sampling.skip_special_tokens)
+            if sampling.stop and tokenizer is not None
+            else None
+        )
 
         self.req_pool_idx: int = -1
         self.kv_len = 0

@@ -162,8 +162,9 @@ class Scheduler:
     def _run_extend(self, plan: list[tuple[Req, int]]) -> list[TokenOutput]:
         reqs = [req for req, _ in plan]
         extend_lens = [take for _, take in plan]
-        slots = [self.runner.req_to_token.read(r.req_pool_idx, r.kv_len + n, r.kv_len)
-                 for r, n in plan]
+        slots = [
+            self.runner.req_to_token.read(r.req_pool_idx, r.kv_len + n, r.kv_len) for r, n in plan
+        ]
         fb = build_extend_batch(reqs, extend_lens, torch.cat(slots), self.runner.device)
         logits = self.runner.forward(fb)
         self.forward_steps += 1
@@ -197,7 +198,9 @@ class Scheduler:
         self.forward_steps += 1
         for req in reqs:
             req.kv_len += 1
-        self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        self.new_token_ratio = max(
+            MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
+        )
         return outputs + self._sample_and_commit(reqs, logits)
 
     def _make_room_for_decode(self) -> list[TokenOutput]:
@@ -241,17 +244,25 @@ class Scheduler:
                     self.running.remove(req)
             elif req not in self.running:
                 self.running.append(req)
-            outputs.append(self.make_output(req, [token], sampled.logprobs[row], sampled.top_logprobs[row]))
+            outputs.append(
+                self.make_output(req, [token], sampled.logprobs[row], sampled.top_logprobs[row])
+            )
         return outputs
 
     @staticmethod
-    def make_output(req: Req, new_ids: list[int], logprob: float | None = None,
-                top: list[tuple[int, float]] | None = None) -> TokenOutput:
+    def make_output(
+        req: Req,
+        new_ids: list[int],
+        logprob: float | None = None,
+        top: list[tuple[int, float]] | None = None,
+    ) -> TokenOutput:
         return TokenOutput(
-            rid=req.rid, new_token_ids=new_ids, finish_reason=req.finished_reason,
-            prompt_tokens=len(req.origin_input_ids), completion_tokens=len(req.output_ids),
+            rid=req.rid,
+            new_token_ids=new_ids,
+            finish_reason=req.finished_reason,
+            prompt_tokens=len(req.origin_input_ids),
+            completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens,
             new_logprobs=[logprob] * len(new_ids) if req.return_logprob else [],
             new_top_logprobs=[top] * len(new_ids) if req.return_logprob else [],
         )
-

@@ -28,8 +28,14 @@ _CHOICES = {
     "attention_backend": ["auto", *ATTENTION_BACKENDS.choices()],
 }
 # Contract flags whose features this runtime does not implement yet: refused when set.
-_UNSUPPORTED = ("bootstrap_port", "kv_transfer_protocol", "hicache_host_memory_gb",
-                "hicache_write_policy", "hicache_storage", "hicache_storage_path")
+_UNSUPPORTED = (
+    "bootstrap_port",
+    "kv_transfer_protocol",
+    "hicache_host_memory_gb",
+    "hicache_write_policy",
+    "hicache_storage",
+    "hicache_storage_path",
+)
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,9 @@ def _base_type(tp: object) -> type:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvflow serve", description="Serve a model over an OpenAI-compatible API.")
+    parser = argparse.ArgumentParser(
+        prog="kvflow serve", description="Serve a model over an OpenAI-compatible API."
+    )
     contract_group = parser.add_argument_group("runtime contract (what the operator sets)")
     for flag, text in contract.SERVE_FLAGS.items():
         kwargs: dict = {"help": text}
@@ -85,8 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
             kwargs["type"] = float
         contract_group.add_argument(flag, **kwargs)
     server = parser.add_argument_group("server")
-    server.add_argument("--api-key", default=os.environ.get(contract.API_KEY_ENV),
-                        help=f"require this bearer token (default: ${contract.API_KEY_ENV})")
+    server.add_argument(
+        "--api-key",
+        default=os.environ.get(contract.API_KEY_ENV),
+        help=f"require this bearer token (default: ${contract.API_KEY_ENV})",
+    )
     server.add_argument("--watchdog-timeout", type=float, default=ServerArgs.watchdog_timeout)
     server.add_argument("--drain-timeout", type=float, default=ServerArgs.drain_timeout)
     server.add_argument("--log-level", default="info")
@@ -109,8 +120,10 @@ def parse_args(argv: list[str]) -> ServerArgs:
     ns = parser.parse_args(argv)
     for name in _UNSUPPORTED:
         if getattr(ns, name) not in (None, ""):
-            parser.error(f"--{name.replace('_', '-')} is part of the contract but not implemented "
-                         "by this runtime version")
+            parser.error(
+                f"--{name.replace('_', '-')} is part of the contract but not implemented "
+                "by this runtime version"
+            )
     if ns.role != "unified":
         parser.error(f"--role {ns.role} needs prefill/decode disaggregation, not implemented yet")
     engine_kwargs = {f.name: getattr(ns, f.name) for f in _engine_fields()}
@@ -119,7 +132,14 @@ def parse_args(argv: list[str]) -> ServerArgs:
     else:
         engine_kwargs["max_running_requests"] = EngineConfig.max_running_requests
     engine_cfg = EngineConfig(model_path=ns.model_path or None, **engine_kwargs)
-    return ServerArgs(engine=engine_cfg, host=ns.host, port=ns.port,
-                      served_model_name=ns.served_model_name or "", role=ns.role,
-                      api_key=ns.api_key or None, watchdog_timeout=ns.watchdog_timeout,
-                      drain_timeout=ns.drain_timeout, log_level=ns.log_level)
+    return ServerArgs(
+        engine=engine_cfg,
+        host=ns.host,
+        port=ns.port,
+        served_model_name=ns.served_model_name or "",
+        role=ns.role,
+        api_key=ns.api_key or None,
+        watchdog_timeout=ns.watchdog_timeout,
+        drain_timeout=ns.drain_timeout,
+        log_level=ns.log_level,
+    )

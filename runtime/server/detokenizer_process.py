@@ -26,8 +26,9 @@ class DetokenizerState:
 
     def start(self, message: StreamStart) -> None:
         if self.tokenizer is not None:
-            self.streams[message.rid] = TextStream(self.tokenizer, message.prompt_ids, message.stop,
-                                                   message.skip_special_tokens)
+            self.streams[message.rid] = TextStream(
+                self.tokenizer, message.prompt_ids, message.stop, message.skip_special_tokens
+            )
 
     def process(self, batch: TokenBatch) -> TextBatch:
         outputs = []
@@ -41,9 +42,19 @@ class DetokenizerState:
                     delta = stream.finish(out.new_token_ids, out.finish_reason.matched)
             if out.finish_reason is not None:
                 self.streams.pop(out.rid, None)
-            outputs.append(TextOutput(out.rid, delta, out.new_token_ids, out.finish_reason,
-                                      out.prompt_tokens, out.completion_tokens, out.cached_tokens,
-                                      out.new_logprobs, out.new_top_logprobs))
+            outputs.append(
+                TextOutput(
+                    out.rid,
+                    delta,
+                    out.new_token_ids,
+                    out.finish_reason,
+                    out.prompt_tokens,
+                    out.completion_tokens,
+                    out.cached_tokens,
+                    out.new_logprobs,
+                    out.new_top_logprobs,
+                )
+            )
         return TextBatch(outputs)
 
 

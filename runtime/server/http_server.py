@@ -16,10 +16,14 @@ from kvflow import contract
 from kvflow.runtime.sampling import SamplingParams
 from kvflow.runtime.server.errors import RequestError
 from kvflow.runtime.server.native import native_generate, prepare_native
-from kvflow.runtime.server.openai.common import sse
 from kvflow.runtime.server.openai.chat import chat_completion, prepare_chat
+from kvflow.runtime.server.openai.common import sse
 from kvflow.runtime.server.openai.completions import completion, prepare_completion
-from kvflow.runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequestBody
+from kvflow.runtime.server.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequestBody,
+)
 from kvflow.runtime.server.tokenizer_manager import GenerateInput, RequestHandle, TokenizerManager
 
 __all__ = ["create_app"]
@@ -31,10 +35,14 @@ _HEALTH_GENERATE_TIMEOUT_S = 60.0
 
 def _error(status: int, message: str) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "code": status}}, status_code=status
+    )
 
 
-async def _respond(request: Request, handles: list[RequestHandle], body: Awaitable[Any]) -> Response:
+async def _respond(
+    request: Request, handles: list[RequestHandle], body: Awaitable[Any]
+) -> Response:
     """Await the response body; abort its samples if the client disconnects meanwhile.
 
     A streaming body is returned as soon as it exists; its own clean-up aborts unfinished
@@ -78,10 +86,12 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     api_key = tm.args.api_key
 
     @app.middleware("http")
-    async def require_api_key(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if api_key and request.url.path not in _OPEN_PATHS:
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
-                return _error(401, "missing or wrong API key (Authorization: Bearer <key>)")
+    async def require_api_key(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        authorized = request.headers.get("authorization", "") == f"Bearer {api_key}"
+        if api_key and request.url.path not in _OPEN_PATHS and not authorized:
+            return _error(401, "missing or wrong API key (Authorization: Bearer <key>)")
         return await call_next(request)
 
     @app.exception_handler(RequestError)
@@ -90,8 +100,10 @@ def create_app(tm: TokenizerManager) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(_: Request, err: RequestValidationError) -> JSONResponse:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: "
-                             f"{e.get('msg')}" for e in err.errors())
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}"
+            for e in err.errors()
+        )
         return _error(400, f"invalid request: {problems}")
 
     @app.get(contract.HEALTH_PATH)
@@ -120,8 +132,18 @@ def create_app(tm: TokenizerManager) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": tm.args.model_name, "object": "model", "created": 0,
-                                            "owned_by": "kvflow", "max_model_len": tm.context_len}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": tm.args.model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "kvflow",
+                    "max_model_len": tm.context_len,
+                }
+            ],
+        }
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
@@ -142,7 +164,9 @@ def create_app(tm: TokenizerManager) -> FastAPI:
         tm.check_accepting()
         single, inputs = prepare_native(tm, body)
         handles = await tm.generate(inputs)
-        return await _respond(request, handles, native_generate(single, inputs, handles, body.stream))
+        return await _respond(
+            request, handles, native_generate(single, inputs, handles, body.stream)
+        )
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
@@ -165,9 +189,13 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     async def server_info() -> dict[str, Any]:
         reply = await tm.control("get_stats")
         stats = reply.payload["stats"]
-        return {"model_name": tm.args.model_name, "engine": _jsonable(vars(tm.args.engine)),
-                **tm.info, "in_flight_requests": tm.num_in_flight,
-                "stats": {**vars(stats), "token_usage": stats.token_usage}}
+        return {
+            "model_name": tm.args.model_name,
+            "engine": _jsonable(vars(tm.args.engine)),
+            **tm.info,
+            "in_flight_requests": tm.num_in_flight,
+            "stats": {**vars(stats), "token_usage": stats.token_usage},
+        }
 
     return app
 
@@ -183,5 +211,7 @@ async def _json_object(request: Request) -> dict[str, Any]:
 
 
 def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: v if isinstance(v, (str, int, float, bool, type(None), list, dict)) else str(v)
-            for k, v in values.items()}
+    return {
+        k: v if isinstance(v, (str, int, float, bool, type(None), list, dict)) else str(v)
+        for k, v in values.items()
+    }

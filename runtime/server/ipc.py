@@ -27,7 +27,9 @@ class IpcPaths:
 def make_ipc_paths() -> IpcPaths:
     # A private 0700 directory: other users cannot connect to the sockets.
     folder = Path(tempfile.mkdtemp(prefix="kvflow-ipc-"))
-    return IpcPaths(*(f"ipc://{folder / name}" for name in ("scheduler", "detokenizer", "tokenizer")))
+    return IpcPaths(
+        *(f"ipc://{folder / name}" for name in ("scheduler", "detokenizer", "tokenizer"))
+    )
 
 
 class Pusher:

@@ -40,9 +40,12 @@ class StartupError(RuntimeError):
 def _start_children(args: ServerArgs, paths: IpcPaths) -> tuple[list[BaseProcess], dict[str, Any]]:
     ctx = mp.get_context("spawn")  # never fork a process that may hold CUDA state
     tokenizer_path = None if args.engine.skip_tokenizer_init else args.engine.model_path
-    specs = [("scheduler", run_scheduler_process, (args, paths)),
-             ("detokenizer", run_detokenizer_process, (tokenizer_path, paths))]
-    procs, pipes = [], []
+    specs = [
+        ("scheduler", run_scheduler_process, (args, paths)),
+        ("detokenizer", run_detokenizer_process, (tokenizer_path, paths)),
+    ]
+    procs: list[BaseProcess] = []
+    pipes = []
     for name, target, target_args in specs:
         reader, writer = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=target, args=(*target_args, writer), name=f"kvflow-{name}")
@@ -51,12 +54,16 @@ def _start_children(args: ServerArgs, paths: IpcPaths) -> tuple[list[BaseProcess
         pipes.append((name, reader))
     info: dict[str, Any] = {}
     deadline = time.monotonic() + _START_TIMEOUT_S
-    for (name, reader), proc in zip(pipes, procs, strict=True):
+    for (name, reader), child in zip(pipes, procs, strict=True):
         while not reader.poll(0.5):
-            if not proc.is_alive():
-                raise StartupError(f"the {name} process exited with code {proc.exitcode} while starting")
+            if not child.is_alive():
+                raise StartupError(
+                    f"the {name} process exited with code {child.exitcode} while starting"
+                )
             if time.monotonic() > deadline:
-                raise StartupError(f"the {name} process did not become ready in {_START_TIMEOUT_S:.0f} s")
+                raise StartupError(
+                    f"the {name} process did not become ready in {_START_TIMEOUT_S:.0f} s"
+                )
         status, payload = reader.recv()
         if status != "ready":
             raise StartupError(f"the {name} process failed to start: {payload}")
@@ -77,8 +84,15 @@ def _reap(procs: list[BaseProcess]) -> None:
 
 async def _serve(args: ServerArgs, tm: TokenizerManager, procs: list[BaseProcess]) -> int:
     tm.start()
-    config = uvicorn.Config(create_app(tm), host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=5, lifespan="off", access_log=False)
+    config = uvicorn.Config(
+        create_app(tm),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=5,
+        lifespan="off",
+        access_log=False,
+    )
     server = uvicorn.Server(config)
     exit_code = 0
     serve_task = asyncio.create_task(server.serve())
@@ -92,7 +106,9 @@ async def _serve(args: ServerArgs, tm: TokenizerManager, procs: list[BaseProcess
         if tm.draining:
             return
         tm.draining = True
-        logger.info("draining %d in-flight requests (up to %.0f s)", tm.num_in_flight, args.drain_timeout)
+        logger.info(
+            "draining %d in-flight requests (up to %.0f s)", tm.num_in_flight, args.drain_timeout
+        )
         deadline = time.monotonic() + args.drain_timeout
         while tm.num_in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
@@ -120,7 +136,9 @@ async def _serve(args: ServerArgs, tm: TokenizerManager, procs: list[BaseProcess
 
 def launch_server(args: ServerArgs) -> int:
     """Run until SIGTERM/SIGINT or a subprocess failure; returns the process exit code."""
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     engine = args.engine.resolved()
     # Resolve (and, for the embedded model, convert) once here, before children race on it.
     model_path = resolve_model_path(engine.model_path, engine.load_format)

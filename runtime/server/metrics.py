@@ -37,23 +37,66 @@ class RuntimeMetrics:
         self.registry = CollectorRegistry()
         labels = ["model_name"]
         r = self.registry
-        self.running = Gauge("sglang:num_running_reqs", METRIC_NAMES["sglang:num_running_reqs"], labels, registry=r)
-        self.queued = Gauge("sglang:num_queue_reqs", METRIC_NAMES["sglang:num_queue_reqs"], labels, registry=r)
-        self.token_usage = Gauge("sglang:token_usage", METRIC_NAMES["sglang:token_usage"], labels, registry=r)
-        self.hit_rate = Gauge("sglang:cache_hit_rate", METRIC_NAMES["sglang:cache_hit_rate"], labels, registry=r)
-        self.prompt_tokens = Counter("sglang:prompt_tokens", METRIC_NAMES["sglang:prompt_tokens_total"], labels, registry=r)
-        self.generation_tokens = Counter("sglang:generation_tokens", METRIC_NAMES["sglang:generation_tokens_total"], labels, registry=r)
-        self.cached_tokens = Counter("sglang:cached_tokens", METRIC_NAMES["sglang:cached_tokens_total"], labels, registry=r)
-        self.requests = Counter("sglang:num_requests", METRIC_NAMES["sglang:num_requests_total"], labels, registry=r)
-        self.aborted = Counter("sglang:num_aborted_requests", METRIC_NAMES["sglang:num_aborted_requests_total"], labels, registry=r)
-        self.ttft = Histogram("sglang:time_to_first_token_seconds", METRIC_NAMES["sglang:time_to_first_token_seconds"],
-                              labels, buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("sglang:inter_token_latency_seconds", METRIC_NAMES["sglang:inter_token_latency_seconds"],
-                             labels, buckets=_ITL_BUCKETS, registry=r)
-        self.e2e = Histogram("sglang:e2e_request_latency_seconds", METRIC_NAMES["sglang:e2e_request_latency_seconds"],
-                             labels, buckets=_LATENCY_BUCKETS, registry=r)
-        info = Gauge("sglang:cache_config_info", METRIC_NAMES["sglang:cache_config_info"],
-                     ["page_size", "num_pages"], registry=r)
+        self.running = Gauge(
+            "sglang:num_running_reqs", METRIC_NAMES["sglang:num_running_reqs"], labels, registry=r
+        )
+        self.queued = Gauge(
+            "sglang:num_queue_reqs", METRIC_NAMES["sglang:num_queue_reqs"], labels, registry=r
+        )
+        self.token_usage = Gauge(
+            "sglang:token_usage", METRIC_NAMES["sglang:token_usage"], labels, registry=r
+        )
+        self.hit_rate = Gauge(
+            "sglang:cache_hit_rate", METRIC_NAMES["sglang:cache_hit_rate"], labels, registry=r
+        )
+        self.prompt_tokens = Counter(
+            "sglang:prompt_tokens", METRIC_NAMES["sglang:prompt_tokens_total"], labels, registry=r
+        )
+        self.generation_tokens = Counter(
+            "sglang:generation_tokens",
+            METRIC_NAMES["sglang:generation_tokens_total"],
+            labels,
+            registry=r,
+        )
+        self.cached_tokens = Counter(
+            "sglang:cached_tokens", METRIC_NAMES["sglang:cached_tokens_total"], labels, registry=r
+        )
+        self.requests = Counter(
+            "sglang:num_requests", METRIC_NAMES["sglang:num_requests_total"], labels, registry=r
+        )
+        self.aborted = Counter(
+            "sglang:num_aborted_requests",
+            METRIC_NAMES["sglang:num_aborted_requests_total"],
+            labels,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "sglang:time_to_first_token_seconds",
+            METRIC_NAMES["sglang:time_to_first_token_seconds"],
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "sglang:inter_token_latency_seconds",
+            METRIC_NAMES["sglang:inter_token_latency_seconds"],
+            labels,
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "sglang:e2e_request_latency_seconds",
+            METRIC_NAMES["sglang:e2e_request_latency_seconds"],
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        info = Gauge(
+            "sglang:cache_config_info",
+            METRIC_NAMES["sglang:cache_config_info"],
+            ["page_size", "num_pages"],
+            registry=r,
+        )
         info.labels(page_size=str(page_size), num_pages=str(num_pages)).set(1)
         self.model = model_name
         self._prompt_total = 0
@@ -71,7 +114,9 @@ class RuntimeMetrics:
         for _ in range(tokens):
             self.itl.labels(self.model).observe(seconds / tokens)
 
-    def on_finish(self, seconds: float, prompt: int, completion: int, cached: int, aborted: bool) -> None:
+    def on_finish(
+        self, seconds: float, prompt: int, completion: int, cached: int, aborted: bool
+    ) -> None:
         self.e2e.labels(self.model).observe(seconds)
         self.requests.labels(self.model).inc()
         self.prompt_tokens.labels(self.model).inc(prompt)

@@ -14,7 +14,9 @@ from kvflow.runtime.server.tokenizer_manager import GenerateInput, RequestHandle
 __all__ = ["native_generate", "prepare_native"]
 
 
-def prepare_native(tm: TokenizerManager, body: GenerateRequestBody) -> tuple[bool, list[GenerateInput]]:
+def prepare_native(
+    tm: TokenizerManager, body: GenerateRequestBody
+) -> tuple[bool, list[GenerateInput]]:
     """Returns (single, inputs)."""
     if (body.text is None) == (body.input_ids is None):
         raise RequestError(400, "give exactly one of text and input_ids")
@@ -36,8 +38,11 @@ def prepare_native(tm: TokenizerManager, body: GenerateRequestBody) -> tuple[boo
             sampling = SamplingParams.from_dict(params)
         except ValueError as err:
             raise RequestError(400, str(err)) from err
-        inputs.append(GenerateInput(ids, sampling, body.return_logprob, body.top_logprobs_num,
-                                    body.extra_key, body.rid))
+        inputs.append(
+            GenerateInput(
+                ids, sampling, body.return_logprob, body.top_logprobs_num, body.extra_key, body.rid
+            )
+        )
     return single, inputs
 
 
@@ -47,22 +52,34 @@ def _meta(result: SampleResult, rid: str, with_logprobs: bool) -> dict[str, Any]
         finish = {"type": result.finish_reason}
         if result.matched_stop is not None:
             finish["matched"] = result.matched_stop
-    meta = {"id": rid, "finish_reason": finish, "prompt_tokens": result.prompt_tokens,
-            "completion_tokens": result.completion_tokens, "cached_tokens": result.cached_tokens}
+    meta = {
+        "id": rid,
+        "finish_reason": finish,
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "cached_tokens": result.cached_tokens,
+    }
     if with_logprobs:
-        meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(result.logprobs, result.token_ids, strict=False)]
-        meta["output_top_logprobs"] = [[[lp, t, None] for t, lp in (top or [])] for top in result.top_logprobs]
+        meta["output_token_logprobs"] = [
+            [lp, t, None] for lp, t in zip(result.logprobs, result.token_ids, strict=False)
+        ]
+        meta["output_top_logprobs"] = [
+            [[lp, t, None] for t, lp in (top or [])] for top in result.top_logprobs
+        ]
     return meta
 
 
-async def native_generate(single: bool, inputs: list[GenerateInput], handles: list[RequestHandle],
-                          stream: bool) -> Any:
+async def native_generate(
+    single: bool, inputs: list[GenerateInput], handles: list[RequestHandle], stream: bool
+) -> Any:
     with_logprobs = any(i.return_logprob for i in inputs)
     if stream:
         return _stream(handles, with_logprobs)
     results = await collect(handles)
-    body = [{"text": r.text, "output_ids": r.token_ids, "meta_info": _meta(r, h.rid, with_logprobs)}
-            for r, h in zip(results, handles, strict=True)]
+    body = [
+        {"text": r.text, "output_ids": r.token_ids, "meta_info": _meta(r, h.rid, with_logprobs)}
+        for r, h in zip(results, handles, strict=True)
+    ]
     return body[0] if single and len(body) == 1 else body
 
 
@@ -72,6 +89,12 @@ async def _stream(handles: list[RequestHandle], with_logprobs: bool) -> AsyncIte
     async for index, out in merge_streams(handles):
         result = results[index]
         result.add(out)
-        yield sse({"index": index, "text": result.text, "output_ids": result.token_ids,
-                   "meta_info": _meta(result, handles[index].rid, with_logprobs)})
+        yield sse(
+            {
+                "index": index,
+                "text": result.text,
+                "output_ids": result.token_ids,
+                "meta_info": _meta(result, handles[index].rid, with_logprobs),
+            }
+        )
     yield sse("[DONE]")

@@ -18,7 +18,6 @@ from kvflow.runtime.scheduler import Req, Scheduler, TokenOutput
 from kvflow.runtime.scheduler.req import FinishReason
 from kvflow.runtime.server.args import ServerArgs
 from kvflow.runtime.server.ipc import IpcPaths, Puller, Pusher
-from kvflow.runtime.tokenizer import load_tokenizer
 from kvflow.runtime.server.messages import (
     AbortRequest,
     ControlReply,
@@ -28,6 +27,7 @@ from kvflow.runtime.server.messages import (
     StreamStart,
     TokenBatch,
 )
+from kvflow.runtime.tokenizer import load_tokenizer
 
 __all__ = ["run_scheduler_process"]
 logger = logging.getLogger("kvflow.scheduler")
@@ -69,7 +69,9 @@ class SchedulerLoop:
         self.runner = ModelRunner(args.engine)
         self.scheduler = Scheduler(args.engine, self.runner)
         # Stop strings are matched on text, so the scheduler decodes the requests that have them.
-        self.tokenizer = None if args.engine.skip_tokenizer_init else load_tokenizer(self.runner.model_path)
+        self.tokenizer = (
+            None if args.engine.skip_tokenizer_init else load_tokenizer(self.runner.model_path)
+        )
         ctx = zmq.Context()
         self.inbox = Puller(ctx, paths.to_scheduler)
         self.to_detokenizer = Pusher(ctx, paths.to_detokenizer)
@@ -79,22 +81,41 @@ class SchedulerLoop:
 
     def ready_info(self) -> dict[str, Any]:
         mc = self.runner.model_config
-        return {"context_len": self.runner.context_len, "vocab_size": mc.vocab_size,
-                "eos_token_ids": list(mc.eos_token_ids), "max_total_tokens": self.runner.allocator.size,
-                "page_size": self.runner.page_size, "num_pages": self.runner.allocator.num_pages,
-                "model_path": str(self.runner.model_path), "device": self.runner.device,
-                "dtype": str(self.runner.dtype).removeprefix("torch.")}
+        return {
+            "context_len": self.runner.context_len,
+            "vocab_size": mc.vocab_size,
+            "eos_token_ids": list(mc.eos_token_ids),
+            "max_total_tokens": self.runner.allocator.size,
+            "page_size": self.runner.page_size,
+            "num_pages": self.runner.allocator.num_pages,
+            "model_path": str(self.runner.model_path),
+            "device": self.runner.device,
+            "dtype": str(self.runner.dtype).removeprefix("torch."),
+        }
 
     def _handle(self, message: Any) -> list[TokenOutput]:
         if isinstance(message, GenerateRequest):
             mc = self.runner.model_config
-            req = Req(message.rid, message.input_ids, SamplingParams(**message.sampling),
-                      eos_token_ids=mc.eos_token_ids, extra_key=message.extra_key,
-                      return_logprob=message.return_logprob, top_logprobs_num=message.top_logprobs_num,
-                      tokenizer=self.tokenizer, device=self.runner.device,
-                      seed=hash(message.rid) % (1 << 31))
-            self.to_detokenizer.send(StreamStart(req.rid, req.origin_input_ids, req.sampling.stop,
-                                                 req.sampling.skip_special_tokens))
+            req = Req(
+                message.rid,
+                message.input_ids,
+                SamplingParams(**message.sampling),
+                eos_token_ids=mc.eos_token_ids,
+                extra_key=message.extra_key,
+                return_logprob=message.return_logprob,
+                top_logprobs_num=message.top_logprobs_num,
+                tokenizer=self.tokenizer,
+                device=self.runner.device,
+                seed=hash(message.rid) % (1 << 31),
+            )
+            self.to_detokenizer.send(
+                StreamStart(
+                    req.rid,
+                    req.origin_input_ids,
+                    req.sampling.stop,
+                    req.sampling.skip_special_tokens,
+                )
+            )
             try:
                 self.scheduler.add_request(req)
             except ValueError as err:
@@ -112,7 +133,9 @@ class SchedulerLoop:
             return ControlReply(message.request_id, self.scheduler.flush_cache())
         if message.kind == "get_stats":
             return ControlReply(message.request_id, True, {"stats": self.stats()})
-        return ControlReply(message.request_id, False, {"error": f"unknown control {message.kind!r}"})
+        return ControlReply(
+            message.request_id, False, {"error": f"unknown control {message.kind!r}"}
+        )
 
     def stats(self) -> SchedulerStats:
         sched, alloc = self.scheduler, self.runner.allocator
@@ -121,10 +144,16 @@ class SchedulerLoop:
         rows = self.runner.req_to_token
         return SchedulerStats(
             num_running_reqs=len(sched.running) + (1 if sched.chunked else 0),
-            num_queue_reqs=len(sched.waiting), kv_total_tokens=alloc.size, kv_used_tokens=used,
-            kv_request_tokens=used - cached, cached_tokens=cached,
-            free_request_rows=rows.available_size(), total_request_rows=rows.size,
-            forward_steps=sched.forward_steps, num_retractions=sched.num_retractions)
+            num_queue_reqs=len(sched.waiting),
+            kv_total_tokens=alloc.size,
+            kv_used_tokens=used,
+            kv_request_tokens=used - cached,
+            cached_tokens=cached,
+            free_request_rows=rows.available_size(),
+            total_request_rows=rows.size,
+            forward_steps=sched.forward_steps,
+            num_retractions=sched.num_retractions,
+        )
 
     def _publish_stats(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -151,7 +180,9 @@ class SchedulerLoop:
 
 def run_scheduler_process(args: ServerArgs, paths: IpcPaths, ready: Any) -> None:
     """Entry point of the subprocess; reports ``("ready", info)`` or ``("error", text)`` on ``ready``."""
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s scheduler %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s scheduler %(levelname)s %(message)s"
+    )
     faulthandler.enable()
     try:
         loop = SchedulerLoop(args, paths)

@@ -60,7 +60,9 @@ class _ReqState:
 
 
 class TokenizerManager:
-    def __init__(self, args: ServerArgs, paths: IpcPaths, info: dict[str, Any], tokenizer: Any) -> None:
+    def __init__(
+        self, args: ServerArgs, paths: IpcPaths, info: dict[str, Any], tokenizer: Any
+    ) -> None:
         self.args = args
         self.info = info
         self.tokenizer = tokenizer
@@ -125,8 +127,13 @@ class TokenizerManager:
         if out.finish_reason is not None:
             state.finished = True
             self.states.pop(out.rid, None)
-            self.metrics.on_finish(now - state.created, out.prompt_tokens, out.completion_tokens,
-                                   out.cached_tokens, out.finish_reason.type == "abort")
+            self.metrics.on_finish(
+                now - state.created,
+                out.prompt_tokens,
+                out.completion_tokens,
+                out.cached_tokens,
+                out.finish_reason.type == "abort",
+            )
         state.queue.put_nowait(out)
 
     # -- requests -------------------------------------------------------------------------
@@ -136,9 +143,15 @@ class TokenizerManager:
         if self.draining:
             raise RequestError(503, "server is shutting down")
         limit = self.args.engine.max_queued_requests
-        if limit is not None and self.num_in_flight >= self.args.engine.max_running_requests + limit:
-            raise RequestError(503, f"too many requests: {self.num_in_flight} in flight, "
-                               f"queue limit {limit} reached; retry later")
+        if (
+            limit is not None
+            and self.num_in_flight >= self.args.engine.max_running_requests + limit
+        ):
+            raise RequestError(
+                503,
+                f"too many requests: {self.num_in_flight} in flight, "
+                f"queue limit {limit} reached; retry later",
+            )
 
     def tokenize(self, text: str) -> list[int]:
         if self.tokenizer is None:
@@ -165,22 +178,33 @@ class TokenizerManager:
             raise RequestError(400, "the prompt is empty")
         bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size), None)
         if bad is not None:
-            raise RequestError(400, f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+            raise RequestError(
+                400, f"token id {bad} is outside the vocabulary [0, {self.vocab_size})"
+            )
         try:
             inp.sampling.validate(self.vocab_size)
         except ValueError as err:
             raise RequestError(400, str(err)) from err
         if len(ids) >= self.context_len:
-            raise RequestError(400, f"the prompt has {len(ids)} tokens; this model's context "
-                               f"length is {self.context_len}")
+            raise RequestError(
+                400,
+                f"the prompt has {len(ids)} tokens; this model's context "
+                f"length is {self.context_len}",
+            )
         total = len(ids) + inp.sampling.max_new_tokens
         if total > self.context_len:
-            raise RequestError(400, f"the prompt ({len(ids)} tokens) + max_tokens "
-                               f"({inp.sampling.max_new_tokens}) = {total} exceeds the context "
-                               f"length ({self.context_len})")
+            raise RequestError(
+                400,
+                f"the prompt ({len(ids)} tokens) + max_tokens "
+                f"({inp.sampling.max_new_tokens}) = {total} exceeds the context "
+                f"length ({self.context_len})",
+            )
         if total > self.max_total_tokens:
-            raise RequestError(400, f"the prompt + max_tokens ({total}) exceeds the KV cache "
-                               f"({self.max_total_tokens} tokens)")
+            raise RequestError(
+                400,
+                f"the prompt + max_tokens ({total}) exceeds the KV cache "
+                f"({self.max_total_tokens} tokens)",
+            )
 
     def default_max_tokens(self, prompt_len: int) -> int:
         return max(self.context_len - prompt_len, 0)
@@ -189,8 +213,16 @@ class TokenizerManager:
         state = _ReqState()
         self.states[rid] = state
         sampling = {k: v for k, v in vars(inp.sampling).items()}
-        self.to_scheduler.send(GenerateRequest(rid, inp.input_ids, sampling, inp.return_logprob,
-                                               inp.top_logprobs_num, inp.extra_key))
+        self.to_scheduler.send(
+            GenerateRequest(
+                rid,
+                inp.input_ids,
+                sampling,
+                inp.return_logprob,
+                inp.top_logprobs_num,
+                inp.extra_key,
+            )
+        )
         return state
 
     async def generate(self, inputs: list[GenerateInput]) -> list[RequestHandle]:
@@ -207,7 +239,9 @@ class TokenizerManager:
             samples = inp.sampling.expand_n()
             if len(samples) > 1:
                 # Prefill the shared prompt once; the samples then hit the prefix cache.
-                warm = GenerateInput(inp.input_ids, inp.sampling.prefill_only(), extra_key=inp.extra_key)
+                warm = GenerateInput(
+                    inp.input_ids, inp.sampling.prefill_only(), extra_key=inp.extra_key
+                )
                 warm_handle = self._start(warm)
                 try:
                     async for _ in warm_handle:
@@ -215,8 +249,14 @@ class TokenizerManager:
                 finally:
                     warm_handle.cancel()
             for sampling in samples:
-                sample_inp = GenerateInput(inp.input_ids, sampling, inp.return_logprob,
-                                           inp.top_logprobs_num, inp.extra_key, inp.rid)
+                sample_inp = GenerateInput(
+                    inp.input_ids,
+                    sampling,
+                    inp.return_logprob,
+                    inp.top_logprobs_num,
+                    inp.extra_key,
+                    inp.rid,
+                )
                 streams.append(self._start(sample_inp))
         return streams
 

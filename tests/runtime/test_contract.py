@@ -17,12 +17,23 @@ def test_every_contract_flag_is_a_runtime_flag():
 
 
 def test_rendered_unified_command_parses():
-    argv = contract.serve_argv(contract.ServeOptions(model_path="/models/m", served_model_name="m",
-                                                     port=8001, max_running_requests=64,
-                                                     extra_args=("--page-size", "4")))
+    argv = contract.serve_argv(
+        contract.ServeOptions(
+            model_path="/models/m",
+            served_model_name="m",
+            port=8001,
+            max_running_requests=64,
+            extra_args=("--page-size", "4"),
+        )
+    )
     assert argv[:2] == ["kvflow", "serve"]
     args = parse_args(argv[2:])
-    assert (args.port, args.model_name, args.engine.max_running_requests, args.engine.page_size) == (8001, "m", 64, 4)
+    assert (
+        args.port,
+        args.model_name,
+        args.engine.max_running_requests,
+        args.engine.page_size,
+    ) == (8001, "m", 64, 4)
     assert args.host == "0.0.0.0"
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvflow.runtime.scheduler import Req
 from kvflow.runtime.sampling import SamplingParams
+from kvflow.runtime.scheduler import Req
 
 PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 
@@ -65,10 +65,13 @@ def test_seed_reproducible_and_n_shares_the_prefix(engine):
 
 
 def test_logprobs(engine):
-    result = engine.generate(PROMPT, {"temperature": 0, "max_new_tokens": 4}, return_logprob=True,
-                             top_logprobs_num=2)
+    result = engine.generate(
+        PROMPT, {"temperature": 0, "max_new_tokens": 4}, return_logprob=True, top_logprobs_num=2
+    )
     assert len(result.logprobs) == 4 and all(lp <= 0 for lp in result.logprobs)
-    assert all(top[0][0] == tok for top, tok in zip(result.top_logprobs, result.output_ids, strict=True))
+    assert all(
+        top[0][0] == tok for top, tok in zip(result.top_logprobs, result.output_ids, strict=True)
+    )
 
 
 def test_extra_key_isolates_the_cache(engine):
@@ -80,15 +83,19 @@ def test_extra_key_isolates_the_cache(engine):
 
 
 def test_batch_with_per_prompt_params(engine):
-    results = engine.generate([PROMPT, "Hello"], [{"temperature": 0, "max_new_tokens": 2},
-                                                 {"temperature": 0, "max_new_tokens": 5}])
+    results = engine.generate(
+        [PROMPT, "Hello"],
+        [{"temperature": 0, "max_new_tokens": 2}, {"temperature": 0, "max_new_tokens": 5}],
+    )
     assert [len(r.output_ids) for r in results] == [2, 5]
 
 
 def test_abort_waiting_and_running_requests_releases_memory(engine):
     sched = engine.scheduler
     ids = engine.encode(PROMPT)
-    reqs = [Req(f"abort-{i}", ids, SamplingParams(temperature=0, max_new_tokens=50)) for i in range(3)]
+    reqs = [
+        Req(f"abort-{i}", ids, SamplingParams(temperature=0, max_new_tokens=50)) for i in range(3)
+    ]
     for r in reqs:
         sched.add_request(r)
     sched.step()  # prefill: all three running

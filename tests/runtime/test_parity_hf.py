@@ -34,14 +34,21 @@ def hf_greedy(hf_model, prompts) -> list[list[int]]:
     outputs = []
     with torch.no_grad():
         for ids in prompts:
-            full = hf_model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False,
-                                     eos_token_id=2, pad_token_id=2)
-            outputs.append(full[0, len(ids):].tolist())
+            full = hf_model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=MAX_NEW,
+                do_sample=False,
+                eos_token_id=2,
+                pad_token_id=2,
+            )
+            outputs.append(full[0, len(ids) :].tolist())
     return outputs
 
 
 def _generate(engine, prompts):
-    results = engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": MAX_NEW})
+    results = engine.generate(
+        input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": MAX_NEW}
+    )
     return [r.output_ids for r in results], results
 
 

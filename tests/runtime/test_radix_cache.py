@@ -28,7 +28,7 @@ def test_match_and_split():
     assert match.kv_indices.tolist() == slots[:3].tolist()
     # the edge [1..5] was split at 3: the matched node ends exactly at token 3
     assert match.last_node.key == [1, 2, 3]
-    assert list(match.last_node.children.values())[0].key == [4, 5]
+    assert next(iter(match.last_node.children.values())).key == [4, 5]
     assert cache.match_prefix([1, 2, 3, 4, 5, 6]).kv_indices.tolist() == slots.tolist()
     assert cache.match_prefix([7]).kv_indices.numel() == 0
     assert cache.total_size() == 5

@@ -94,7 +94,9 @@ def test_seeded_row_ignores_its_batch_neighbours():
 def test_repetition_penalty_discourages_seen_tokens():
     logits = torch.tensor([[3.0, 2.9, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
     assert sample([req(temperature=0, prompt=[0])], logits).next_token_ids == [0]
-    assert sample([req(temperature=0, prompt=[0], repetition_penalty=1.5)], logits).next_token_ids == [1]
+    assert sample(
+        [req(temperature=0, prompt=[0], repetition_penalty=1.5)], logits
+    ).next_token_ids == [1]
 
 
 def test_frequency_and_presence_penalties_use_output_counts():
@@ -102,8 +104,12 @@ def test_frequency_and_presence_penalties_use_output_counts():
     once = dict(temperature=0, output=[0])
     assert sample([req(**once)], logits).next_token_ids == [0]
     assert sample([req(presence_penalty=1.0, **once)], logits).next_token_ids == [1]
-    assert sample([req(temperature=0, output=[0, 0], frequency_penalty=0.3)], logits).next_token_ids == [1]
-    assert sample([req(temperature=0, output=[0], frequency_penalty=0.3)], logits).next_token_ids == [0]
+    assert sample(
+        [req(temperature=0, output=[0, 0], frequency_penalty=0.3)], logits
+    ).next_token_ids == [1]
+    assert sample(
+        [req(temperature=0, output=[0], frequency_penalty=0.3)], logits
+    ).next_token_ids == [0]
 
 
 def test_min_new_tokens_masks_eos_and_stop_tokens():
@@ -129,11 +135,23 @@ def test_logprobs_and_top_logprobs():
     assert [t for t, _ in out.top_logprobs[0]] == [2, 6, 1]
 
 
-@pytest.mark.parametrize("bad", [
-    {"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"top_k": 0}, {"min_p": 2},
-    {"max_new_tokens": -1}, {"frequency_penalty": 3}, {"n": 0}, {"stop": [""]},
-    {"bogus": 1}, {"temperature": "hot"}, {"max_new_tokens": True},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"temperature": -1},
+        {"top_p": 0},
+        {"top_p": 1.5},
+        {"top_k": 0},
+        {"min_p": 2},
+        {"max_new_tokens": -1},
+        {"frequency_penalty": 3},
+        {"n": 0},
+        {"stop": [""]},
+        {"bogus": 1},
+        {"temperature": "hot"},
+        {"max_new_tokens": True},
+    ],
+)
 def test_invalid_parameters_are_refused(bad):
     with pytest.raises(ValueError):
         SamplingParams.from_dict(bad)

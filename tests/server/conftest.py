@@ -17,7 +17,12 @@ def embedded_ready(model_path) -> Path:
 
 @pytest.fixture(scope="module")
 def server(embedded_ready, tmp_path_factory) -> Iterator[ServerProcess]:
-    proc = ServerProcess("--max-total-tokens", "6000", "--context-length", "2048",
-                         log=tmp_path_factory.mktemp("server") / "server.log")
+    proc = ServerProcess(
+        "--max-total-tokens",
+        "6000",
+        "--context-length",
+        "2048",
+        log=tmp_path_factory.mktemp("server") / "server.log",
+    )
     yield proc
     proc.stop()

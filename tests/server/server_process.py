@@ -30,12 +30,16 @@ class ServerProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kvflow", "serve", "--port", str(self.port), *flags],
-            stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            env=env,
         )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{log.read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode}:\n{log.read_text()[-3000:]}"
+                )
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return
@@ -49,7 +53,9 @@ class ServerProcess:
         return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def server_info(self, api_key: str | None = None) -> dict:
-        return httpx.get(f"{self.url}/get_server_info", headers=self.headers(api_key), timeout=30).json()
+        return httpx.get(
+            f"{self.url}/get_server_info", headers=self.headers(api_key), timeout=30
+        ).json()
 
     def wait_idle_and_free(self, api_key: str | None = None, timeout: float = 60) -> dict:
         """Wait until nothing is in flight and no request holds KV memory (the leak check)."""
@@ -58,9 +64,13 @@ class ServerProcess:
         while time.monotonic() < deadline:
             info = self.server_info(api_key)
             stats = info["stats"]
-            if (info["in_flight_requests"] == 0 and stats["kv_request_tokens"] == 0
-                    and stats["free_request_rows"] == stats["total_request_rows"]
-                    and stats["num_running_reqs"] == 0 and stats["num_queue_reqs"] == 0):
+            if (
+                info["in_flight_requests"] == 0
+                and stats["kv_request_tokens"] == 0
+                and stats["free_request_rows"] == stats["total_request_rows"]
+                and stats["num_running_reqs"] == 0
+                and stats["num_queue_reqs"] == 0
+            ):
                 return info
             time.sleep(0.2)
         raise AssertionError(f"server not idle with free KV memory: {info}")

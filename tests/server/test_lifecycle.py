@@ -36,7 +36,9 @@ def test_sigterm_drains_in_flight_and_refuses_new(embedded_ready, tmp_path):
         assert server.proc.wait(120) == 0
     finally:
         server.stop()
-    assert not [c for c in psutil.Process().children(recursive=True) if "kvflow" in " ".join(c.cmdline())]
+    assert not [
+        c for c in psutil.Process().children(recursive=True) if "kvflow" in " ".join(c.cmdline())
+    ]
 
 
 def test_dead_scheduler_makes_the_server_fail_fast_and_exit(embedded_ready, tmp_path):

@@ -21,7 +21,9 @@ def test_models(client):
 
 
 def test_chat_greedy(client, server):
-    reply = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, temperature=0)
+    reply = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=QUESTION, temperature=0
+    )
     assert reply.choices[0].message.content == "The capital of France is Paris."
     assert reply.choices[0].finish_reason == "stop"
     assert reply.usage.completion_tokens == 8 and reply.usage.prompt_tokens > 0
@@ -29,35 +31,54 @@ def test_chat_greedy(client, server):
 
 
 def test_chat_stream_with_usage(client):
-    stream = client.chat.completions.create(model="m", messages=QUESTION, temperature=0, stream=True,
-                                            stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="m",
+        messages=QUESTION,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "The capital of France is Paris."
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
-    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finishes = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
     assert finishes == ["stop"]
 
 
 def test_cached_tokens_reported(client):
     client.chat.completions.create(model="m", messages=QUESTION, temperature=0, max_tokens=2)
-    again = client.chat.completions.create(model="m", messages=QUESTION, temperature=0, max_tokens=2)
+    again = client.chat.completions.create(
+        model="m", messages=QUESTION, temperature=0, max_tokens=2
+    )
     assert again.usage.prompt_tokens_details.cached_tokens > 0
 
 
 def test_completions_string_list_and_ids(client):
-    one = client.completions.create(model="m", prompt="The capital of France is", max_tokens=4, temperature=0)
+    one = client.completions.create(
+        model="m", prompt="The capital of France is", max_tokens=4, temperature=0
+    )
     assert one.choices[0].text.strip().startswith("Paris")
-    many = client.completions.create(model="m", prompt=["Hello", "One, two,"], max_tokens=3, temperature=0)
+    many = client.completions.create(
+        model="m", prompt=["Hello", "One, two,"], max_tokens=3, temperature=0
+    )
     assert [c.index for c in many.choices] == [0, 1]
-    ids = client.completions.create(model="m", prompt=[504, 3575, 282, 4649, 314], max_tokens=2, temperature=0)
+    ids = client.completions.create(
+        model="m", prompt=[504, 3575, 282, 4649, 314], max_tokens=2, temperature=0
+    )
     assert ids.usage.prompt_tokens == 5
 
 
 def test_completions_echo_and_logprobs(client):
-    echoed = client.completions.create(model="m", prompt="Paris is", max_tokens=3, temperature=0, echo=True)
+    echoed = client.completions.create(
+        model="m", prompt="Paris is", max_tokens=3, temperature=0, echo=True
+    )
     assert echoed.choices[0].text.startswith("Paris is")
-    scored = client.completions.create(model="m", prompt="Paris is", max_tokens=3, temperature=0, logprobs=2)
+    scored = client.completions.create(
+        model="m", prompt="Paris is", max_tokens=3, temperature=0, logprobs=2
+    )
     lp = scored.choices[0].logprobs
     assert len(lp.token_logprobs) == 3 and all(v <= 0 for v in lp.token_logprobs)
     assert all(len(top) == 2 for top in lp.top_logprobs)
@@ -74,45 +95,73 @@ def test_n_two_and_seeded_sampling(client):
 
 
 def test_stop_strings(client):
-    reply = client.chat.completions.create(model="m", messages=QUESTION, temperature=0, stop=[" is"])
+    reply = client.chat.completions.create(
+        model="m", messages=QUESTION, temperature=0, stop=[" is"]
+    )
     assert reply.choices[0].message.content == "The capital of France"
     assert reply.choices[0].finish_reason == "stop"
-    streamed = client.chat.completions.create(model="m", messages=QUESTION, temperature=0, stop=[" is"], stream=True)
-    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == "The capital of France"
+    streamed = client.chat.completions.create(
+        model="m", messages=QUESTION, temperature=0, stop=[" is"], stream=True
+    )
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        == "The capital of France"
+    )
 
 
 def test_chat_logprobs(client):
-    reply = client.chat.completions.create(model="m", messages=QUESTION, temperature=0, max_tokens=4,
-                                           logprobs=True, top_logprobs=3)
+    reply = client.chat.completions.create(
+        model="m", messages=QUESTION, temperature=0, max_tokens=4, logprobs=True, top_logprobs=3
+    )
     content = reply.choices[0].logprobs.content
     assert len(content) == 4
     assert all(item.top_logprobs[0].token == item.token for item in content)
 
 
 def test_length_finish_and_extra_params(client):
-    reply = client.chat.completions.create(model="m", messages=QUESTION, max_tokens=5, temperature=0.7,
-                                           extra_body={"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1,
-                                                       "ignore_eos": True})
+    reply = client.chat.completions.create(
+        model="m",
+        messages=QUESTION,
+        max_tokens=5,
+        temperature=0.7,
+        extra_body={"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "ignore_eos": True},
+    )
     assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 5
 
 
 def test_native_generate_batch_and_stream(server):
-    body = {"text": ["The capital of France is", "Hello"], "sampling_params": {"temperature": 0, "max_new_tokens": 3}}
+    body = {
+        "text": ["The capital of France is", "Hello"],
+        "sampling_params": {"temperature": 0, "max_new_tokens": 3},
+    }
     out = httpx.post(f"{server.url}/generate", json=body, timeout=60).json()
     assert len(out) == 2 and out[0]["meta_info"]["completion_tokens"] == 3
-    with httpx.stream("POST", f"{server.url}/generate", timeout=60,
-                      json={"input_ids": [504, 3575], "stream": True, "sampling_params": {"max_new_tokens": 4}}) as resp:
+    with httpx.stream(
+        "POST",
+        f"{server.url}/generate",
+        timeout=60,
+        json={"input_ids": [504, 3575], "stream": True, "sampling_params": {"max_new_tokens": 4}},
+    ) as resp:
         events = [line for line in resp.iter_lines() if line.startswith("data:")]
     assert events[-1] == "data: [DONE]" and len(events) >= 2
 
 
 def test_metrics_exposed(server):
     text = httpx.get(f"{server.url}/metrics").text
-    for name in ["sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
-                 "sglang:cache_hit_rate", "sglang:prompt_tokens_total", "sglang:generation_tokens_total",
-                 "sglang:cached_tokens_total", "sglang:num_aborted_requests_total",
-                 "sglang:time_to_first_token_seconds_bucket", "sglang:inter_token_latency_seconds_bucket",
-                 "sglang:e2e_request_latency_seconds_bucket", 'sglang:cache_config_info{num_pages="6000",page_size="1"}']:
+    for name in [
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang:token_usage",
+        "sglang:cache_hit_rate",
+        "sglang:prompt_tokens_total",
+        "sglang:generation_tokens_total",
+        "sglang:cached_tokens_total",
+        "sglang:num_aborted_requests_total",
+        "sglang:time_to_first_token_seconds_bucket",
+        "sglang:inter_token_latency_seconds_bucket",
+        "sglang:e2e_request_latency_seconds_bucket",
+        'sglang:cache_config_info{num_pages="6000",page_size="1"}',
+    ]:
         assert name in text, name
 
 

@@ -7,7 +7,16 @@ from typing import Any
 
 from kvflow.runtime.sampling import SamplingParams
 from kvflow.runtime.server.errors import RequestError
-from kvflow.runtime.server.openai.common import SampleResult, TokenText, collect, merge_streams, new_id, now, sse, usage_dict
+from kvflow.runtime.server.openai.common import (
+    SampleResult,
+    TokenText,
+    collect,
+    merge_streams,
+    new_id,
+    now,
+    sse,
+    usage_dict,
+)
 from kvflow.runtime.server.openai.protocol import ChatCompletionRequest
 from kvflow.runtime.server.tokenizer_manager import GenerateInput, RequestHandle, TokenizerManager
 
@@ -20,7 +29,9 @@ def _content_text(content: Any) -> str:
     parts = []
     for part in content:
         if part.get("type") != "text":
-            raise RequestError(400, f"message content of type {part.get('type')!r} is not supported")
+            raise RequestError(
+                400, f"message content of type {part.get('type')!r} is not supported"
+            )
         parts.append(str(part.get("text", "")))
     return "".join(parts)
 
@@ -43,58 +54,101 @@ def _logprobs(result_ids, logprobs, tops, token_text: TokenText) -> dict[str, An
     content = []
     for token_id, logprob, top in zip(result_ids, logprobs, tops, strict=False):
         text = token_text(token_id)
-        content.append({
-            "token": text, "logprob": logprob, "bytes": list(text.encode()),
-            "top_logprobs": [{"token": token_text(t), "logprob": lp, "bytes": list(token_text(t).encode())}
-                             for t, lp in (top or [])],
-        })
+        content.append(
+            {
+                "token": text,
+                "logprob": logprob,
+                "bytes": list(text.encode()),
+                "top_logprobs": [
+                    {"token": token_text(t), "logprob": lp, "bytes": list(token_text(t).encode())}
+                    for t, lp in (top or [])
+                ],
+            }
+        )
     return {"content": content}
 
 
-def _choice(index: int, result: SampleResult, want_logprobs: bool, token_text: TokenText) -> dict[str, Any]:
+def _choice(
+    index: int, result: SampleResult, want_logprobs: bool, token_text: TokenText
+) -> dict[str, Any]:
     return {
         "index": index,
         "message": {"role": "assistant", "content": result.text},
         "logprobs": _logprobs(result.token_ids, result.logprobs, result.top_logprobs, token_text)
-        if want_logprobs else None,
+        if want_logprobs
+        else None,
         "finish_reason": result.finish_reason,
         "matched_stop": result.matched_stop,
     }
 
 
-async def chat_completion(tm: TokenizerManager, body: ChatCompletionRequest, inp: GenerateInput,
-                          handles: list[RequestHandle]) -> dict[str, Any] | AsyncIterator[str]:
+async def chat_completion(
+    tm: TokenizerManager,
+    body: ChatCompletionRequest,
+    inp: GenerateInput,
+    handles: list[RequestHandle],
+) -> dict[str, Any] | AsyncIterator[str]:
     model = body.model or tm.args.model_name
     if body.stream:
         return _stream(tm, body, inp, handles, model)
     results = await collect(handles)
     return {
-        "id": new_id("chatcmpl"), "object": "chat.completion", "created": now(), "model": model,
-        "choices": [_choice(i, r, inp.return_logprob, tm.token_text) for i, r in enumerate(results)],
+        "id": new_id("chatcmpl"),
+        "object": "chat.completion",
+        "created": now(),
+        "model": model,
+        "choices": [
+            _choice(i, r, inp.return_logprob, tm.token_text) for i, r in enumerate(results)
+        ],
         "usage": usage_dict(results, len(handles)),
     }
 
 
-async def _stream(tm: TokenizerManager, body: ChatCompletionRequest, inp: GenerateInput,
-                  handles: list[RequestHandle], model: str) -> AsyncIterator[str]:
+async def _stream(
+    tm: TokenizerManager,
+    body: ChatCompletionRequest,
+    inp: GenerateInput,
+    handles: list[RequestHandle],
+    model: str,
+) -> AsyncIterator[str]:
     chunk_id, created = new_id("chatcmpl"), now()
     results = [SampleResult() for _ in handles]
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None, logprobs=None) -> str:
-        return sse({"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                    "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
+        return sse(
+            {
+                "id": chunk_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [
+                    {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+                ],
+            }
+        )
 
     for index in range(len(handles)):
         yield chunk(index, {"role": "assistant", "content": ""})
     async for index, out in merge_streams(handles):
         results[index].add(out)
-        logprobs = (_logprobs(out.new_token_ids, out.new_logprobs, out.new_top_logprobs, tm.token_text)
-                    if inp.return_logprob and out.new_token_ids else None)
+        logprobs = (
+            _logprobs(out.new_token_ids, out.new_logprobs, out.new_top_logprobs, tm.token_text)
+            if inp.return_logprob and out.new_token_ids
+            else None
+        )
         if out.text_delta or logprobs:
             yield chunk(index, {"content": out.text_delta}, None, logprobs)
         if out.finish_reason is not None:
             yield chunk(index, {}, out.finish_reason.type)
     if body.stream_options and body.stream_options.include_usage:
-        yield sse({"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                   "choices": [], "usage": usage_dict(results, len(handles))})
+        yield sse(
+            {
+                "id": chunk_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": usage_dict(results, len(handles)),
+            }
+        )
     yield sse("[DONE]")

@@ -93,10 +93,15 @@ def usage_dict(results: list[SampleResult], n: int) -> dict[str, Any]:
     prompts = results[::n]
     prompt_tokens = sum(r.prompt_tokens for r in prompts)
     completion = sum(r.completion_tokens for r in results)
-    cached = sum(max(r.cached_tokens for r in results[i : i + n]) for i in range(0, len(results), n))
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-            "total_tokens": prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+    cached = sum(
+        max(r.cached_tokens for r in results[i : i + n]) for i in range(0, len(results), n)
+    )
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
 
 
 def now() -> int:

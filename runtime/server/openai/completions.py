@@ -7,7 +7,16 @@ from typing import Any
 
 from kvflow.runtime.sampling import SamplingParams
 from kvflow.runtime.server.errors import RequestError
-from kvflow.runtime.server.openai.common import SampleResult, TokenText, collect, merge_streams, new_id, now, sse, usage_dict
+from kvflow.runtime.server.openai.common import (
+    SampleResult,
+    TokenText,
+    collect,
+    merge_streams,
+    new_id,
+    now,
+    sse,
+    usage_dict,
+)
 from kvflow.runtime.server.openai.protocol import CompletionRequest
 from kvflow.runtime.server.tokenizer_manager import GenerateInput, RequestHandle, TokenizerManager
 
@@ -27,13 +36,17 @@ def _prompts(tm: TokenizerManager, prompt: Any) -> tuple[list[list[int]], list[s
     return [list(p) for p in prompt], [tm.decode(list(p)) for p in prompt]
 
 
-def prepare_completion(tm: TokenizerManager, body: CompletionRequest) -> tuple[list[GenerateInput], list[str]]:
+def prepare_completion(
+    tm: TokenizerManager, body: CompletionRequest
+) -> tuple[list[GenerateInput], list[str]]:
     if body.echo and body.logprobs is not None:
         raise RequestError(400, "echo together with logprobs (prompt logprobs) is not supported")
     ids_list, texts = _prompts(tm, body.prompt)
     inputs = []
     for ids in ids_list:
-        max_tokens = body.max_tokens if body.max_tokens is not None else tm.default_max_tokens(len(ids))
+        max_tokens = (
+            body.max_tokens if body.max_tokens is not None else tm.default_max_tokens(len(ids))
+        )
         try:
             sampling = SamplingParams.from_dict(body.sampling_dict(max_tokens))
         except ValueError as err:
@@ -48,13 +61,21 @@ def _logprobs(ids, logprobs, tops, token_text: TokenText, offset: int) -> dict[s
     for text in tokens:
         offsets.append(pos)
         pos += len(text)
-    return {"tokens": tokens, "token_logprobs": logprobs,
-            "top_logprobs": [{token_text(t): lp for t, lp in (top or [])} for top in tops],
-            "text_offset": offsets}
+    return {
+        "tokens": tokens,
+        "token_logprobs": logprobs,
+        "top_logprobs": [{token_text(t): lp for t, lp in (top or [])} for top in tops],
+        "text_offset": offsets,
+    }
 
 
-async def completion(tm: TokenizerManager, body: CompletionRequest, inputs: list[GenerateInput],
-                     prompt_texts: list[str], handles: list[RequestHandle]) -> dict[str, Any] | AsyncIterator[str]:
+async def completion(
+    tm: TokenizerManager,
+    body: CompletionRequest,
+    inputs: list[GenerateInput],
+    prompt_texts: list[str],
+    handles: list[RequestHandle],
+) -> dict[str, Any] | AsyncIterator[str]:
     model = body.model or tm.args.model_name
     n = body.n
     if body.stream:
@@ -63,25 +84,57 @@ async def completion(tm: TokenizerManager, body: CompletionRequest, inputs: list
     choices = []
     for i, result in enumerate(results):
         prefix = prompt_texts[i // n] if body.echo else ""
-        choices.append({
-            "index": i, "text": prefix + result.text,
-            "logprobs": _logprobs(result.token_ids, result.logprobs, result.top_logprobs, tm.token_text,
-                                  len(prefix)) if body.logprobs is not None else None,
-            "finish_reason": result.finish_reason, "matched_stop": result.matched_stop,
-        })
-    return {"id": new_id("cmpl"), "object": "text_completion", "created": now(), "model": model,
-            "choices": choices, "usage": usage_dict(results, n)}
+        choices.append(
+            {
+                "index": i,
+                "text": prefix + result.text,
+                "logprobs": _logprobs(
+                    result.token_ids,
+                    result.logprobs,
+                    result.top_logprobs,
+                    tm.token_text,
+                    len(prefix),
+                )
+                if body.logprobs is not None
+                else None,
+                "finish_reason": result.finish_reason,
+                "matched_stop": result.matched_stop,
+            }
+        )
+    return {
+        "id": new_id("cmpl"),
+        "object": "text_completion",
+        "created": now(),
+        "model": model,
+        "choices": choices,
+        "usage": usage_dict(results, n),
+    }
 
 
-async def _stream(tm: TokenizerManager, body: CompletionRequest, prompt_texts: list[str],
-                  handles: list[RequestHandle], model: str, n: int) -> AsyncIterator[str]:
+async def _stream(
+    tm: TokenizerManager,
+    body: CompletionRequest,
+    prompt_texts: list[str],
+    handles: list[RequestHandle],
+    model: str,
+    n: int,
+) -> AsyncIterator[str]:
     chunk_id, created = new_id("cmpl"), now()
     results = [SampleResult() for _ in handles]
     offsets = [0] * len(handles)
 
     def chunk(index: int, text: str, finish: str | None, logprobs=None) -> str:
-        return sse({"id": chunk_id, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]})
+        return sse(
+            {
+                "id": chunk_id,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [
+                    {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+                ],
+            }
+        )
 
     if body.echo:
         for index in range(len(handles)):
@@ -90,13 +143,26 @@ async def _stream(tm: TokenizerManager, body: CompletionRequest, prompt_texts: l
         results[index].add(out)
         logprobs = None
         if body.logprobs is not None and out.new_token_ids:
-            logprobs = _logprobs(out.new_token_ids, out.new_logprobs, out.new_top_logprobs, tm.token_text,
-                                 offsets[index])
+            logprobs = _logprobs(
+                out.new_token_ids,
+                out.new_logprobs,
+                out.new_top_logprobs,
+                tm.token_text,
+                offsets[index],
+            )
         offsets[index] += len(out.text_delta)
         finish = out.finish_reason.type if out.finish_reason else None
         if out.text_delta or logprobs or finish:
             yield chunk(index, out.text_delta, finish, logprobs)
     if body.stream_options and body.stream_options.include_usage:
-        yield sse({"id": chunk_id, "object": "text_completion", "created": created, "model": model,
-                   "choices": [], "usage": usage_dict(results, n)})
+        yield sse(
+            {
+                "id": chunk_id,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": usage_dict(results, n),
+            }
+        )
     yield sse("[DONE]")

@@ -43,13 +43,21 @@ class _SamplingFields(BaseModel):
     def sampling_dict(self, max_new_tokens: int) -> dict[str, Any]:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
         values = {
-            "max_new_tokens": max_new_tokens, "min_new_tokens": self.min_tokens,
-            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-            "min_p": self.min_p, "presence_penalty": self.presence_penalty,
+            "max_new_tokens": max_new_tokens,
+            "min_new_tokens": self.min_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
-            "repetition_penalty": self.repetition_penalty, "stop": stop,
-            "stop_token_ids": self.stop_token_ids, "ignore_eos": self.ignore_eos,
-            "skip_special_tokens": self.skip_special_tokens, "seed": self.seed, "n": self.n,
+            "repetition_penalty": self.repetition_penalty,
+            "stop": stop,
+            "stop_token_ids": self.stop_token_ids,
+            "ignore_eos": self.ignore_eos,
+            "skip_special_tokens": self.skip_special_tokens,
+            "seed": self.seed,
+            "n": self.n,
         }
         return {k: v for k, v in values.items() if v is not None}
 
