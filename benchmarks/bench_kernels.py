@@ -104,7 +104,7 @@ def decode_row(batch: int, ctx: int, hbm_tbps: float, gen: torch.Generator) -> s
 
     triton_ms = graph_time_ms([triton_call(pool) for pool in pools])
     eager_ms = bench_ms(triton_call(pools[0]))
-    sweep = {n: graph_time_ms([triton_call(pool, n) for pool in pools]) for n in (1, 4, 16)}
+    sweep = {n: graph_time_ms([triton_call(pool, n) for pool in pools]) for n in (1, 2, 4, 8, 16)}
 
     # Dense baseline: the same KV gathered once into [batch, kv_heads, ctx, dim].
     q4 = q[:, :, None, :]
@@ -178,6 +178,45 @@ def extend_row(prefix: int, extend: int) -> str:
 
 def extend_rows(prompt: int) -> list[str]:
     return [extend_row(prefix, prompt - prefix) for prefix in (0, prompt // 2)]
+
+
+def tuning_rows(ctx: int, prompt: int, hbm_tbps: float) -> list[str]:
+    """Other tile / pipelining configs than the defaults, for future tuning: the private
+    launch-config functions are swapped for the duration of one measurement."""
+    from kvflow.kernels import decode_attention as decode_module
+    from kvflow.kernels import extend_attention as extend_module
+
+    rows = []
+    default_decode = decode_module._launch_config
+    for block_n, stages in ((32, 2), (64, 2), (32, 3), (64, 3), (32, 1)):
+        config = {"BLOCK_N": block_n, "MIN_SPLIT": 64, "num_warps": 4, "num_stages": stages}
+        decode_module._launch_config = lambda interpreted, config=config: config
+        try:
+            cell = decode_row(128, ctx, hbm_tbps, torch.Generator().manual_seed(0))
+            cell = " / ".join(part.strip() for part in cell.split("|")[4:7])
+        except Exception as error:  # a config can run out of shared memory
+            cell = f"failed: {type(error).__name__}"
+        finally:
+            decode_module._launch_config = default_decode
+        rows.append(f"| decode b128 | BLOCK_N {block_n}, stages {stages} | {cell} |")
+        torch.cuda.empty_cache()
+    default_extend = extend_module._launch_config
+    for block_m, block_n, warps, stages in (
+        (128, 64, 8, 1), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 2),
+    ):  # fmt: skip
+        config = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
+        extend_module._launch_config = lambda head_dim, interpreted, config=config: config
+        try:
+            cell = " / ".join(part.strip() for part in extend_row(0, prompt).split("|")[3:5])
+        except Exception as error:
+            cell = f"failed: {type(error).__name__}"
+        finally:
+            extend_module._launch_config = default_extend
+        rows.append(
+            f"| extend {prompt} | BLOCK {block_m}x{block_n}, warps {warps}, stages {stages} "
+            f"| {cell} |"
+        )
+    return rows
 
 
 def torch_sort_sampling(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
@@ -284,6 +323,12 @@ def main() -> None:
         "| kernel | tokens (rows) | triton | TB/s (of peak) | torch reference | speed-up |",
         "| --- | --- | --- | --- | --- | --- |",
         *small_kernel_rows(args.prompt, args.hbm_tbps),
+        "",
+        "### Tuning sweep (non-default launch configs; defaults are the first row of each)",
+        "",
+        "| case | config | decode: graph µs / eager µs / TB/s; extend: µs / TFLOP/s |",
+        "| --- | --- | --- |",
+        *tuning_rows(args.ctx, args.prompt, args.hbm_tbps),
     ]
     text = "\n".join(lines)
     print(text)

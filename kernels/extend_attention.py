@@ -7,8 +7,9 @@ new token j  sees all of the prefix                and new tokens 0..j (causal)
 ```
 
 Grid (batch, num_q_heads, cdiv(max_len_extend, BLOCK_M)); each program runs one online
-softmax over the prefix (gathered through ``kv_indices``) and then over the new tokens up
-to the diagonal. Programs past a request's extend length return at once.
+softmax over the prefix (gathered through ``kv_indices``), then over the new tokens before
+its block (no masks) and finally over its diagonal block (causal mask). Programs past a
+request's extend length return at once.
 """
 
 from __future__ import annotations
@@ -98,10 +99,25 @@ def _extend_kernel(
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         acc, m_i, l_i = _online_softmax_step(qk, v, acc, m_i, l_i, DOT_PRECISION)
 
-    # New tokens, causal. NOTE: the first tile holds key 0, which every row may see, so
-    # the running max is finite before any fully masked tile (rows below the diagonal).
-    end_n = tl.minimum((block_m + 1) * BLOCK_M, ext_len)
-    for start_n in range(0, end_n, BLOCK_N):
+    # New tokens below the diagonal block: every key visible to every row, no masks.
+    diag_start = block_m * BLOCK_M
+    for start_n in range(0, diag_start, BLOCK_N):
+        cols = (ext_start + start_n + tl.arange(0, BLOCK_N)).to(tl.int64)
+        k_t = tl.load(k_ext_ptr + cols[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
+                      mask=mask_d[:, None], other=0.0)  # fmt: skip
+        v = tl.load(v_ext_ptr + cols[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+                    mask=mask_d[None, :], other=0.0)  # fmt: skip
+        if UPCAST_DOT:
+            k_t = k_t.to(tl.float32)
+            v = v.to(tl.float32)
+        qk = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2
+        acc, m_i, l_i = _online_softmax_step(qk, v, acc, m_i, l_i, DOT_PRECISION)
+
+    # The diagonal block, causal. NOTE: its first tile holds key diag_start, which every
+    # row of the block may see, so each row's running max is finite before any tile that
+    # is fully masked for it (BLOCK_M is a multiple of BLOCK_N).
+    end_n = tl.minimum(diag_start + BLOCK_M, ext_len)
+    for start_n in range(diag_start, end_n, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         mask_n = offs_n < ext_len
         cols = (ext_start + offs_n).to(tl.int64)
@@ -130,14 +146,15 @@ def _extend_kernel(
     )
 
 
-def _block_sizes(head_dim: int, interpreted: bool) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps): small tiles under the interpreter so that tests with
-    small shapes still cross tile borders; Hopper-sized tiles on the GPU."""
+def _launch_config(head_dim: int, interpreted: bool) -> dict[str, int]:
+    """Tiles and warps: small tiles under the interpreter so that tests with small shapes
+    still cross tile borders; Hopper-sized tiles on the GPU."""
     if interpreted:
-        return 16, 16, 4
+        return {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
     if head_dim <= 128:
-        return 128, 64, 8 if head_dim > 64 else 4
-    return 64, 32, 8
+        warps = 8 if head_dim > 64 else 4
+        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": warps, "num_stages": 1}
+    return {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1}
 
 
 def extend_attention_fwd(
@@ -172,8 +189,8 @@ def extend_attention_fwd(
     if batch == 0 or max_len_extend == 0:
         return o_extend
     interpreted = is_interpreted(_extend_kernel)
-    block_m, block_n, num_warps = _block_sizes(head_dim, interpreted)
-    grid = (batch, num_q_heads, triton.cdiv(max_len_extend, block_m))
+    config = _launch_config(head_dim, interpreted)
+    grid = (batch, num_q_heads, triton.cdiv(max_len_extend, config["BLOCK_M"]))
     _extend_kernel[grid](
         q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer,
         qo_indptr, kv_indptr, kv_indices,
@@ -182,9 +199,8 @@ def extend_attention_fwd(
         v_extend.stride(0), v_extend.stride(1), o_extend.stride(0), o_extend.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         GROUP_SIZE=num_q_heads // num_kv_heads, HEAD_DIM=head_dim,
-        BLOCK_D=max(next_power_of_2(head_dim), 16), BLOCK_M=block_m, BLOCK_N=block_n,
-        UPCAST_DOT=interpreted, DOT_PRECISION=dot_precision(q_extend.dtype),
-        num_warps=num_warps, num_stages=1,
+        BLOCK_D=max(next_power_of_2(head_dim), 16),
+        UPCAST_DOT=interpreted, DOT_PRECISION=dot_precision(q_extend.dtype), **config,
     )  # fmt: skip
     return o_extend
 
