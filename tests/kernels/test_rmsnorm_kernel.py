@@ -20,6 +20,10 @@ def _run_case(device, dtype, tokens, hidden, with_residual):
     interpreted_bf16 = device == "cpu" and dtype == torch.bfloat16
     exact = {"atol": 1e-2, "rtol": 1e-2} if interpreted_bf16 else {"atol": 0, "rtol": 0}
     close = {"atol": 1e-2, "rtol": 4e-2} if interpreted_bf16 else {}
+    if dtype == torch.float16:
+        # H100 run: 1-4 of ~10^6 fp16 outputs two ulps off (rsqrt and sum order flip the
+        # rounding of the normalised value, which the weight product then carries).
+        close = {"atol": 1e-4, "rtol": 3e-3}
     x_in = x.to(device)
     residual_in = residual.to(device) if with_residual else None
     got = rmsnorm(x_in, weight.to(device), 1e-5, residual_in)

@@ -14,7 +14,10 @@ def _check_silu_and_mul(device, dtype, tokens, intermediate):
     x = (torch.randn(tokens, 2 * intermediate, generator=gen) * 4).to(dtype)
     got = silu_and_mul(x.to(device))
     assert got.shape == (tokens, intermediate) and got.dtype == dtype
-    torch.testing.assert_close(got.cpu(), silu_and_mul_ref(x))
+    # fp16: Triton's sigmoid and torch's silu may round the activation one ulp apart, and
+    # the product with `up` carries that (seen on H100: 5 of 153600 elements, 1.5e-3 rel).
+    close = {"atol": 1e-4, "rtol": 3e-3} if dtype == torch.float16 else {}
+    torch.testing.assert_close(got.cpu(), silu_and_mul_ref(x), **close)
 
 
 def _check_store_kv(device, dtype, loc_dtype, tokens, num_heads, head_dim):
