@@ -8,6 +8,7 @@ import torch
 
 from kvflow.runtime.attention import ATTENTION_BACKENDS
 from kvflow.runtime.config import EngineConfig, ModelConfig
+from kvflow.runtime.cuda_graph import CudaGraphRunner
 from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.mem import KVPool, ReqToTokenPool, TokenToKVPoolAllocator
 from kvflow.runtime.models.loader import load_model, resolve_model_path
@@ -74,6 +75,13 @@ class ModelRunner:
             mc.head_dim**-0.5,
         )
         self.sampler = Sampler(mc.vocab_size, self.device)
+        self.graph_runner: CudaGraphRunner | None = None
+        if self.device.startswith("cuda") and not config.disable_cuda_graph:
+            if config.attention_backend != "triton":
+                raise ValueError("CUDA graphs need the triton attention backend (or --disable-cuda-graph)")
+            max_bs = min(config.cuda_graph_max_bs, config.max_running_requests)
+            self.graph_runner = CudaGraphRunner(self, max_bs)
+            self.graph_runner.capture()
         logger.info(
             "KV cache: %d tokens in pages of %d (%s)",
             self.allocator.size,
@@ -96,8 +104,14 @@ class ModelRunner:
             raise ValueError(f"KV cache would hold only {tokens} tokens; give it more memory")
         return tokens // self.page_size
 
-    @torch.inference_mode()
-    def forward(self, fb: ForwardBatch) -> torch.Tensor:
-        self.attn.init_forward_metadata(fb)
+    def run_model(self, fb: ForwardBatch) -> torch.Tensor:
+        """The model on a batch whose attention metadata is ready: last-position logits."""
         hidden = self.model(fb, self.attn)
         return self.model.compute_logits(hidden[fb.logits_rows()])
+
+    @torch.inference_mode()
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        if self.graph_runner is not None and self.graph_runner.can_run(fb):
+            return self.graph_runner.replay(fb)
+        self.attn.init_forward_metadata(fb)
+        return self.run_model(fb)

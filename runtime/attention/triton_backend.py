@@ -52,6 +52,25 @@ class TritonBackend(AttentionBackend):
             max_len_extend=max(fb.extend_seq_lens_cpu),
         )
 
+    # -- CUDA graphs (decode) ----------------------------------------------------------------
+    def init_capture(self, max_bs: int) -> None:
+        """Static metadata buffers that captured decode graphs read."""
+        device = self.req_to_token.req_to_token.device
+        self._graph_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=device)
+        self._graph_indices = torch.zeros(max_bs * self.req_to_token.max_context_len,
+                                          dtype=torch.int32, device=device)
+
+    def fill_replay(self, fb: ForwardBatch, padded_bs: int) -> None:
+        """Write ``fb``'s decode metadata into the static buffers, padded to ``padded_bs``
+        rows of one token each reading the padding slot 0."""
+        real = fb.seq_lens_cpu
+        lengths = real + [1] * (padded_bs - len(real))
+        self._graph_indptr[: padded_bs + 1].copy_(_indptr(lengths, self._graph_indptr.device))
+        slots = self._gather_slots(fb, real)
+        self._graph_indices[: slots.numel()].copy_(slots)
+        self._graph_indices[slots.numel() : slots.numel() + padded_bs - len(real)].zero_()
+        fb.attn_metadata = _Plan(self._graph_indptr[: padded_bs + 1], self._graph_indices)
+
     def forward_extend(self, q, k, v, layer_id, fb):
         plan: _Plan = fb.attn_metadata
         out = torch.empty_like(q)
