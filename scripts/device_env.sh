@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Source on the GPU machine (the device tool's run): makes `import kvflow` work with the
+# machine's own torch venv, without putting the repo root on PYTHONPATH (its top-level
+# operator/ folder would shadow Python's own `operator` module). Installs carried wheels
+# from .whl/ when present.
+set -e
+REPO=$(pwd)
+SHIM=/tmp/kvflow-shim
+mkdir -p "$SHIM/kvflow"
+cp "$REPO"/kvflow/*.py "$SHIM/kvflow/"
+for part in runtime kernels operator; do ln -sfn "$REPO/$part" "$SHIM/kvflow/$part"; done
+export PATH=/opt/torch/.venv/bin:$PATH
+if [ -d .whl ] && ! python3 -c "import pytest" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
+set +e
