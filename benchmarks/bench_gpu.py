@@ -18,6 +18,7 @@ Parts (each also runs alone: ``decode``, ``prefill``, ``throughput``, ``online``
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
 import random
@@ -235,6 +236,8 @@ def main() -> None:
     for part in parts:
         started = time.perf_counter()
         results[part] = PARTS[part]()
+        gc.collect()  # the part's engine (KV pool, CUDA graphs) must go before the next one
+        torch.cuda.empty_cache()
         print(part, json.dumps(results[part], indent=1), f"({time.perf_counter() - started:.0f} s)", flush=True)
         if args.json_out:
             args.json_out.write_text(json.dumps(results, indent=1))

@@ -31,12 +31,16 @@ class TritonBackend(AttentionBackend):
     """Default backend on CUDA (also runs on CPU under ``TRITON_INTERPRET=1`` for tests)."""
 
     def _gather_slots(self, fb: ForwardBatch, lengths: list[int]) -> torch.Tensor:
+        """Concatenated ``req_to_token[row_i, :lengths[i]]`` (int32), without a device sync:
+        the total is known on the host, so every shape is."""
         table = self.req_to_token.req_to_token
-        width = max(max(lengths), 1)
-        rows = table[fb.req_pool_indices, :width]
-        lens = torch.tensor(lengths, device=rows.device)
-        mask = torch.arange(width, device=rows.device)[None, :] < lens[:, None]
-        return rows[mask].to(torch.int32)
+        total = sum(lengths)
+        if total == 0:
+            return torch.zeros(1, dtype=torch.int32, device=table.device)
+        starts = _indptr(lengths, table.device).to(torch.int64)
+        flat = torch.arange(total, device=table.device)
+        owner = torch.searchsorted(starts[1:], flat, right=True)
+        return table[fb.req_pool_indices[owner], flat - starts[owner]]
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         device = fb.input_ids.device

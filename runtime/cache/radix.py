@@ -224,6 +224,7 @@ class RadixCache(PrefixCache):
         self.inc_lock_ref(match.last_node)
         self.dec_lock_ref(req.last_node)
         req.prefix_indices, req.last_node = match.kv_indices, match.last_node
+        req.last_loc = None  # the row now points at the tree's slots
 
     def release_req(self, req: Req) -> None:
         self.release_req_common(req)

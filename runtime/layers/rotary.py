@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kvflow.kernels import build_cos_sin_cache
+from kvflow.kernels import build_cos_sin_cache, rotary_embedding
 
 __all__ = ["RotaryEmbedding"]
 
@@ -39,6 +39,8 @@ class RotaryEmbedding(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``q`` ``[tokens, heads, head_dim]``, ``k`` ``[tokens, kv_heads, head_dim]``."""
         table: torch.Tensor = self.cos_sin_cache  # type: ignore[assignment]
+        if q.is_cuda:  # in place, one Triton kernel for q and k
+            return rotary_embedding(positions, q, k, table, self.head_dim)
         cos, sin = table[positions].unsqueeze(1).chunk(2, dim=-1)
         cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)

@@ -18,7 +18,11 @@ __all__ = ["TokenToKVPoolAllocator"]
 
 
 class TokenToKVPoolAllocator:
-    """Hands out KV slots in pages. Not thread-safe: the scheduler is its only user."""
+    """Hands out KV slots in pages. Not thread-safe: the scheduler is its only user.
+
+    Allocations come back as CPU int64 tensors (the scheduler reads them without a device
+    sync); :meth:`free` accepts slots on any device.
+    """
 
     def __init__(self, num_pages: int, page_size: int, device: str) -> None:
         if num_pages < 1 or page_size < 1:
@@ -66,7 +70,7 @@ class TokenToKVPoolAllocator:
         slots = list(range(last_loc + 1, last_loc + 1 + in_page))
         for page_id in pages:
             slots.extend(range(page_id * page, (page_id + 1) * page))
-        return torch.tensor(slots[:num_new], dtype=torch.int64, device=self.device)
+        return torch.tensor(slots[:num_new], dtype=torch.int64)
 
     def free(self, slots: torch.Tensor) -> None:
         """Give back the pages that hold ``slots``; the caller guarantees they are all dead."""

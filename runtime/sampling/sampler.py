@@ -21,10 +21,11 @@ class SamplingBatch:
     """The per-row parameters of one batch, gathered from its requests."""
 
     reqs: Sequence[Req]
-    temperatures: torch.Tensor  # [B, 1]; 1.0 on greedy rows (never divides by zero)
-    top_ps: torch.Tensor  # [B]
-    top_ks: torch.Tensor  # [B]; vocab size where disabled
-    min_ps: torch.Tensor  # [B]
+    # Per-row tensors, None when every row is greedy (no host-to-device copies then).
+    temperatures: torch.Tensor | None  # [B, 1]; 1.0 on greedy rows (never divides by zero)
+    top_ps: torch.Tensor | None  # [B]
+    top_ks: torch.Tensor | None  # [B]; vocab size where disabled
+    min_ps: torch.Tensor | None  # [B]
     greedy: list[bool]
     needs_filter: bool  # some row uses top-k, top-p or min-p
 
@@ -32,6 +33,8 @@ class SamplingBatch:
     def from_reqs(cls, reqs: Sequence[Req], vocab_size: int, device: str) -> SamplingBatch:
         params = [r.sampling for r in reqs]
         greedy = [p.is_greedy for p in params]
+        if all(greedy):
+            return cls(reqs, None, None, None, None, greedy, needs_filter=False)
         temps = [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)]
         top_ks = [vocab_size if p.top_k < 1 else min(p.top_k, vocab_size) for p in params]
         return cls(
@@ -86,6 +89,7 @@ class Sampler:
 
         next_ids = logits.argmax(dim=-1)
         if not all(batch.greedy):
+            assert batch.temperatures is not None
             probs = torch.softmax(logits / batch.temperatures, dim=-1)
             sampled = self._sample_rows(probs, batch)
             greedy = torch.tensor(batch.greedy, device=logits.device)
@@ -95,6 +99,7 @@ class Sampler:
 
     def _sample_rows(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         if batch.needs_filter:
+            assert batch.top_ks is not None and batch.top_ps is not None and batch.min_ps is not None
             sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
             rank = torch.arange(probs.shape[-1], device=probs.device)[None, :]
             drop = rank >= batch.top_ks[:, None]

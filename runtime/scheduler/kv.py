@@ -45,21 +45,20 @@ class KVManager:
         req.req_pool_idx = slot
         req.prefix_indices, req.last_node = match.kv_indices, match.last_node
         req.kv_len = len(match.kv_indices)
+        req.last_loc = None
         self.req_to_token.write(slot, 0, match.kv_indices)
         if not req.admitted:
             req.cached_tokens = req.kv_len
             req.admitted = True
         return True
 
-    def grow(self, req: Req, num_new: int) -> torch.Tensor | None:
-        """Allocate slots for positions ``kv_len:kv_len+num_new`` and record them in the row.
-
-        Evicts unlocked cache entries when needed; returns None (nothing taken) if even
-        that is not enough. ``kv_len`` itself is advanced by the caller after the forward.
-        """
+    def _alloc_host(self, req: Req, num_new: int) -> torch.Tensor | None:
+        """Slots (CPU int64) for the request's next ``num_new`` positions, evicting if needed."""
         last_loc = 0
         if req.kv_len > 0:
-            last_loc = int(self.req_to_token.req_to_token[req.req_pool_idx, req.kv_len - 1])
+            if req.last_loc is None:  # a device read (sync); cached for the decode steps after
+                req.last_loc = int(self.req_to_token.req_to_token[req.req_pool_idx, req.kv_len - 1])
+            last_loc = req.last_loc
         slots = self.allocator.alloc_for_request(req.kv_len, last_loc, num_new)
         if slots is None:
             shortfall = self.tokens_to_grow(req, num_new) - self.allocator.available_size()
@@ -67,8 +66,40 @@ class KVManager:
             slots = self.allocator.alloc_for_request(req.kv_len, last_loc, num_new)
             if slots is None:
                 return None
+        req.last_loc = int(slots[-1])
+        return slots
+
+    def grow(self, req: Req, num_new: int) -> torch.Tensor | None:
+        """Allocate slots for positions ``kv_len:kv_len+num_new`` and record them in the row.
+
+        Evicts unlocked cache entries when needed; returns None (nothing taken) if even
+        that is not enough. ``kv_len`` itself is advanced by the caller after the forward.
+        """
+        slots = self._alloc_host(req, num_new)
+        if slots is None:
+            return None
+        slots = slots.to(self.req_to_token.req_to_token.device, non_blocking=True)
         self.req_to_token.write(req.req_pool_idx, req.kv_len, slots)
         return slots
+
+    def grow_decode(self, reqs: list[Req]) -> torch.Tensor:
+        """One slot per request for its next token, recorded with one scatter (decode step).
+
+        The caller has made room (see the scheduler's retraction), so failing is a bug.
+        """
+        slots, rows, positions = [], [], []
+        for req in reqs:
+            slot = self._alloc_host(req, 1)
+            if slot is None:
+                raise RuntimeError(f"no KV slot for {req.rid} after making room")
+            slots.append(int(slot[0]))
+            rows.append(req.req_pool_idx)
+            positions.append(req.kv_len)
+        table = self.req_to_token.req_to_token
+        out = torch.tensor(slots, dtype=torch.int64).to(table.device, non_blocking=True)
+        index = torch.tensor([rows, positions], dtype=torch.int64).to(table.device, non_blocking=True)
+        table[index[0], index[1]] = out.to(table.dtype)
+        return out
 
     def is_fully_free(self) -> bool:
         """True when no request holds memory (cached prefixes may remain, all unlocked)."""

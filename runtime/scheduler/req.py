@@ -82,6 +82,7 @@ class Req:
         self.kv_len = 0
         self.prefix_indices = torch.empty(0, dtype=torch.int64)
         self.last_node: Any = None
+        self.last_loc: int | None = None  # slot of position kv_len - 1, when known on the host
         self.extend_len = 0  # new tokens in the current prefill step
         self.cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
         self.admitted = False
@@ -112,6 +113,7 @@ class Req:
         self.kv_len = 0
         self.prefix_indices = torch.empty(0, dtype=torch.int64)
         self.last_node = None
+        self.last_loc = None
         self.extend_len = 0
 
     def append_token(self, token_id: int, context_len: int) -> None:

@@ -190,10 +190,7 @@ class Scheduler:
         if not self.running:
             return outputs
         reqs = list(self.running)
-        slots = [self.kv.grow(r, 1) for r in reqs]
-        if any(s is None for s in slots):  # _make_room_for_decode guarantees room
-            raise RuntimeError("decode allocation failed after making room")
-        fb = build_decode_batch(reqs, torch.cat(slots), self.runner.device)  # type: ignore[arg-type]
+        fb = build_decode_batch(reqs, self.kv.grow_decode(reqs), self.runner.device)
         logits = self.runner.forward(fb)
         self.forward_steps += 1
         for req in reqs:
