@@ -105,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
         ("--shared-groups", _DEFAULTS.shared_groups),
     ):
         compare.add_argument(flag, default=_format(table), help="by clients (default: %(default)s)")
+    compare.add_argument(
+        "--workloads", default="fixed,shared", help="fixed and/or shared (default: %(default)s)"
+    )
     compare.add_argument("--dtype", help="passed to every server (default: each one's auto)")
     compare.add_argument("--kvflow-args", default="", help="extra flags for kvflow serve")
     compare.add_argument(
@@ -160,7 +163,8 @@ def _compare(args: argparse.Namespace) -> int:
     config = _config(args)
     specs = select_servers(args.only.split(",") if args.only else None)
     corpus = Corpus(Path(args.model) / "tokenizer.json")
-    workloads = sorted({w for spec in specs for w in spec.workloads})
+    wanted = set(args.workloads.split(","))
+    workloads = sorted({w for spec in specs for w in spec.workloads} & wanted)
     plan = build_plan(corpus, config, set(workloads))
     opts = LaunchOptions(
         args.model,
@@ -180,12 +184,17 @@ def _compare(args: argparse.Namespace) -> int:
         "workloads": workloads,
         "servers": {s.name: {"description": s.description, "eos_note": s.eos_note} for s in specs},
     }
-    rows, failures = run_servers(specs, plan, config, opts, args.log_dir)
-    doc.update(load_after=load_average(), rows=rows, failures=failures)
     json_path = args.json or args.out.with_suffix(".json")
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(doc, indent=1) + "\n")
-    args.out.write_text(render_markdown(doc))
+    rows: list[dict] = []
+    failures: dict[str, str] = {}
+    for spec in specs:  # results are written after every server: an interrupted run keeps them
+        spec_rows, spec_failures = run_servers([spec], plan, config, opts, args.log_dir)
+        rows += spec_rows
+        failures.update(spec_failures)
+        doc.update(load_after=load_average(), rows=rows, failures=failures)
+        json_path.write_text(json.dumps(doc, indent=1) + "\n")
+        args.out.write_text(render_markdown(doc))
     print(f"wrote {args.out} and {json_path}")
     return 1 if failures else 0
 

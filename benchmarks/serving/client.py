@@ -157,8 +157,13 @@ async def _run(
     queue = list(reversed(prompts))
     results: list[RequestResult] = []
 
+    # NOTE: trust_env=False: a proxy from the environment would sit inside every measurement.
     async with httpx.AsyncClient(
-        base_url=endpoint.base_url, headers=headers, limits=limits, timeout=httpx.Timeout(timeout)
+        base_url=endpoint.base_url,
+        headers=headers,
+        limits=limits,
+        timeout=httpx.Timeout(timeout),
+        trust_env=False,
     ) as client:
 
         async def worker() -> None:
@@ -169,10 +174,12 @@ async def _run(
 
         started_at = time.perf_counter()
         tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
-        _done, pending = await asyncio.wait(tasks, timeout=timeout)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        try:
+            _done, pending = await asyncio.wait(tasks, timeout=timeout)
+        finally:  # the timeout, or Ctrl-C cancelling this task: close every open stream
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         finished_at = time.perf_counter()
     return RunRecord(concurrency, max_tokens, started_at, finished_at, results, bool(pending))
 

@@ -95,7 +95,7 @@ def select_servers(only: list[str] | None) -> list[ServerSpec]:
 def _served_model(base_url: str) -> str | None:
     """The id from ``/v1/models``; None (leave ``model`` out) where that fails."""
     try:
-        response = httpx.get(base_url + "/v1/models", timeout=30)
+        response = httpx.get(base_url + "/v1/models", timeout=30, trust_env=False)
         return response.json()["data"][0]["id"] if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError, KeyError, IndexError):
         return None
@@ -104,7 +104,7 @@ def _served_model(base_url: str) -> str | None:
 def _flush_cache(base_url: str) -> None:
     # Servers without one (transformers serve) keep no cross-request cache to flush.
     with suppress(httpx.HTTPError):
-        httpx.post(base_url + "/flush_cache", timeout=30)
+        httpx.post(base_url + "/flush_cache", timeout=30, trust_env=False)
 
 
 def _run_server(
@@ -172,6 +172,8 @@ def run_servers(
     rows: list[dict[str, Any]] = []
     failures: dict[str, str] = {}
     for spec in specs:
+        if not any(run.workload in spec.workloads for run in plan):
+            continue  # none of its workloads selected
         print(f"== {spec.description} (load average {load_average()})", flush=True)
         started = time.monotonic()
         try:

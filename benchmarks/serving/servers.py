@@ -149,7 +149,7 @@ def _wait_ready(
             raise RuntimeError(f"server exited with code {proc.returncode} before becoming ready")
         for path in paths:
             try:
-                if httpx.get(base_url + path, timeout=5).status_code == 200:
+                if httpx.get(base_url + path, timeout=5, trust_env=False).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
