@@ -227,6 +227,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("parts", nargs="+", choices=[*PARTS, "all"])
     parser.add_argument("--json-out", type=Path, default=None)
+    parser.add_argument("--profile", action="store_true", help="cProfile each part (top 30 by own time)")
+    parser.add_argument("--requests", type=int, default=None, help="override the request count of throughput/online/peer")
     args = parser.parse_args()
     parts = list(PARTS) if "all" in args.parts else args.parts
     import triton
@@ -235,7 +237,16 @@ def main() -> None:
                "driver": _driver_version()}
     for part in parts:
         started = time.perf_counter()
-        results[part] = PARTS[part]()
+        kwargs = {"count": args.requests} if args.requests and part in ("throughput", "online", "peer") else {}
+        if args.profile:
+            import cProfile
+            import pstats
+
+            profiler = cProfile.Profile()
+            results[part] = profiler.runcall(PARTS[part], **kwargs)
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+        else:
+            results[part] = PARTS[part](**kwargs)
         gc.collect()  # the part's engine (KV pool, CUDA graphs) must go before the next one
         torch.cuda.empty_cache()
         print(part, json.dumps(results[part], indent=1), f"({time.perf_counter() - started:.0f} s)", flush=True)

@@ -38,19 +38,21 @@ def build_extend_batch(
     )
 
 
-def build_decode_batch(
-    reqs: Sequence[Req], out_cache_loc: torch.Tensor, device: str
-) -> ForwardBatch:
-    """Decode step: each request feeds its last token at position ``kv_len``."""
+def build_decode_batch(reqs: Sequence[Req], out_cache_loc: torch.Tensor, device: str) -> ForwardBatch:
+    """Decode step: each request feeds its last token at position ``kv_len``.
+
+    The per-request integers travel to the device in one copy.
+    """
     seq_lens = [r.kv_len + 1 for r in reqs]
+    host = torch.tensor([[r.output_ids[-1] for r in reqs], [r.kv_len for r in reqs],
+                         [r.req_pool_idx for r in reqs], seq_lens], dtype=torch.int64)
+    input_ids, positions, req_pool_indices, seq_lens_dev = host.to(device, non_blocking=True)
     return ForwardBatch(
         mode=ForwardMode.DECODE,
-        input_ids=torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64, device=device),
-        positions=torch.tensor([r.kv_len for r in reqs], dtype=torch.int64, device=device),
+        input_ids=input_ids,
+        positions=positions,
         out_cache_loc=out_cache_loc,
-        req_pool_indices=torch.tensor(
-            [r.req_pool_idx for r in reqs], dtype=torch.int64, device=device
-        ),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=device),
+        req_pool_indices=req_pool_indices,
+        seq_lens=seq_lens_dev,
         seq_lens_cpu=seq_lens,
     )

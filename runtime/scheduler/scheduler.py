@@ -226,9 +226,12 @@ class Scheduler:
         return outputs
 
     def _sample_and_commit(self, reqs: Sequence[Req], logits: torch.Tensor) -> list[TokenOutput]:
+        """Sample one token per request; finished requests leave (and release their KV),
+        unfinished ones not yet running join the running batch."""
         batch = SamplingBatch.from_reqs(reqs, self.runner.vocab_size, self.runner.device)
         sampled = self.runner.sampler.sample(logits, batch)
         outputs = []
+        running = {id(r) for r in self.running}
         for row, req in enumerate(reqs):
             token = sampled.next_token_ids[row]
             req.append_token(token, self.runner.context_len)
@@ -237,13 +240,11 @@ class Scheduler:
                 req.output_top_logprobs.append(sampled.top_logprobs[row])
             if req.finished:
                 self.cache.cache_finished_req(req)
-                if req in self.running:
-                    self.running.remove(req)
-            elif req not in self.running:
+            elif id(req) not in running:
                 self.running.append(req)
-            outputs.append(
-                self.make_output(req, [token], sampled.logprobs[row], sampled.top_logprobs[row])
-            )
+            outputs.append(self.make_output(req, [token], sampled.logprobs[row], sampled.top_logprobs[row]))
+        if any(r.finished for r in reqs):
+            self.running = [r for r in self.running if not r.finished]
         return outputs
 
     @staticmethod
