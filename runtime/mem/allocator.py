@@ -20,8 +20,8 @@ __all__ = ["TokenToKVPoolAllocator"]
 class TokenToKVPoolAllocator:
     """Hands out KV slots in pages. Not thread-safe: the scheduler is its only user.
 
-    Allocations come back as CPU int64 tensors (the scheduler reads them without a device
-    sync); :meth:`free` accepts slots on any device.
+    Allocations come back as Python lists (the scheduler batches them into one tensor per
+    step); :meth:`free` takes a tensor of slots on any device.
     """
 
     def __init__(self, num_pages: int, page_size: int, device: str) -> None:
@@ -56,7 +56,7 @@ class TokenToKVPoolAllocator:
             self._is_free[page] = False
         return pages
 
-    def alloc_for_request(self, cur_len: int, last_loc: int, num_new: int) -> torch.Tensor | None:
+    def alloc_for_request(self, cur_len: int, last_loc: int, num_new: int) -> list[int] | None:
         """Slots for positions ``cur_len:cur_len+num_new`` of a request.
 
         ``last_loc`` is the slot of position ``cur_len - 1`` (ignored when ``cur_len`` is
@@ -70,7 +70,7 @@ class TokenToKVPoolAllocator:
         slots = list(range(last_loc + 1, last_loc + 1 + in_page))
         for page_id in pages:
             slots.extend(range(page_id * page, (page_id + 1) * page))
-        return torch.tensor(slots[:num_new], dtype=torch.int64)
+        return slots[:num_new]
 
     def free(self, slots: torch.Tensor) -> None:
         """Give back the pages that hold ``slots``; the caller guarantees they are all dead."""

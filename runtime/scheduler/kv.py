@@ -52,8 +52,8 @@ class KVManager:
             req.admitted = True
         return True
 
-    def _alloc_host(self, req: Req, num_new: int) -> torch.Tensor | None:
-        """Slots (CPU int64) for the request's next ``num_new`` positions, evicting if needed."""
+    def _alloc_host(self, req: Req, num_new: int) -> list[int] | None:
+        """Slots for the request's next ``num_new`` positions, evicting if needed."""
         last_loc = 0
         if req.kv_len > 0:
             if req.last_loc is None:  # a device read (sync); cached for the decode steps after
@@ -66,7 +66,7 @@ class KVManager:
             slots = self.allocator.alloc_for_request(req.kv_len, last_loc, num_new)
             if slots is None:
                 return None
-        req.last_loc = int(slots[-1])
+        req.last_loc = slots[-1]
         return slots
 
     def grow(self, req: Req, num_new: int) -> torch.Tensor | None:
@@ -78,9 +78,10 @@ class KVManager:
         slots = self._alloc_host(req, num_new)
         if slots is None:
             return None
-        slots = slots.to(self.req_to_token.req_to_token.device, non_blocking=True)
-        self.req_to_token.write(req.req_pool_idx, req.kv_len, slots)
-        return slots
+        on_device = torch.tensor(slots, dtype=torch.int64).to(self.req_to_token.req_to_token.device,
+                                                              non_blocking=True)
+        self.req_to_token.write(req.req_pool_idx, req.kv_len, on_device)
+        return on_device
 
     def grow_decode(self, reqs: list[Req]) -> torch.Tensor:
         """One slot per request for its next token, recorded with one scatter (decode step).
@@ -92,7 +93,7 @@ class KVManager:
             slot = self._alloc_host(req, 1)
             if slot is None:
                 raise RuntimeError(f"no KV slot for {req.rid} after making room")
-            slots.append(int(slot[0]))
+            slots.append(slot[0])
             rows.append(req.req_pool_idx)
             positions.append(req.kv_len)
         table = self.req_to_token.req_to_token

@@ -5,6 +5,7 @@ Skipped without CUDA; run on the accelerator machine with ``pytest -m gpu tests/
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -43,7 +44,8 @@ def test_greedy_parity_small_llama_fp32(small_model, cuda_graph):
 
     folder, hf = small_model
     engine = Engine(str(folder), skip_tokenizer_init=True, dtype="float32", device="cuda",
-                    disable_cuda_graph=not cuda_graph, max_running_requests=16, cuda_graph_max_bs=16)
+                    disable_cuda_graph=not cuda_graph, max_running_requests=16, cuda_graph_max_bs=16,
+                    max_total_tokens=8192)
     params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
     ours = [r.output_ids for r in engine.generate(input_ids=_prompts(), sampling_params=params)]
     theirs = []
@@ -54,6 +56,9 @@ def test_greedy_parity_small_llama_fp32(small_model, cuda_graph):
             theirs.append(out[0, len(ids):].tolist())
     assert ours == theirs
     assert engine.is_memory_free()
+    del engine
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def test_llama_8b_shapes_logits_close_in_bf16():
@@ -74,7 +79,7 @@ def test_llama_8b_shapes_logits_close_in_bf16():
     runner.model.load_weights((name, tensor) for name, tensor in hf.state_dict().items())
     ids = torch.randint(0, raw["vocab_size"], (48,), device="cuda")
     row = runner.req_to_token.alloc()
-    slots = runner.allocator.alloc_for_request(0, 0, 48)
+    slots = torch.tensor(runner.allocator.alloc_for_request(0, 0, 48), device="cuda")
     runner.req_to_token.write(row, 0, slots)
     fb = ForwardBatch(mode=ForwardMode.EXTEND, input_ids=ids, positions=torch.arange(48, device="cuda"),
                       out_cache_loc=slots, req_pool_indices=torch.tensor([row], device="cuda"),

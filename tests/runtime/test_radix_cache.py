@@ -14,8 +14,9 @@ def make_cache(page_size: int = 1, pages: int = 64) -> RadixCache:
 
 
 def insert(cache: RadixCache, tokens: list[int], extra_key: str | None = None) -> torch.Tensor:
-    slots = cache.allocator.alloc_for_request(0, 0, len(tokens))
-    assert slots is not None
+    allocated = cache.allocator.alloc_for_request(0, 0, len(tokens))
+    assert allocated is not None
+    slots = torch.tensor(allocated)
     already = cache.insert(tokens, slots, extra_key)
     cache.allocator.free(slots[:already]) if already else None
     return slots
@@ -37,7 +38,7 @@ def test_match_and_split():
 def test_insert_reports_already_cached_prefix():
     cache = make_cache()
     insert(cache, [1, 2, 3])
-    slots = cache.allocator.alloc_for_request(0, 0, 5)
+    slots = torch.tensor(cache.allocator.alloc_for_request(0, 0, 5))
     assert cache.insert([1, 2, 3, 4, 5], slots) == 3
     cache.allocator.free(slots[:3])
     assert cache.total_size() == 5
