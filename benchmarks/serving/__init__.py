@@ -4,10 +4,18 @@ that runs kvflow and ``transformers serve`` on the same prompts (see ``bench_ser
 
 from .client import Endpoint, RequestResult, RunRecord, run_load
 from .cpu import session_cpu_seconds
-from .driver import BenchConfig, PlannedRun, build_plan, run_servers, select_servers
+from .driver import run_servers
 from .machine import load_average, machine_info
+from .plan import BenchConfig, PlannedRun, build_plan
 from .report import render_markdown
-from .servers import SERVERS, LaunchOptions, RunningServer, ServerSpec, running_server
+from .servers import (
+    SERVERS,
+    LaunchOptions,
+    RunningServer,
+    ServerSpec,
+    running_server,
+    select_servers,
+)
 from .stats import Summary, percentile, summarize
 from .workloads import Corpus, Prompt, fixed_length_prompts, shared_prefix_prompts
 

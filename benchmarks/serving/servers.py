@@ -23,7 +23,14 @@ from typing import Any, NamedTuple
 
 import httpx
 
-__all__ = ["SERVERS", "LaunchOptions", "RunningServer", "ServerSpec", "running_server"]
+__all__ = [
+    "SERVERS",
+    "LaunchOptions",
+    "RunningServer",
+    "ServerSpec",
+    "running_server",
+    "select_servers",
+]
 
 
 @dataclass(frozen=True)
@@ -132,6 +139,20 @@ class RunningServer(NamedTuple):
 
     base_url: str
     session_id: int
+
+
+def select_servers(only: list[str] | None) -> list[ServerSpec]:
+    """Servers named in ``only`` (``kvflow`` also selects ``kvflow-no-radix``); all if None."""
+    if not only:
+        return list(SERVERS.values())
+    unknown = [
+        name for name in only if not any(s == name or s.startswith(name + "-") for s in SERVERS)
+    ]
+    if unknown:
+        raise SystemExit(f"unknown server(s) {unknown}; choose from {list(SERVERS)}")
+    return [
+        s for s in SERVERS.values() if any(s.name == n or s.name.startswith(n + "-") for n in only)
+    ]
 
 
 def free_port() -> int:
