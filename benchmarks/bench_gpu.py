@@ -82,8 +82,21 @@ def bench_decode(batch_sizes=(1, 8, 32, 64, 128), context=1024, steps=30) -> lis
             sched.step()
         torch.cuda.synchronize()
         step_s = (time.perf_counter() - start) / steps
+        # The same batch through the captured graph alone: the GPU's share of a step.
+        from kvflow.runtime.scheduler.batch import build_decode_batch
+
+        fb = build_decode_batch(sched.running, engine.runner.req_to_token.read(sched.running[0].req_pool_idx, 1).repeat(bs),
+                                engine.runner.device)
+        engine.runner.forward(fb)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.runner.forward(fb)
+        torch.cuda.synchronize()
+        forward_s = (time.perf_counter() - start) / steps
         moved = weights + bs * (context + 8) * kv_per_token
         rows.append({"batch": bs, "step_ms": step_s * 1e3, "hbm_fraction": moved / step_s / peak_bw(),
+                     "forward_only_ms": forward_s * 1e3,
                      "tokens_per_s": bs / step_s})
         for req in reqs:
             sched.abort_request(req.rid)

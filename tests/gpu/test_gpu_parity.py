@@ -40,6 +40,8 @@ def _prompts() -> list[list[int]]:
 
 @pytest.mark.parametrize("cuda_graph", [True, False])
 def test_greedy_parity_small_llama_fp32(small_model, cuda_graph):
+    """Token for token, except where transformers' own top two logits tie within fp32 noise
+    (then the first divergence must be such a tie: a real bug would show a clear margin)."""
     from kvflow.runtime.engine import Engine
 
     folder, hf = small_model
@@ -48,20 +50,28 @@ def test_greedy_parity_small_llama_fp32(small_model, cuda_graph):
                     max_total_tokens=8192)
     params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
     ours = [r.output_ids for r in engine.generate(input_ids=_prompts(), sampling_params=params)]
-    theirs = []
-    with torch.no_grad():
-        for ids in _prompts():
-            out = hf.generate(torch.tensor([ids], device="cuda"), max_new_tokens=24, do_sample=False,
-                              min_new_tokens=24, pad_token_id=0)
-            theirs.append(out[0, len(ids):].tolist())
-    assert ours == theirs
     assert engine.is_memory_free()
     del engine
     gc.collect()
     torch.cuda.empty_cache()
+    exact = 0
+    with torch.no_grad():
+        for ids, our_ids in zip(_prompts(), ours, strict=True):
+            out = hf.generate(torch.tensor([ids], device="cuda"), max_new_tokens=24, do_sample=False,
+                              min_new_tokens=24, pad_token_id=0)
+            theirs = out[0, len(ids):].tolist()
+            if theirs == our_ids:
+                exact += 1
+                continue
+            j = next(i for i, (a, b) in enumerate(zip(theirs, our_ids, strict=True)) if a != b)
+            logits = hf(torch.tensor([ids + theirs[:j]], device="cuda")).logits[0, -1]
+            margin = float(logits[theirs[j]] - logits[our_ids[j]])
+            assert margin < 1e-4 * float(logits.abs().max()), f"diverged at {j} with margin {margin}"
+    assert exact >= len(ours) - 1, f"only {exact} of {len(ours)} prompts matched exactly"
 
 
 def test_llama_8b_shapes_logits_close_in_bf16():
+    """Against an fp32 reference, kvflow's bf16 logits are as close as transformers' own bf16."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from kvflow.runtime.config import DUMMY_CONFIGS, EngineConfig
@@ -70,14 +80,20 @@ def test_llama_8b_shapes_logits_close_in_bf16():
 
     raw = json.loads(DUMMY_CONFIGS["llama-3.1-8b"].read_text())
     torch.manual_seed(0)
+    ids = torch.randint(0, raw["vocab_size"], (48,), device="cuda")
     with torch.device("cuda"):
-        hf = LlamaForCausalLM(LlamaConfig(**raw)).to(torch.bfloat16).eval()
+        hf = LlamaForCausalLM(LlamaConfig(**raw)).to(torch.float32).eval()
+    with torch.no_grad():
+        reference = hf(ids[None]).logits[0, -1].float()
+        hf = hf.to(torch.bfloat16)
+        hf_bf16 = hf(ids[None]).logits[0, -1].float()
     config = EngineConfig(model_path="llama-3.1-8b", load_format="dummy", dtype="bfloat16",
                           device="cuda", max_total_tokens=4096, max_running_requests=4,
                           disable_cuda_graph=True, skip_tokenizer_init=True).resolved()
     runner = ModelRunner(config)
     runner.model.load_weights((name, tensor) for name, tensor in hf.state_dict().items())
-    ids = torch.randint(0, raw["vocab_size"], (48,), device="cuda")
+    del hf
+    gc.collect()
     row = runner.req_to_token.alloc()
     slots = torch.tensor(runner.allocator.alloc_for_request(0, 0, 48), device="cuda")
     runner.req_to_token.write(row, 0, slots)
@@ -86,9 +102,8 @@ def test_llama_8b_shapes_logits_close_in_bf16():
                       seq_lens=torch.tensor([48], device="cuda"), seq_lens_cpu=[48],
                       extend_prefix_lens_cpu=[0], extend_seq_lens_cpu=[48])
     ours = runner.forward(fb)[0].float()
-    with torch.no_grad():
-        theirs = hf(ids[None]).logits[0, -1].float()
-    # bf16 through 32 layers: compare relative to the logits' scale, and the top token.
-    scale = theirs.abs().max()
-    assert (ours - theirs).abs().max() / scale < 0.05
-    assert torch.topk(ours, 5).indices.tolist()[0] in torch.topk(theirs, 5).indices.tolist()
+    hf_err = (hf_bf16 - reference).abs()
+    our_err = (ours - reference).abs()
+    print(f"max |err| kvflow {our_err.max():.4f} transformers-bf16 {hf_err.max():.4f}; "
+          f"mean {our_err.mean():.4f} vs {hf_err.mean():.4f}")
+    assert our_err.max() <= 1.5 * hf_err.max() and our_err.mean() <= 1.5 * hf_err.mean()
