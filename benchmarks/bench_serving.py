@@ -14,6 +14,7 @@ re-renders the markdown from a JSON file.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shlex
@@ -108,6 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--workloads", default="fixed,shared", help="fixed and/or shared (default: %(default)s)"
     )
+    compare.add_argument(
+        "--rounds", type=int, default=1, help="repeat every server's runs, alternating servers"
+    )
     compare.add_argument("--dtype", help="passed to every server (default: each one's auto)")
     compare.add_argument("--kvflow-args", default="", help="extra flags for kvflow serve")
     compare.add_argument(
@@ -182,15 +186,18 @@ def _compare(args: argparse.Namespace) -> int:
         "load_before": load_average(),
         "config": {**asdict(config), "model": args.model},
         "workloads": workloads,
+        "rounds": args.rounds,
         "servers": {s.name: {"description": s.description, "eos_note": s.eos_note} for s in specs},
     }
     json_path = args.json or args.out.with_suffix(".json")
     json_path.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     failures: dict[str, str] = {}
-    for spec in specs:  # results are written after every server: an interrupted run keeps them
+    # Results are written after every server: an interrupted run keeps them. Rounds repeat
+    # the whole sequence (A B A B), so a burst of other work on the machine hits one round.
+    for round_index, spec in itertools.product(range(1, args.rounds + 1), specs):
         spec_rows, spec_failures = run_servers([spec], plan, config, opts, args.log_dir)
-        rows += spec_rows
+        rows += [{**row, "round": round_index} for row in spec_rows]
         failures.update(spec_failures)
         doc.update(load_after=load_average(), rows=rows, failures=failures)
         json_path.write_text(json.dumps(doc, indent=1) + "\n")

@@ -3,7 +3,7 @@ that runs kvflow and ``transformers serve`` on the same prompts (see ``bench_ser
 """
 
 from .client import Endpoint, RequestResult, RunRecord, run_load
-from .cpu import session_cpu_seconds
+from .cpu import CpuSample, cpu_sample, session_cpu_seconds
 from .driver import run_servers
 from .machine import load_average, machine_info
 from .plan import BenchConfig, PlannedRun, build_plan
@@ -23,6 +23,7 @@ __all__ = [
     "SERVERS",
     "BenchConfig",
     "Corpus",
+    "CpuSample",
     "Endpoint",
     "LaunchOptions",
     "PlannedRun",
@@ -33,6 +34,7 @@ __all__ = [
     "ServerSpec",
     "Summary",
     "build_plan",
+    "cpu_sample",
     "fixed_length_prompts",
     "load_average",
     "machine_info",

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from .client import Endpoint, run_load
-from .cpu import session_cpu_seconds
+from .cpu import cpu_sample
 from .machine import load_average
 from .plan import BenchConfig, PlannedRun
 from .servers import LaunchOptions, RunningServer, ServerSpec, running_server
@@ -42,15 +42,17 @@ def _measure(
 ) -> dict[str, Any]:
     """One run against a fresh cache: the summary plus load and server CPU time."""
     _flush_cache(server.base_url)
-    load, cpu_before = load_average(), session_cpu_seconds(server.session_id)
+    load, before = load_average(), cpu_sample(server.session_id)
     record = run_load(endpoint, list(run.prompts), run.concurrency, run.max_tokens, timeout)
+    after = cpu_sample(server.session_id)
     summary = summarize(record, len(run.prompts))
-    cpu_after = session_cpu_seconds(server.session_id)
-    cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
+    cpu = after.server_since(before)
     per_token = cpu * 1e3 / summary.output_tokens if cpu and summary.output_tokens else None
+    others = after.others_share_since(before)
     return {
         "workload": run.workload,
         "load_average": load,
+        "others_cpu_pct": None if others is None else others * 100,
         "server_cpu_s": cpu,
         "cpu_ms_per_token": per_token,
         **summary.as_dict(),
@@ -88,7 +90,8 @@ def _print_row(row: dict[str, Any]) -> None:
         f"TTFT med {row['ttft_median_s']:.3f} s p99 {row['ttft_p99_s']:.3f} s  "
         f"ITL med {row['itl_median_ms']:.1f} ms p99 {row['itl_p99_ms']:.1f} ms  "
         f"out tok {row['min_output_tokens']}-{row['max_output_tokens']}  "
-        f"CPU {row['cpu_ms_per_token'] or float('nan'):.0f} ms/tok  load {row['load_average']}",
+        f"CPU {row['cpu_ms_per_token'] or float('nan'):.0f} ms/tok  "
+        f"others {row['others_cpu_pct'] or 0:.0f}% CPU  load {row['load_average']}",
         flush=True,
     )
 

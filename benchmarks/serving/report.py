@@ -14,6 +14,7 @@ __all__ = ["render_markdown"]
 
 _COLUMNS = (
     ("server", "server", "{}"),
+    ("round", "round", "{}"),
     ("concurrency", "clients", "{}"),
     ("succeeded", "ok", "{}"),
     ("mean_prompt_tokens", "prompt tok", "{:.0f}"),
@@ -29,6 +30,7 @@ _COLUMNS = (
     ("cached_tokens", "cached tok", "{}"),
     ("server_cpu_s", "server CPU s", "{:.1f}"),
     ("cpu_ms_per_token", "CPU ms / out tok", "{:.0f}"),
+    ("others_cpu_pct", "other jobs' CPU %", "{:.0f}"),
     ("load_average", "load avg (1, 5, 15 min)", "{}"),
 )
 
@@ -70,10 +72,22 @@ def _quotient(top: float | None, bottom: float | None) -> float:
     return top / bottom if top is not None and bottom else math.nan
 
 
+def _best(rows: list[dict[str, Any]], workload: str) -> dict[tuple[str, int], dict[str, Any]]:
+    """The highest-throughput round of each (server, concurrency) of ``workload``."""
+    best: dict[tuple[str, int], dict[str, Any]] = {}
+    for row in rows:
+        key = (row["server"], row["concurrency"])
+        if row["workload"] == workload and (
+            key not in best or row["output_tok_s"] > best[key]["output_tok_s"]
+        ):
+            best[key] = row
+    return best
+
+
 def _ratio_lines(rows: list[dict[str, Any]]) -> list[str]:
     lines = []
     for workload, top, bottom, meaning in _RATIOS:
-        index = {(r["server"], r["concurrency"]): r for r in rows if r["workload"] == workload}
+        index = _best(rows, workload)
         for (server, concurrency), num in sorted(index.items(), key=lambda item: item[0][1]):
             den = index.get((bottom, concurrency))
             if server != top or den is None or not den["output_tok_s"]:
@@ -127,7 +141,9 @@ def _setup_lines(doc: dict[str, Any]) -> list[str]:
         "first text event; ITL: gaps between text events; TPOT: (latency - TTFT) / "
         "(output tokens - 1), median over requests; server CPU s: user + system CPU time of the "
         "server's whole process tree during the run (less sensitive than wall time to other "
-        "jobs on a shared machine)"
+        "jobs on a shared machine); other jobs' CPU %: share of all cores used during the run "
+        "by processes other than the server and the client (a large share marks a run "
+        "disturbed by other work on the machine)"
     )
     return lines
 
@@ -159,9 +175,13 @@ def render_markdown(doc: dict[str, Any]) -> str:
         "",
     ]
     out += ["## Setup", "", *_setup_lines(doc), ""]
+    servers = list(doc["servers"])
     for workload, title in _WORKLOAD_TITLES.items():
         selected = [row for row in rows if row["workload"] == workload]
+        selected.sort(key=lambda r: (servers.index(r["server"]), r["concurrency"], r["round"]))
         if selected:
             out += [f"## {title}", "", *_table(selected), ""]
-    out += ["## Ratios (same run, same machine)", "", *_ratio_lines(rows), ""]
+    rounds = doc.get("rounds", 1)
+    best = f", best of {rounds} rounds by throughput" if rounds > 1 else ""
+    out += [f"## Ratios (same run, same machine{best})", "", *_ratio_lines(rows), ""]
     return "\n".join(out + _failure_lines(doc))
