@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,11 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto | torch | triton | flashinfer
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 160
+    # CPU: torch intra-op threads of the engine's process; 0: auto (all cores but one).
+    # NOTE: an OpenMP barrier waits for its slowest thread; when another process (the HTTP
+    # server, the detokenizer, a client) takes a core, small ops stall for a whole
+    # scheduler time slice (~8 ms each, 50x slower, seen on 2 cores). Leave one core free.
+    cpu_threads: int = 0
 
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -138,6 +144,7 @@ class EngineConfig:
         on_cuda = device.startswith("cuda")
         page_size = self.page_size or (16 if on_cuda else 1)
         chunk = self.chunked_prefill_size or (8192 if on_cuda else 2048)
+        threads = self.cpu_threads or max(1, (os.cpu_count() or 1) - 1)
         backend = self.attention_backend
         if backend == "auto":
             backend = "triton" if on_cuda else "torch"
@@ -148,4 +155,5 @@ class EngineConfig:
             chunked_prefill_size=chunk,
             attention_backend=backend,
             disable_cuda_graph=self.disable_cuda_graph or not on_cuda,
+            cpu_threads=threads,
         )

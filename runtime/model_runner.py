@@ -40,6 +40,8 @@ class ModelRunner:
         self.config = config
         self.device = config.device
         torch.manual_seed(config.seed)
+        if self.device == "cpu":
+            torch.set_num_threads(config.cpu_threads)
         self.model_path = resolve_model_path(config.model_path, config.load_format)
         self.model_config = ModelConfig.from_path(self.model_path)
         mc = self.model_config
