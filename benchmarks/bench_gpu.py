@@ -60,8 +60,12 @@ def bench_decode(batch_sizes=(1, 8, 32, 64, 128), context=1024, steps=30) -> lis
     from kvflow.runtime.sampling import SamplingParams
     from kvflow.runtime.scheduler import Req
 
-    engine = make_engine(max_running_requests=max(batch_sizes), cuda_graph_max_bs=max(batch_sizes),
-                         chunked_prefill_size=16384, max_prefill_tokens=16384)
+    engine = make_engine(
+        max_running_requests=max(batch_sizes),
+        cuda_graph_max_bs=max(batch_sizes),
+        chunked_prefill_size=16384,
+        max_prefill_tokens=16384,
+    )
     sched, mc = engine.scheduler, engine.runner.model_config
     weights = param_bytes(engine)
     kv_per_token = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * 2
@@ -69,7 +73,9 @@ def bench_decode(batch_sizes=(1, 8, 32, 64, 128), context=1024, steps=30) -> lis
     rows = []
     for bs in batch_sizes:
         params = SamplingParams(temperature=0, max_new_tokens=steps + 10, ignore_eos=True)
-        reqs = [Req(f"d{bs}-{i}", random_ids(rng, context, mc.vocab_size), params) for i in range(bs)]
+        reqs = [
+            Req(f"d{bs}-{i}", random_ids(rng, context, mc.vocab_size), params) for i in range(bs)
+        ]
         for req in reqs:
             sched.add_request(req)
         while sched.waiting or sched.chunked:
@@ -85,8 +91,11 @@ def bench_decode(batch_sizes=(1, 8, 32, 64, 128), context=1024, steps=30) -> lis
         # The same batch through the captured graph alone: the GPU's share of a step.
         from kvflow.runtime.scheduler.batch import build_decode_batch
 
-        fb = build_decode_batch(sched.running, engine.runner.req_to_token.read(sched.running[0].req_pool_idx, 1).repeat(bs),
-                                engine.runner.device)
+        fb = build_decode_batch(
+            sched.running,
+            engine.runner.req_to_token.read(sched.running[0].req_pool_idx, 1).repeat(bs),
+            engine.runner.device,
+        )
         engine.runner.forward(fb)
         torch.cuda.synchronize()
         start = time.perf_counter()
@@ -95,9 +104,15 @@ def bench_decode(batch_sizes=(1, 8, 32, 64, 128), context=1024, steps=30) -> lis
         torch.cuda.synchronize()
         forward_s = (time.perf_counter() - start) / steps
         moved = weights + bs * (context + 8) * kv_per_token
-        rows.append({"batch": bs, "step_ms": step_s * 1e3, "hbm_fraction": moved / step_s / peak_bw(),
-                     "forward_only_ms": forward_s * 1e3,
-                     "tokens_per_s": bs / step_s})
+        rows.append(
+            {
+                "batch": bs,
+                "step_ms": step_s * 1e3,
+                "hbm_fraction": moved / step_s / peak_bw(),
+                "forward_only_ms": forward_s * 1e3,
+                "tokens_per_s": bs / step_s,
+            }
+        )
         for req in reqs:
             sched.abort_request(req.rid)
         assert engine.is_memory_free()
@@ -108,12 +123,18 @@ def bench_prefill(length=4096, repeats=5) -> dict:
     from kvflow.runtime.sampling import SamplingParams
     from kvflow.runtime.scheduler import Req
 
-    engine = make_engine(chunked_prefill_size=length, max_prefill_tokens=length, disable_radix_cache=True)
+    engine = make_engine(
+        chunked_prefill_size=length, max_prefill_tokens=length, disable_radix_cache=True
+    )
     sched, mc = engine.scheduler, engine.runner.model_config
     rng = random.Random(1)
     times = []
     for i in range(repeats + 1):
-        req = Req(f"p{i}", random_ids(rng, length, mc.vocab_size), SamplingParams(max_new_tokens=1, temperature=0))
+        req = Req(
+            f"p{i}",
+            random_ids(rng, length, mc.vocab_size),
+            SamplingParams(max_new_tokens=1, temperature=0),
+        )
         sched.add_request(req)
         torch.cuda.synchronize()
         start = time.perf_counter()
@@ -122,32 +143,52 @@ def bench_prefill(length=4096, repeats=5) -> dict:
         times.append(time.perf_counter() - start)
         assert req.finished
     seconds = statistics.median(times[1:])
-    matmul_params = sum(p.numel() for n, p in engine.runner.model.named_parameters() if "embed" not in n)
-    attn_flops = 2 * mc.num_layers * mc.num_heads * mc.head_dim * length * length  # causal QK^T + PV
+    matmul_params = sum(
+        p.numel() for n, p in engine.runner.model.named_parameters() if "embed" not in n
+    )
+    attn_flops = (
+        2 * mc.num_layers * mc.num_heads * mc.head_dim * length * length
+    )  # causal QK^T + PV
     flops = 2 * matmul_params * length + attn_flops
-    return {"tokens": length, "seconds": seconds, "tflops": flops / seconds / 1e12,
-            "mfu": flops / seconds / PEAK_BF16_FLOPS}
+    return {
+        "tokens": length,
+        "seconds": seconds,
+        "tflops": flops / seconds / 1e12,
+        "mfu": flops / seconds / PEAK_BF16_FLOPS,
+    }
 
 
 def ci_workload(count: int, seed: int = 0, vocab: int = 128256):
     rng = random.Random(seed)
-    return [(random_ids(rng, rng.randint(1, 4096), vocab), rng.randint(1, 2048)) for _ in range(count)]
+    return [
+        (random_ids(rng, rng.randint(1, 4096), vocab), rng.randint(1, 2048)) for _ in range(count)
+    ]
 
 
 def bench_throughput(count=500) -> dict:
     engine = make_engine(max_running_requests=256, cuda_graph_max_bs=256)
     work = ci_workload(count)
-    engine.generate(input_ids=[ids for ids, _ in work[:8]],
-                    sampling_params=[{"max_new_tokens": 8, "ignore_eos": True}] * 8)
+    engine.generate(
+        input_ids=[ids for ids, _ in work[:8]],
+        sampling_params=[{"max_new_tokens": 8, "ignore_eos": True}] * 8,
+    )
     engine.flush_cache()
     start = time.perf_counter()
-    results = engine.generate(input_ids=[ids for ids, _ in work],
-                              sampling_params=[{"max_new_tokens": n, "ignore_eos": True, "temperature": 0}
-                                               for _, n in work])
+    results = engine.generate(
+        input_ids=[ids for ids, _ in work],
+        sampling_params=[
+            {"max_new_tokens": n, "ignore_eos": True, "temperature": 0} for _, n in work
+        ],
+    )
     seconds = time.perf_counter() - start
     out_tokens = sum(len(r.output_ids) for r in results)
-    return {"requests": count, "seconds": seconds, "output_tokens": out_tokens,
-            "output_tok_s": out_tokens / seconds, "retractions": engine.scheduler.num_retractions}
+    return {
+        "requests": count,
+        "seconds": seconds,
+        "output_tokens": out_tokens,
+        "output_tok_s": out_tokens / seconds,
+        "retractions": engine.scheduler.num_retractions,
+    }
 
 
 def bench_online(count=100, rate=1.0) -> dict:
@@ -162,8 +203,10 @@ def bench_online(count=100, rate=1.0) -> dict:
     for _ in work:
         t += rng.expovariate(rate)
         arrivals.append(t)
-    reqs = [Req(f"o{i}", ids, SamplingParams(max_new_tokens=n, ignore_eos=True, temperature=0))
-            for i, (ids, n) in enumerate(work)]
+    reqs = [
+        Req(f"o{i}", ids, SamplingParams(max_new_tokens=n, ignore_eos=True, temperature=0))
+        for i, (ids, n) in enumerate(work)
+    ]
     token_times: dict[str, list[float]] = {r.rid: [] for r in reqs}
     start = time.perf_counter()
     nxt = 0
@@ -181,10 +224,14 @@ def bench_online(count=100, rate=1.0) -> dict:
             token_times[out.rid] += [stamp] * len(out.new_token_ids)
     ttft = [token_times[r.rid][0] - a for r, a in zip(reqs, arrivals, strict=True)]
     itl = [b - a for times in token_times.values() for a, b in itertools.pairwise(times)]
-    return {"requests": count, "rate": rate, "median_ttft_ms": statistics.median(ttft) * 1e3,
-            "p99_ttft_ms": sorted(ttft)[int(0.99 * len(ttft)) - 1] * 1e3,
-            "median_itl_ms": statistics.median(itl) * 1e3,
-            "p99_itl_ms": sorted(itl)[int(0.99 * len(itl)) - 1] * 1e3}
+    return {
+        "requests": count,
+        "rate": rate,
+        "median_ttft_ms": statistics.median(ttft) * 1e3,
+        "p99_ttft_ms": sorted(ttft)[int(0.99 * len(ttft)) - 1] * 1e3,
+        "median_itl_ms": statistics.median(itl) * 1e3,
+        "p99_itl_ms": sorted(itl)[int(0.99 * len(itl)) - 1] * 1e3,
+    }
 
 
 def bench_peer(count=64, output_len=256) -> dict:
@@ -218,38 +265,67 @@ def bench_peer(count=64, output_len=256) -> dict:
     results = engine.generate(input_ids=prompts, sampling_params=params)
     kv_seconds = time.perf_counter() - start
     kv_tokens = sum(len(r.output_ids) for r in results)
-    return {"requests": count, "output_len": output_len, "transformers_tok_s": hf_tokens / hf_seconds,
-            "kvflow_tok_s": kv_tokens / kv_seconds, "ratio": (kv_tokens / kv_seconds) / (hf_tokens / hf_seconds),
-            "transformers_tokens": hf_tokens, "kvflow_tokens": kv_tokens}
+    return {
+        "requests": count,
+        "output_len": output_len,
+        "transformers_tok_s": hf_tokens / hf_seconds,
+        "kvflow_tok_s": kv_tokens / kv_seconds,
+        "ratio": (kv_tokens / kv_seconds) / (hf_tokens / hf_seconds),
+        "transformers_tokens": hf_tokens,
+        "kvflow_tokens": kv_tokens,
+    }
 
 
 def _driver_version() -> str:
     import subprocess
 
-    done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+    )
     return done.stdout.strip() or "unknown"
 
 
-PARTS = {"decode": bench_decode, "prefill": bench_prefill, "throughput": bench_throughput,
-         "online": bench_online, "peer": bench_peer}
+PARTS = {
+    "decode": bench_decode,
+    "prefill": bench_prefill,
+    "throughput": bench_throughput,
+    "online": bench_online,
+    "peer": bench_peer,
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("parts", nargs="+", choices=[*PARTS, "all"])
     parser.add_argument("--json-out", type=Path, default=None)
-    parser.add_argument("--profile", action="store_true", help="cProfile each part (top 30 by own time)")
-    parser.add_argument("--requests", type=int, default=None, help="override the request count of throughput/online/peer")
+    parser.add_argument(
+        "--profile", action="store_true", help="cProfile each part (top 30 by own time)"
+    )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="override the request count of throughput/online/peer",
+    )
     args = parser.parse_args()
     parts = list(PARTS) if "all" in args.parts else args.parts
     import triton
 
-    results = {"gpu": gpu_name(), "torch": torch.__version__, "triton": triton.__version__,
-               "driver": _driver_version()}
+    results = {
+        "gpu": gpu_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "driver": _driver_version(),
+    }
     for part in parts:
         started = time.perf_counter()
-        kwargs = {"count": args.requests} if args.requests and part in ("throughput", "online", "peer") else {}
+        kwargs = (
+            {"count": args.requests}
+            if args.requests and part in ("throughput", "online", "peer")
+            else {}
+        )
         if args.profile:
             import cProfile
             import pstats
@@ -261,7 +337,12 @@ def main() -> None:
             results[part] = PARTS[part](**kwargs)
         gc.collect()  # the part's engine (KV pool, CUDA graphs) must go before the next one
         torch.cuda.empty_cache()
-        print(part, json.dumps(results[part], indent=1), f"({time.perf_counter() - started:.0f} s)", flush=True)
+        print(
+            part,
+            json.dumps(results[part], indent=1),
+            f"({time.perf_counter() - started:.0f} s)",
+            flush=True,
+        )
         if args.json_out:
             args.json_out.write_text(json.dumps(results, indent=1))
 

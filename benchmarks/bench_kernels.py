@@ -205,7 +205,9 @@ def tuning_rows(ctx: int, prompt: int, hbm_tbps: float) -> list[str]:
         (128, 64, 8, 1), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 2),
     ):  # fmt: skip
         config = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
-        extend_module._launch_config = lambda head_dim, interpreted, element_size=2, config=config: config
+        extend_module._launch_config = lambda head_dim, interpreted, element_size=2, config=config: (
+            config
+        )
         try:
             cell = " / ".join(part.strip() for part in extend_row(0, prompt).split("|")[3:5])
         except Exception as error:

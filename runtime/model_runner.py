@@ -80,7 +80,9 @@ class ModelRunner:
         self.graph_runner: CudaGraphRunner | None = None
         if self.device.startswith("cuda") and not config.disable_cuda_graph:
             if config.attention_backend != "triton":
-                raise ValueError("CUDA graphs need the triton attention backend (or --disable-cuda-graph)")
+                raise ValueError(
+                    "CUDA graphs need the triton attention backend (or --disable-cuda-graph)"
+                )
             max_bs = min(config.cuda_graph_max_bs, config.max_running_requests)
             self.graph_runner = CudaGraphRunner(self, max_bs)
             self.graph_runner.capture()

@@ -61,8 +61,9 @@ class TritonBackend(AttentionBackend):
         """Static metadata buffers that captured decode graphs read."""
         device = self.req_to_token.req_to_token.device
         self._graph_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=device)
-        self._graph_indices = torch.zeros(max_bs * self.req_to_token.max_context_len,
-                                          dtype=torch.int32, device=device)
+        self._graph_indices = torch.zeros(
+            max_bs * self.req_to_token.max_context_len, dtype=torch.int32, device=device
+        )
 
     def fill_replay(self, fb: ForwardBatch, padded_bs: int) -> None:
         """Write ``fb``'s decode metadata into the static buffers, padded to ``padded_bs``

@@ -40,7 +40,13 @@ class KVPool:
     def store(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write ``k``/``v`` ``[tokens, kv_heads, head_dim]`` at slots ``loc`` ``[tokens]``."""
         if k.is_cuda:
-            store_kv_cache(self.k_buffer[layer_id], self.v_buffer[layer_id], loc, k.to(self.dtype), v.to(self.dtype))
+            store_kv_cache(
+                self.k_buffer[layer_id],
+                self.v_buffer[layer_id],
+                loc,
+                k.to(self.dtype),
+                v.to(self.dtype),
+            )
             return
         self.k_buffer[layer_id][loc] = k.to(self.dtype)
         self.v_buffer[layer_id][loc] = v.to(self.dtype)

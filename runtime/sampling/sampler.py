@@ -99,7 +99,9 @@ class Sampler:
 
     def _sample_rows(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         if batch.needs_filter:
-            assert batch.top_ks is not None and batch.top_ps is not None and batch.min_ps is not None
+            assert (
+                batch.top_ks is not None and batch.top_ps is not None and batch.min_ps is not None
+            )
             sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
             rank = torch.arange(probs.shape[-1], device=probs.device)[None, :]
             drop = rank >= batch.top_ks[:, None]

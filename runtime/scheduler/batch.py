@@ -38,14 +38,23 @@ def build_extend_batch(
     )
 
 
-def build_decode_batch(reqs: Sequence[Req], out_cache_loc: torch.Tensor, device: str) -> ForwardBatch:
+def build_decode_batch(
+    reqs: Sequence[Req], out_cache_loc: torch.Tensor, device: str
+) -> ForwardBatch:
     """Decode step: each request feeds its last token at position ``kv_len``.
 
     The per-request integers travel to the device in one copy.
     """
     seq_lens = [r.kv_len + 1 for r in reqs]
-    host = torch.tensor([[r.output_ids[-1] for r in reqs], [r.kv_len for r in reqs],
-                         [r.req_pool_idx for r in reqs], seq_lens], dtype=torch.int64)
+    host = torch.tensor(
+        [
+            [r.output_ids[-1] for r in reqs],
+            [r.kv_len for r in reqs],
+            [r.req_pool_idx for r in reqs],
+            seq_lens,
+        ],
+        dtype=torch.int64,
+    )
     input_ids, positions, req_pool_indices, seq_lens_dev = host.to(device, non_blocking=True)
     return ForwardBatch(
         mode=ForwardMode.DECODE,

@@ -78,8 +78,9 @@ class KVManager:
         slots = self._alloc_host(req, num_new)
         if slots is None:
             return None
-        on_device = torch.tensor(slots, dtype=torch.int64).to(self.req_to_token.req_to_token.device,
-                                                              non_blocking=True)
+        on_device = torch.tensor(slots, dtype=torch.int64).to(
+            self.req_to_token.req_to_token.device, non_blocking=True
+        )
         self.req_to_token.write(req.req_pool_idx, req.kv_len, on_device)
         return on_device
 
@@ -98,7 +99,9 @@ class KVManager:
             positions.append(req.kv_len)
         table = self.req_to_token.req_to_token
         out = torch.tensor(slots, dtype=torch.int64).to(table.device, non_blocking=True)
-        index = torch.tensor([rows, positions], dtype=torch.int64).to(table.device, non_blocking=True)
+        index = torch.tensor([rows, positions], dtype=torch.int64).to(
+            table.device, non_blocking=True
+        )
         table[index[0], index[1]] = out.to(table.dtype)
         return out
 

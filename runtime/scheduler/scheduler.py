@@ -242,7 +242,9 @@ class Scheduler:
                 self.cache.cache_finished_req(req)
             elif id(req) not in running:
                 self.running.append(req)
-            outputs.append(self.make_output(req, [token], sampled.logprobs[row], sampled.top_logprobs[row]))
+            outputs.append(
+                self.make_output(req, [token], sampled.logprobs[row], sampled.top_logprobs[row])
+            )
         if any(r.finished for r in reqs):
             self.running = [r for r in self.running if not r.finished]
         return outputs

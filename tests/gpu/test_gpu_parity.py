@@ -11,12 +11,26 @@ import json
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
 
-SMALL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-         "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
-         "num_key_value_heads": 2, "vocab_size": 1024, "max_position_embeddings": 1024,
-         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "eos_token_id": 1023, "tie_word_embeddings": False}
+SMALL = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "vocab_size": 1024,
+    "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "eos_token_id": 1023,
+    "tie_word_embeddings": False,
+}
 
 
 @pytest.fixture(scope="module")
@@ -29,13 +43,17 @@ def small_model(tmp_path_factory):
     for param in hf.parameters():  # larger weights than the default init: peaked logits
         param.data.normal_(0, 0.08) if param.dim() > 1 else None
     hf.save_pretrained(folder)
-    (folder / "config.json").write_text(json.dumps({**json.loads((folder / "config.json").read_text())}))
+    (folder / "config.json").write_text(
+        json.dumps({**json.loads((folder / "config.json").read_text())})
+    )
     return folder, hf.cuda().eval()
 
 
 def _prompts() -> list[list[int]]:
     g = torch.Generator().manual_seed(1)
-    return [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (3, 17, 64, 5, 129, 33, 250, 8)]
+    return [
+        torch.randint(0, 1000, (n,), generator=g).tolist() for n in (3, 17, 64, 5, 129, 33, 250, 8)
+    ]
 
 
 @pytest.mark.parametrize("cuda_graph", [True, False])
@@ -45,9 +63,16 @@ def test_greedy_parity_small_llama_fp32(small_model, cuda_graph):
     from kvflow.runtime.engine import Engine
 
     folder, hf = small_model
-    engine = Engine(str(folder), skip_tokenizer_init=True, dtype="float32", device="cuda",
-                    disable_cuda_graph=not cuda_graph, max_running_requests=16, cuda_graph_max_bs=16,
-                    max_total_tokens=8192)
+    engine = Engine(
+        str(folder),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        device="cuda",
+        disable_cuda_graph=not cuda_graph,
+        max_running_requests=16,
+        cuda_graph_max_bs=16,
+        max_total_tokens=8192,
+    )
     params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
     ours = [r.output_ids for r in engine.generate(input_ids=_prompts(), sampling_params=params)]
     assert engine.is_memory_free()
@@ -57,16 +82,23 @@ def test_greedy_parity_small_llama_fp32(small_model, cuda_graph):
     exact = 0
     with torch.no_grad():
         for ids, our_ids in zip(_prompts(), ours, strict=True):
-            out = hf.generate(torch.tensor([ids], device="cuda"), max_new_tokens=24, do_sample=False,
-                              min_new_tokens=24, pad_token_id=0)
-            theirs = out[0, len(ids):].tolist()
+            out = hf.generate(
+                torch.tensor([ids], device="cuda"),
+                max_new_tokens=24,
+                do_sample=False,
+                min_new_tokens=24,
+                pad_token_id=0,
+            )
+            theirs = out[0, len(ids) :].tolist()
             if theirs == our_ids:
                 exact += 1
                 continue
             j = next(i for i, (a, b) in enumerate(zip(theirs, our_ids, strict=True)) if a != b)
             logits = hf(torch.tensor([ids + theirs[:j]], device="cuda")).logits[0, -1]
             margin = float(logits[theirs[j]] - logits[our_ids[j]])
-            assert margin < 1e-4 * float(logits.abs().max()), f"diverged at {j} with margin {margin}"
+            assert margin < 1e-4 * float(logits.abs().max()), (
+                f"diverged at {j} with margin {margin}"
+            )
     assert exact >= len(ours) - 1, f"only {exact} of {len(ours)} prompts matched exactly"
 
 
@@ -87,9 +119,16 @@ def test_llama_8b_shapes_logits_close_in_bf16():
         reference = hf(ids[None]).logits[0, -1].float()
         hf = hf.to(torch.bfloat16)
         hf_bf16 = hf(ids[None]).logits[0, -1].float()
-    config = EngineConfig(model_path="llama-3.1-8b", load_format="dummy", dtype="bfloat16",
-                          device="cuda", max_total_tokens=4096, max_running_requests=4,
-                          disable_cuda_graph=True, skip_tokenizer_init=True).resolved()
+    config = EngineConfig(
+        model_path="llama-3.1-8b",
+        load_format="dummy",
+        dtype="bfloat16",
+        device="cuda",
+        max_total_tokens=4096,
+        max_running_requests=4,
+        disable_cuda_graph=True,
+        skip_tokenizer_init=True,
+    ).resolved()
     runner = ModelRunner(config)
     runner.model.load_weights((name, tensor) for name, tensor in hf.state_dict().items())
     del hf
@@ -97,13 +136,22 @@ def test_llama_8b_shapes_logits_close_in_bf16():
     row = runner.req_to_token.alloc()
     slots = torch.tensor(runner.allocator.alloc_for_request(0, 0, 48), device="cuda")
     runner.req_to_token.write(row, 0, slots)
-    fb = ForwardBatch(mode=ForwardMode.EXTEND, input_ids=ids, positions=torch.arange(48, device="cuda"),
-                      out_cache_loc=slots, req_pool_indices=torch.tensor([row], device="cuda"),
-                      seq_lens=torch.tensor([48], device="cuda"), seq_lens_cpu=[48],
-                      extend_prefix_lens_cpu=[0], extend_seq_lens_cpu=[48])
+    fb = ForwardBatch(
+        mode=ForwardMode.EXTEND,
+        input_ids=ids,
+        positions=torch.arange(48, device="cuda"),
+        out_cache_loc=slots,
+        req_pool_indices=torch.tensor([row], device="cuda"),
+        seq_lens=torch.tensor([48], device="cuda"),
+        seq_lens_cpu=[48],
+        extend_prefix_lens_cpu=[0],
+        extend_seq_lens_cpu=[48],
+    )
     ours = runner.forward(fb)[0].float()
     hf_err = (hf_bf16 - reference).abs()
     our_err = (ours - reference).abs()
-    print(f"max |err| kvflow {our_err.max():.4f} transformers-bf16 {hf_err.max():.4f}; "
-          f"mean {our_err.mean():.4f} vs {hf_err.mean():.4f}")
+    print(
+        f"max |err| kvflow {our_err.max():.4f} transformers-bf16 {hf_err.max():.4f}; "
+        f"mean {our_err.mean():.4f} vs {hf_err.mean():.4f}"
+    )
     assert our_err.max() <= 1.5 * hf_err.max() and our_err.mean() <= 1.5 * hf_err.mean()
