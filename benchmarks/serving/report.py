@@ -95,16 +95,23 @@ def _ratio_lines(rows: list[dict[str, Any]]) -> list[str]:
             throughput = num["output_tok_s"] / den["output_tok_s"]
             ttft = _quotient(den["ttft_median_s"], num["ttft_median_s"])
             cpu = _quotient(den.get("cpu_ms_per_token"), num.get("cpu_ms_per_token"))
+            others = " / ".join(_cell(row, "others_cpu_pct", "{:.0f}") for row in (num, den))
             lines.append(
-                f"| {meaning} | {concurrency} | **{throughput:.2f}x** | {ttft:.2f}x | {cpu:.2f}x |"
+                f"| {meaning} | {concurrency} | **{throughput:.2f}x** | {ttft:.2f}x | {cpu:.2f}x "
+                f"| {others} |"
             )
     if not lines:
         return ["No ratio: this run did not measure both sides of any comparison."]
     header = [
-        "| comparison | clients | output tok/s ratio | median TTFT speed-up | CPU per token saving |",
-        "|---|---|---|---|---|",
+        "| comparison | clients | output tok/s ratio | median TTFT speed-up "
+        "| CPU per token saving | other jobs' CPU % (each side) |",
+        "|---|---|---|---|---|---|",
     ]
-    return header + lines
+    note = (
+        "A side whose run had other jobs taking more than ~10% of the CPU was disturbed: "
+        "re-run (`--rounds 2` keeps the best round) before reading its ratio."
+    )
+    return [*header, *lines, "", note]
 
 
 def _per_clients(requests: dict[Any, int]) -> str:
