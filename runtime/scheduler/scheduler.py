@@ -34,6 +34,10 @@ INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.001
 RETRACT_NEW_TOKEN_RATIO = 0.9
+# In-batch prefix sharing: a waiting request that shares at least this many leading tokens
+# with a request admitted in the same batch, and has less than that cached, waits a step:
+# the admitted one will have cached the prefix by then.
+IN_BATCH_SHARED_PREFIX = 128
 
 
 class Scheduler:
@@ -134,8 +138,15 @@ class Scheduler:
             self.chunked = None
             if take < req.seq_len - req.kv_len:
                 return self._allocate(plan)
+        admitted_heads: set[tuple] = set()
+        radix = not cfg.disable_radix_cache
         for req in order_waiting(cfg.schedule_policy, self.waiting, self.kv.match):
-            extend_len = req.seq_len - self.kv.match(req)
+            cached = self.kv.match(req)
+            head = (req.extra_key, *req.origin_input_ids[:IN_BATCH_SHARED_PREFIX])
+            long_prompt = len(req.origin_input_ids) > IN_BATCH_SHARED_PREFIX
+            if radix and long_prompt and cached < IN_BATCH_SHARED_PREFIX and head in admitted_heads:
+                continue  # will hit the cache next step, filled by the request admitted now
+            extend_len = req.seq_len - cached
             take = budget.plan(extend_len, self._reserve(req))
             if take == 0 or not self.kv.admit(req):
                 break
@@ -144,6 +155,8 @@ class Scheduler:
             budget.consume(take, self._reserve(req), take == extend_len)
             self.waiting.remove(req)
             plan.append((req, take))
+            if long_prompt:
+                admitted_heads.add(head)
             if take < extend_len:
                 break  # one chunked request per batch, and it ends the batch
         return self._allocate(plan)
@@ -180,6 +193,9 @@ class Scheduler:
                 self.cache.cache_finished_req(req)
                 outputs.append(self.make_output(req, []))
             else:
+                # Share the prompt at once (not only when the request finishes), so requests
+                # with the same prefix admitted from now on hit the cache.
+                self.cache.cache_unfinished_req(req)
                 to_sample.append(row)
         if to_sample:
             outputs += self._sample_and_commit([reqs[i] for i in to_sample], logits[to_sample])
