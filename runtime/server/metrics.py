@@ -37,60 +37,29 @@ class RuntimeMetrics:
         self.registry = CollectorRegistry()
         labels = ["model_name"]
         r = self.registry
-        self.running = Gauge(
-            "sglang:num_running_reqs", METRIC_NAMES["sglang:num_running_reqs"], labels, registry=r
-        )
-        self.queued = Gauge(
-            "sglang:num_queue_reqs", METRIC_NAMES["sglang:num_queue_reqs"], labels, registry=r
-        )
-        self.token_usage = Gauge(
-            "sglang:token_usage", METRIC_NAMES["sglang:token_usage"], labels, registry=r
-        )
-        self.hit_rate = Gauge(
-            "sglang:cache_hit_rate", METRIC_NAMES["sglang:cache_hit_rate"], labels, registry=r
-        )
-        self.prompt_tokens = Counter(
-            "sglang:prompt_tokens", METRIC_NAMES["sglang:prompt_tokens_total"], labels, registry=r
-        )
-        self.generation_tokens = Counter(
-            "sglang:generation_tokens",
-            METRIC_NAMES["sglang:generation_tokens_total"],
-            labels,
-            registry=r,
-        )
-        self.cached_tokens = Counter(
-            "sglang:cached_tokens", METRIC_NAMES["sglang:cached_tokens_total"], labels, registry=r
-        )
-        self.requests = Counter(
-            "sglang:num_requests", METRIC_NAMES["sglang:num_requests_total"], labels, registry=r
-        )
-        self.aborted = Counter(
-            "sglang:num_aborted_requests",
-            METRIC_NAMES["sglang:num_aborted_requests_total"],
-            labels,
-            registry=r,
-        )
-        self.ttft = Histogram(
-            "sglang:time_to_first_token_seconds",
-            METRIC_NAMES["sglang:time_to_first_token_seconds"],
-            labels,
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.itl = Histogram(
-            "sglang:inter_token_latency_seconds",
-            METRIC_NAMES["sglang:inter_token_latency_seconds"],
-            labels,
-            buckets=_ITL_BUCKETS,
-            registry=r,
-        )
-        self.e2e = Histogram(
-            "sglang:e2e_request_latency_seconds",
-            METRIC_NAMES["sglang:e2e_request_latency_seconds"],
-            labels,
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
+
+        def gauge(name: str) -> Gauge:
+            return Gauge(name, METRIC_NAMES[name], labels, registry=r)
+
+        def counter(name: str) -> Counter:
+            # prometheus_client appends "_total" to counter names itself
+            return Counter(name.removesuffix("_total"), METRIC_NAMES[name], labels, registry=r)
+
+        def histogram(name: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, METRIC_NAMES[name], labels, buckets=buckets, registry=r)
+
+        self.running = gauge("sglang:num_running_reqs")
+        self.queued = gauge("sglang:num_queue_reqs")
+        self.token_usage = gauge("sglang:token_usage")
+        self.hit_rate = gauge("sglang:cache_hit_rate")
+        self.prompt_tokens = counter("sglang:prompt_tokens_total")
+        self.generation_tokens = counter("sglang:generation_tokens_total")
+        self.cached_tokens = counter("sglang:cached_tokens_total")
+        self.requests = counter("sglang:num_requests_total")
+        self.aborted = counter("sglang:num_aborted_requests_total")
+        self.ttft = histogram("sglang:time_to_first_token_seconds", _LATENCY_BUCKETS)
+        self.itl = histogram("sglang:inter_token_latency_seconds", _ITL_BUCKETS)
+        self.e2e = histogram("sglang:e2e_request_latency_seconds", _LATENCY_BUCKETS)
         info = Gauge(
             "sglang:cache_config_info",
             METRIC_NAMES["sglang:cache_config_info"],
