@@ -147,6 +147,11 @@ def test_native_generate_batch_and_stream(server):
 
 
 def test_metrics_exposed(server):
+    httpx.post(
+        f"{server.url}/generate",
+        json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}},
+        timeout=60,
+    )
     text = httpx.get(f"{server.url}/metrics").text
     for name in [
         "sglang:num_running_reqs",
