@@ -111,7 +111,7 @@ class ModelRunner:
     def run_model(self, fb: ForwardBatch) -> torch.Tensor:
         """The model on a batch whose attention metadata is ready: last-position logits."""
         hidden = self.model(fb, self.attn)
-        return self.model.compute_logits(hidden[fb.logits_rows()])
+        return self.model.compute_logits(hidden if fb.is_decode else hidden[fb.logits_rows()])
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:

@@ -49,9 +49,15 @@ class PrefixCache(ABC):
     def cache_finished_req(self, req: Req) -> None:
         """On finish: insert the request's KV, free duplicates and its tail, unlock, free its row."""
 
-    @abstractmethod
     def release_req(self, req: Req) -> None:
         """On retract/abort: free the request's own KV (not the shared prefix), unlock, free its row."""
+        if req.kv_len > len(req.prefix_indices):
+            self.allocator.free(
+                self.req_to_token.read(req.req_pool_idx, req.kv_len, len(req.prefix_indices))
+            )
+        self.dec_lock_ref(req.last_node)
+        self.req_to_token.free(req.req_pool_idx)
+        req.reset_kv_state()
 
     @abstractmethod
     def inc_lock_ref(self, node: Any) -> None: ...
@@ -72,13 +78,3 @@ class PrefixCache(ABC):
     @abstractmethod
     def reset(self) -> None:
         """Drop every entry (``/flush_cache``); only valid when no request holds a lock."""
-
-    def _free_own_tail(self, req: Req, start: int) -> None:
-        if req.kv_len > start:
-            self.allocator.free(self.req_to_token.read(req.req_pool_idx, req.kv_len, start))
-
-    def release_req_common(self, req: Req) -> None:
-        self._free_own_tail(req, len(req.prefix_indices))
-        self.dec_lock_ref(req.last_node)
-        self.req_to_token.free(req.req_pool_idx)
-        req.reset_kv_state()

@@ -26,9 +26,6 @@ class NoPrefixCache(PrefixCache):
     def cache_finished_req(self, req: Req) -> None:
         self.release_req(req)
 
-    def release_req(self, req: Req) -> None:
-        self.release_req_common(req)
-
     def inc_lock_ref(self, node: Any) -> None:
         pass
 

@@ -225,20 +225,3 @@ class RadixCache(PrefixCache):
         self.dec_lock_ref(req.last_node)
         req.prefix_indices, req.last_node = match.kv_indices, match.last_node
         req.last_loc = None  # the row now points at the tree's slots
-
-    def release_req(self, req: Req) -> None:
-        self.release_req_common(req)
-
-    def pretty(self) -> str:
-        """The tree as indented text (debugging aid)."""
-        lines: list[str] = []
-
-        def walk(node: TreeNode, depth: int) -> None:
-            for child in node.children.values():
-                lines.append(f"{'  ' * depth}{child.key} lock={child.lock_ref}")
-                walk(child, depth + 1)
-
-        for extra_key, root in self._roots.items():
-            lines.append(f"[{extra_key}]")
-            walk(root, 1)
-        return "\n".join(lines)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from kvflow import kernels
 
@@ -13,5 +12,4 @@ __all__ = ["silu_and_mul"]
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if gate_up.is_cuda:
         return kernels.silu_and_mul(gate_up)
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return kernels.silu_and_mul_ref(gate_up)

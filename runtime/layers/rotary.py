@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kvflow.kernels import build_cos_sin_cache, rotary_embedding
+from kvflow.kernels import build_cos_sin_cache, rotary_embedding, rotary_embedding_ref
 
 __all__ = ["RotaryEmbedding"]
 
@@ -37,17 +37,11 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``q`` ``[tokens, heads, head_dim]``, ``k`` ``[tokens, kv_heads, head_dim]``."""
+        """``q`` ``[tokens, heads, head_dim]``, ``k`` ``[tokens, kv_heads, head_dim]``.
+
+        CUDA rotates in place with the Triton kernel; elsewhere the kernel's reference
+        (float32, equal to transformers' rotation for float32 activations).
+        """
         table: torch.Tensor = self.cos_sin_cache  # type: ignore[assignment]
-        if q.is_cuda:  # in place, one Triton kernel for q and k
-            return rotary_embedding(positions, q, k, table, self.head_dim)
-        cos, sin = table[positions].unsqueeze(1).chunk(2, dim=-1)
-        cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    # transformers casts cos/sin to the activations' dtype before rotating; so do we.
-    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+        rotate = rotary_embedding if q.is_cuda else rotary_embedding_ref
+        return rotate(positions, q, k, table, self.head_dim)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kvflow.kernels import store_kv_cache
+from kvflow.kernels import store_kv_cache, store_kv_cache_ref
 
 __all__ = ["KVPool"]
 
@@ -39,14 +39,5 @@ class KVPool:
 
     def store(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write ``k``/``v`` ``[tokens, kv_heads, head_dim]`` at slots ``loc`` ``[tokens]``."""
-        if k.is_cuda:
-            store_kv_cache(
-                self.k_buffer[layer_id],
-                self.v_buffer[layer_id],
-                loc,
-                k.to(self.dtype),
-                v.to(self.dtype),
-            )
-            return
-        self.k_buffer[layer_id][loc] = k.to(self.dtype)
-        self.v_buffer[layer_id][loc] = v.to(self.dtype)
+        write = store_kv_cache if k.is_cuda else store_kv_cache_ref
+        write(self.k_buffer[layer_id], self.v_buffer[layer_id], loc, k, v)

@@ -140,8 +140,15 @@ class Scheduler:
                 return self._allocate(plan)
         admitted_heads: set[tuple] = set()
         radix = not cfg.disable_radix_cache
-        for req in order_waiting(cfg.schedule_policy, self.waiting, self.kv.match):
-            cached = self.kv.match(req)
+        matched: dict[str, int] = {}
+
+        def match_len(req: Req) -> int:  # once per request per round (lpm orders by it too)
+            if req.rid not in matched:
+                matched[req.rid] = self.kv.match(req)
+            return matched[req.rid]
+
+        for req in order_waiting(cfg.schedule_policy, self.waiting, match_len):
+            cached = match_len(req)
             head = (req.extra_key, *req.origin_input_ids[:IN_BATCH_SHARED_PREFIX])
             long_prompt = len(req.origin_input_ids) > IN_BATCH_SHARED_PREFIX
             if radix and long_prompt and cached < IN_BATCH_SHARED_PREFIX and head in admitted_heads:

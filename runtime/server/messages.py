@@ -13,6 +13,7 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvflow.runtime.sampling import SamplingParams
 from kvflow.runtime.scheduler.output import TokenOutput
 from kvflow.runtime.scheduler.req import FinishReason
 
@@ -35,7 +36,7 @@ __all__ = [
 class GenerateRequest:
     rid: str
     input_ids: list[int]
-    sampling: dict[str, Any]  # SamplingParams fields, already validated
+    sampling: SamplingParams  # already validated
     return_logprob: bool = False
     top_logprobs_num: int = 0
     extra_key: str | None = None

@@ -13,7 +13,6 @@ from typing import Any
 import zmq
 
 from kvflow.runtime.model_runner import ModelRunner
-from kvflow.runtime.sampling import SamplingParams
 from kvflow.runtime.scheduler import Req, Scheduler, TokenOutput
 from kvflow.runtime.scheduler.req import FinishReason
 from kvflow.runtime.server.args import ServerArgs
@@ -99,7 +98,7 @@ class SchedulerLoop:
             req = Req(
                 message.rid,
                 message.input_ids,
-                SamplingParams(**message.sampling),
+                message.sampling,
                 eos_token_ids=mc.eos_token_ids,
                 extra_key=message.extra_key,
                 return_logprob=message.return_logprob,

@@ -212,12 +212,11 @@ class TokenizerManager:
     def _submit(self, inp: GenerateInput, rid: str) -> _ReqState:
         state = _ReqState()
         self.states[rid] = state
-        sampling = {k: v for k, v in vars(inp.sampling).items()}
         self.to_scheduler.send(
             GenerateRequest(
                 rid,
                 inp.input_ids,
-                sampling,
+                inp.sampling,
                 inp.return_logprob,
                 inp.top_logprobs_num,
                 inp.extra_key,
