@@ -126,10 +126,11 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto | torch | triton | flashinfer
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 160
-    # CPU: torch intra-op threads of the engine's process; 0: auto (all cores but one).
-    # NOTE: an OpenMP barrier waits for its slowest thread; when another process (the HTTP
-    # server, the detokenizer, a client) takes a core, small ops stall for a whole
-    # scheduler time slice (~8 ms each, 50x slower, seen on 2 cores). Leave one core free.
+    # CPU: torch intra-op threads of the engine's process; 0: auto (every core this process
+    # may run on). NOTE: an OpenMP barrier waits for its slowest thread; when another busy
+    # process shares the cores, each parallel op waits for a scheduler time slice (measured
+    # on 2 cores with one busy process: 2 threads ran at 0.6x the speed of 1 thread, while
+    # on idle cores 2 threads ran 1.7x faster). On shared machines pass --cpu-threads.
     cpu_threads: int = 0
 
     extra: dict[str, Any] = field(default_factory=dict)
@@ -144,7 +145,7 @@ class EngineConfig:
         on_cuda = device.startswith("cuda")
         page_size = self.page_size or (16 if on_cuda else 1)
         chunk = self.chunked_prefill_size or (8192 if on_cuda else 2048)
-        threads = self.cpu_threads or max(1, (os.cpu_count() or 1) - 1)
+        threads = self.cpu_threads or _usable_cores()
         backend = self.attention_backend
         if backend == "auto":
             backend = "triton" if on_cuda else "torch"
@@ -157,3 +158,11 @@ class EngineConfig:
             disable_cuda_graph=self.disable_cuda_graph or not on_cuda,
             cpu_threads=threads,
         )
+
+
+def _usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)

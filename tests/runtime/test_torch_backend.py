@@ -1,0 +1,119 @@
+"""The torch attention backend against a naive per-request, per-head softmax attention.
+
+Covers both extend paths (all requests batched with padding, and one SDPA call per request)
+and decode, with GQA, ragged lengths and cached prefixes, in float32 and bfloat16.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kvflow.runtime.attention import torch_native
+from kvflow.runtime.attention.torch_native import TorchNativeBackend
+from kvflow.runtime.forward_batch import ForwardBatch, ForwardMode
+from kvflow.runtime.mem import KVPool, ReqToTokenPool
+
+HEADS, KV_HEADS, DIM = 6, 2, 16
+SLOTS = 512
+
+
+def naive_attention(q, keys, values, prefix_len):
+    """q ``[n, H, D]`` for positions ``prefix_len..``, keys/values ``[ctx, KVH, D]``."""
+    group = HEADS // KV_HEADS
+    keys = keys.float().repeat_interleave(group, dim=1)
+    values = values.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("nhd,khd->hnk", q.float(), keys) / math.sqrt(DIM)
+    q_pos = torch.arange(q.shape[0])[:, None] + prefix_len
+    scores = scores.masked_fill(torch.arange(keys.shape[0])[None, :] > q_pos, float("-inf"))
+    return torch.einsum("hnk,khd->nhd", scores.softmax(-1), values)
+
+
+def make_backend(dtype):
+    pool = KVPool(SLOTS, 1, KV_HEADS, DIM, dtype, "cpu")
+    rows = ReqToTokenPool(8, 128, "cpu")
+    backend = TorchNativeBackend(pool, rows, HEADS, KV_HEADS, DIM, 1 / math.sqrt(DIM))
+    return backend, pool, rows
+
+
+def run_batch(backend, rows, prefix_lens, new_lens, dtype, mode):
+    """One forward of ``mode`` over fresh requests whose prefixes are already in the pool."""
+    gen = torch.Generator().manual_seed(sum(prefix_lens) * 31 + sum(new_lens))
+    free = torch.randperm(SLOTS - 1, generator=gen) + 1
+    reqs, locs, used = [], [], 0
+    for prefix, new in zip(prefix_lens, new_lens, strict=True):
+        req = rows.alloc()
+        slots = free[used : used + prefix + new]
+        used += prefix + new
+        rows.write(req, 0, slots)
+        reqs.append(req)
+        locs.append(slots[prefix:])
+        context = torch.randn(prefix, 2, KV_HEADS, DIM, generator=gen).to(dtype)
+        backend.kv_pool.k_buffer[0][slots[:prefix]] = context[:, 0]
+        backend.kv_pool.v_buffer[0][slots[:prefix]] = context[:, 1]
+    total = sum(new_lens)
+    context_lens = [p + n for p, n in zip(prefix_lens, new_lens, strict=True)]
+    fb = ForwardBatch(
+        mode=mode,
+        input_ids=torch.zeros(total, dtype=torch.int64),
+        positions=torch.cat(
+            [torch.arange(p, c) for p, c in zip(prefix_lens, context_lens, strict=True)]
+        ),
+        out_cache_loc=torch.cat(locs),
+        req_pool_indices=torch.tensor(reqs),
+        seq_lens=torch.tensor(context_lens),
+        seq_lens_cpu=context_lens,
+        extend_prefix_lens_cpu=list(prefix_lens),
+        extend_seq_lens_cpu=list(new_lens),
+    )
+    q = torch.randn(total, HEADS, DIM, generator=gen).to(dtype)
+    k = torch.randn(total, KV_HEADS, DIM, generator=gen).to(dtype)
+    v = torch.randn(total, KV_HEADS, DIM, generator=gen).to(dtype)
+    backend.init_forward_metadata(fb)
+    out = backend.forward(q, k, v, 0, fb)
+    expected, start = [], 0
+    for req, prefix, new in zip(reqs, prefix_lens, new_lens, strict=True):
+        slots = rows.read(req, prefix + new)
+        keys, values = backend.kv_pool.k_buffer[0][slots], backend.kv_pool.v_buffer[0][slots]
+        expected.append(naive_attention(q[start : start + new], keys, values, prefix))
+        start += new
+        rows.free(req)
+    return out, torch.cat(expected)
+
+
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
+EXTEND_CASES = [([0, 0, 0], [5, 9, 1]), ([0, 7, 3], [4, 2, 6]), ([12], [5]), ([0], [11])]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "per-request"])
+@pytest.mark.parametrize(("prefix_lens", "new_lens"), EXTEND_CASES)
+def test_extend_matches_naive(monkeypatch, dtype, batched, prefix_lens, new_lens):
+    if not batched:
+        monkeypatch.setattr(torch_native, "BATCHED_EXTEND_BYTES", 0)
+    backend, _, rows = make_backend(dtype)
+    out, expected = run_batch(backend, rows, prefix_lens, new_lens, dtype, ForwardMode.EXTEND)
+    took_batched = isinstance(backend.last_plan, torch_native._BatchedExtendPlan)
+    assert took_batched == (batched and len(new_lens) > 1)
+    torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype], rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_matches_naive(dtype):
+    backend, _, rows = make_backend(dtype)
+    out, expected = run_batch(backend, rows, [0, 9, 30, 4], [1, 1, 1, 1], dtype, ForwardMode.DECODE)
+    torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype], rtol=0)
+
+
+@pytest.fixture(autouse=True)
+def _remember_plan(monkeypatch):
+    """Record the plan each ``init_forward_metadata`` builds, to check which path ran."""
+    original = TorchNativeBackend.init_forward_metadata
+
+    def recording(self, fb):
+        original(self, fb)
+        self.last_plan = fb.attn_metadata
+
+    monkeypatch.setattr(TorchNativeBackend, "init_forward_metadata", recording)
