@@ -188,9 +188,14 @@ def tuning_rows(ctx: int, prompt: int, hbm_tbps: float) -> list[str]:
 
     rows = []
     default_decode = decode_module._launch_config
-    for block_n, stages in ((32, 2), (64, 2), (32, 3), (64, 3), (32, 1)):
-        config = {"BLOCK_N": block_n, "MIN_SPLIT": 64, "num_warps": 4, "num_stages": stages}
-        decode_module._launch_config = lambda interpreted, config=config: config
+    for block_n, stages in ((64, 3), (32, 2), (64, 2), (128, 2), (64, 4)):
+        config = {
+            "BLOCK_N": block_n,
+            "MIN_SPLIT": max(64, block_n),
+            "num_warps": 4,
+            "num_stages": stages,
+        }
+        decode_module._launch_config = lambda interpreted, element_size=2, config=config: config
         try:
             cell = decode_row(128, ctx, hbm_tbps, torch.Generator().manual_seed(0))
             cell = " / ".join(part.strip() for part in cell.split("|")[4:7])

@@ -12,9 +12,12 @@ from kvflow.kernels.decode_attention import (
     MAX_KV_SPLITS,
     decode_attention_fwd,
     decode_attention_ref,
+    decode_attention_table_fwd,
+    decode_attention_table_ref,
     default_num_kv_splits,
 )
 from kvflow.kernels.extend_attention import extend_attention_fwd, extend_attention_ref
+from kvflow.kernels.gemv import gemv, gemv_ref
 from kvflow.kernels.kv_store import store_kv_cache, store_kv_cache_ref
 from kvflow.kernels.rmsnorm import rmsnorm, rmsnorm_ref
 from kvflow.kernels.rope_cache import build_cos_sin_cache, rope_inv_freq
@@ -26,9 +29,13 @@ __all__ = [
     "build_cos_sin_cache",
     "decode_attention_fwd",
     "decode_attention_ref",
+    "decode_attention_table_fwd",
+    "decode_attention_table_ref",
     "default_num_kv_splits",
     "extend_attention_fwd",
     "extend_attention_ref",
+    "gemv",
+    "gemv_ref",
     "rmsnorm",
     "rmsnorm_ref",
     "rope_inv_freq",

@@ -9,6 +9,10 @@ stage 1  grid (batch, head_blocks, num_kv_splits)
 stage 2  grid (batch, q_heads): log-sum-exp merge of the non-empty splits -> o
 ```
 
+Each request's slots come either from CSR ``kv_indptr``/``kv_indices`` or straight from
+the request-to-token table (``decode_attention_table_fwd``: row ``req_pool_indices[i]``,
+first ``seq_lens[i]`` entries), which needs no per-step index list.
+
 A request's slice length is ``cdiv(seq_len, num_kv_splits)`` rounded up to whole KV tiles
 and to at least ``MIN_SPLIT_LEN``, computed on the device from ``kv_indptr``; short
 requests therefore use fewer splits, and empty
@@ -29,7 +33,14 @@ from kvflow.kernels._launch import (
     next_power_of_2,
 )
 
-__all__ = ["MAX_KV_SPLITS", "decode_attention_fwd", "decode_attention_ref", "default_num_kv_splits"]
+__all__ = [
+    "MAX_KV_SPLITS",
+    "decode_attention_fwd",
+    "decode_attention_ref",
+    "decode_attention_table_fwd",
+    "decode_attention_table_ref",
+    "default_num_kv_splits",
+]
 
 MAX_KV_SPLITS = 16
 MIN_SPLIT_LEN = 64
@@ -43,15 +54,28 @@ def _split_len(seq_len, num_splits, MIN_SPLIT: tl.constexpr, BLOCK_N: tl.constex
 
 
 @triton.jit
+def _kv_range(meta_ptr, lens_ptr, batch, stride_table, TABLE: tl.constexpr):
+    """Where request ``batch``'s slots start in ``kv_indices`` and how many there are: CSR
+    (``meta`` = kv_indptr) or a table row (``meta`` = req_pool_indices, ``lens`` = seq_lens)."""
+    if TABLE:
+        start = tl.load(meta_ptr + batch).to(tl.int64) * stride_table
+        length = tl.load(lens_ptr + batch).to(tl.int32)
+    else:
+        start = tl.load(meta_ptr + batch).to(tl.int64)
+        length = (tl.load(meta_ptr + batch + 1) - tl.load(meta_ptr + batch)).to(tl.int32)
+    return start, length
+
+
+@triton.jit
 def _decode_partial_kernel(
-    q_ptr, k_ptr, v_ptr, kv_indptr_ptr, kv_indices_ptr, part_o_ptr, part_lse_ptr,
-    scale_log2,
+    q_ptr, k_ptr, v_ptr, kv_meta_ptr, kv_lens_ptr, kv_indices_ptr, part_o_ptr, part_lse_ptr,
+    scale_log2, stride_table,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
     num_q_heads, num_splits,
     GROUP_SIZE: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    MIN_SPLIT: tl.constexpr,
+    MIN_SPLIT: tl.constexpr, TABLE: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     batch = tl.program_id(0)
@@ -64,8 +88,7 @@ def _decode_partial_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
 
-    seq_start = tl.load(kv_indptr_ptr + batch)
-    seq_len = tl.load(kv_indptr_ptr + batch + 1) - seq_start
+    seq_start, seq_len = _kv_range(kv_meta_ptr, kv_lens_ptr, batch, stride_table, TABLE)
     split_len = _split_len(seq_len, num_splits, MIN_SPLIT, BLOCK_N)
     split_start = split * split_len
     split_end = tl.minimum(split_start + split_len, seq_len)
@@ -124,16 +147,17 @@ def _decode_partial_kernel(
 
 @triton.jit
 def _decode_merge_kernel(
-    part_o_ptr, part_lse_ptr, o_ptr, kv_indptr_ptr,
+    part_o_ptr, part_lse_ptr, o_ptr, kv_meta_ptr, kv_lens_ptr,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
     num_splits,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MIN_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+    TABLE: tl.constexpr,
 ):  # fmt: skip
     batch = tl.program_id(0)
     head = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
-    seq_len = tl.load(kv_indptr_ptr + batch + 1) - tl.load(kv_indptr_ptr + batch)
+    _, seq_len = _kv_range(kv_meta_ptr, kv_lens_ptr, batch, 0, TABLE)
     split_len = _split_len(seq_len, num_splits, MIN_SPLIT, BLOCK_N)
 
     e_max = float("-inf")
@@ -164,25 +188,86 @@ def _decode_merge_kernel(
 
 def default_num_kv_splits(batch: int, num_kv_heads: int, device: torch.device) -> int:
     """Splits per request: a function of shapes only (constant for a captured batch size),
-    between 1 and ``MAX_KV_SPLITS``, aiming at ~32 stage-1 programs per SM.
+    between 1 and ``MAX_KV_SPLITS``, aiming at ~16 stage-1 programs per SM.
 
-    NOTE: measured on H100 (Llama-3.1-8B heads, ctx 1024): one program per (request, KV
-    head) left batch 128 at 63% of HBM bandwidth (a ragged last wave); 4 splits ran 19%
-    faster and 16 splits lost again to the partial results' traffic.
+    NOTE: measured on H100 (Llama-3.1-8B heads, 64-token tiles, 3 stages): one program per
+    (request, KV head) leaves a ragged last wave; 32 programs per SM cost 5-10% against 16
+    at batch 8-160 (e.g. batch 160, ctx 2560: 4 splits 585 us, 2 splits 580 us per layer;
+    batch 64, ctx 2048: 9 splits 216 us, 4 splits 195 us).
     """
     if device.type != "cuda":
         return 4
     programs = batch * num_kv_heads
-    target = 32 * multiprocessor_count(device.index or 0)
+    target = 16 * multiprocessor_count(device.index or 0)
     return max(1, min(MAX_KV_SPLITS, triton.cdiv(target, max(programs, 1))))
 
 
-def _launch_config(interpreted: bool) -> dict[str, int]:
+def _launch_config(interpreted: bool, element_size: int = 2) -> dict[str, int]:
     """Stage-1 tiles and pipelining; small tiles under the interpreter so that tests with
-    small shapes still cross tile and split borders."""
+    small shapes still cross tile and split borders. fp32 keeps 2 stages (shared memory)."""
     if interpreted:
         return {"BLOCK_N": 16, "MIN_SPLIT": 16, "num_warps": 4, "num_stages": 1}
-    return {"BLOCK_N": 32, "MIN_SPLIT": MIN_SPLIT_LEN, "num_warps": 4, "num_stages": 2}
+    stages = 3 if element_size <= 2 else 2
+    return {"BLOCK_N": 64, "MIN_SPLIT": MIN_SPLIT_LEN, "num_warps": 4, "num_stages": stages}
+
+
+def _scratch(q, splits, partial_o, partial_lse):
+    batch, num_q_heads, head_dim = q.shape
+    if partial_o is None:
+        partial_o = torch.empty(
+            (batch, num_q_heads, splits, head_dim), dtype=torch.float32, device=q.device
+        )
+    if partial_lse is None:
+        partial_lse = torch.empty(
+            (batch, num_q_heads, splits), dtype=torch.float32, device=q.device
+        )
+    if partial_o.shape[2] < splits or partial_lse.shape[2] < splits:
+        raise ValueError(f"scratch buffers hold fewer than {splits} splits")
+    return partial_o, partial_lse
+
+
+def _decode(q, k_buffer, v_buffer, o, meta, lens, kv_indices, stride_table, table, sm_scale,
+            num_kv_splits, partial_o, partial_lse):  # fmt: skip
+    batch, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_buffer.shape[1]
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"{num_q_heads} q heads is not a multiple of {num_kv_heads} kv heads")
+    group_size = num_q_heads // num_kv_heads
+    splits = num_kv_splits or default_num_kv_splits(batch, num_kv_heads, q.device)
+    if not 1 <= splits <= MAX_KV_SPLITS:
+        raise ValueError(f"num_kv_splits must be in [1, {MAX_KV_SPLITS}], got {splits}")
+    partial_o, partial_lse = _scratch(q, splits, partial_o, partial_lse)
+    if batch == 0:
+        return o
+
+    block_h = 16  # tl.dot needs >= 16 rows; a KV group's heads share one tile
+    heads_per_program = min(block_h, group_size)
+    block_d = max(next_power_of_2(head_dim), 16)
+    interpreted = is_interpreted(_decode_partial_kernel)
+    config = _launch_config(interpreted, q.element_size())
+    grid = (batch, triton.cdiv(num_q_heads, heads_per_program), splits)
+    _decode_partial_kernel[grid](
+        q, k_buffer, v_buffer, meta, lens, kv_indices, partial_o, partial_lse,
+        sm_scale * _LOG2E, stride_table,
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
+        v_buffer.stride(0), v_buffer.stride(1),
+        partial_o.stride(0), partial_o.stride(1), partial_o.stride(2),
+        partial_lse.stride(0), partial_lse.stride(1),
+        num_q_heads, splits,
+        GROUP_SIZE=group_size, HEADS_PER_PROGRAM=heads_per_program, BLOCK_H=block_h,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, TABLE=table,
+        UPCAST_DOT=interpreted, DOT_PRECISION=dot_precision(q.dtype), **config,
+    )  # fmt: skip
+    _decode_merge_kernel[(batch, num_q_heads)](
+        partial_o, partial_lse, o, meta, lens,
+        partial_o.stride(0), partial_o.stride(1), partial_o.stride(2),
+        partial_lse.stride(0), partial_lse.stride(1), o.stride(0), o.stride(1),
+        splits,
+        HEAD_DIM=head_dim, BLOCK_D=block_d,
+        MIN_SPLIT=config["MIN_SPLIT"], BLOCK_N=config["BLOCK_N"], TABLE=table,
+        num_warps=4 if head_dim <= 128 else 8,
+    )  # fmt: skip
+    return o
 
 
 def decode_attention_fwd(
@@ -210,55 +295,52 @@ def decode_attention_fwd(
     and ``partial_lse`` [batch, num_q_heads, >= splits] (fp32) are optional scratch buffers,
     e.g. preallocated once for CUDA-graph capture. Returns ``o``.
     """
-    batch, num_q_heads, head_dim = q.shape
-    num_kv_heads = k_buffer.shape[1]
-    if num_q_heads % num_kv_heads:
-        raise ValueError(f"{num_q_heads} q heads is not a multiple of {num_kv_heads} kv heads")
-    group_size = num_q_heads // num_kv_heads
-    splits = num_kv_splits or default_num_kv_splits(batch, num_kv_heads, q.device)
-    if not 1 <= splits <= MAX_KV_SPLITS:
-        raise ValueError(f"num_kv_splits must be in [1, {MAX_KV_SPLITS}], got {splits}")
-    if partial_o is None:
-        partial_o = torch.empty(
-            (batch, num_q_heads, splits, head_dim), dtype=torch.float32, device=q.device
-        )
-    if partial_lse is None:
-        partial_lse = torch.empty(
-            (batch, num_q_heads, splits), dtype=torch.float32, device=q.device
-        )
-    if partial_o.shape[2] < splits or partial_lse.shape[2] < splits:
-        raise ValueError(f"scratch buffers hold fewer than {splits} splits")
-    if batch == 0:
-        return o
+    return _decode(q, k_buffer, v_buffer, o, kv_indptr, kv_indptr, kv_indices, 0, False,
+                   sm_scale, num_kv_splits, partial_o, partial_lse)  # fmt: skip
 
-    block_h = 16  # tl.dot needs >= 16 rows; a KV group's heads share one tile
-    heads_per_program = min(block_h, group_size)
-    block_d = max(next_power_of_2(head_dim), 16)
-    interpreted = is_interpreted(_decode_partial_kernel)
-    config = _launch_config(interpreted)
-    grid = (batch, triton.cdiv(num_q_heads, heads_per_program), splits)
-    _decode_partial_kernel[grid](
-        q, k_buffer, v_buffer, kv_indptr, kv_indices, partial_o, partial_lse,
-        sm_scale * _LOG2E,
-        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
-        v_buffer.stride(0), v_buffer.stride(1),
-        partial_o.stride(0), partial_o.stride(1), partial_o.stride(2),
-        partial_lse.stride(0), partial_lse.stride(1),
-        num_q_heads, splits,
-        GROUP_SIZE=group_size, HEADS_PER_PROGRAM=heads_per_program, BLOCK_H=block_h,
-        HEAD_DIM=head_dim, BLOCK_D=block_d,
-        UPCAST_DOT=interpreted, DOT_PRECISION=dot_precision(q.dtype), **config,
-    )  # fmt: skip
-    _decode_merge_kernel[(batch, num_q_heads)](
-        partial_o, partial_lse, o, kv_indptr,
-        partial_o.stride(0), partial_o.stride(1), partial_o.stride(2),
-        partial_lse.stride(0), partial_lse.stride(1), o.stride(0), o.stride(1),
-        splits,
-        HEAD_DIM=head_dim, BLOCK_D=block_d,
-        MIN_SPLIT=config["MIN_SPLIT"], BLOCK_N=config["BLOCK_N"],
-        num_warps=4 if head_dim <= 128 else 8,
-    )  # fmt: skip
-    return o
+
+def decode_attention_table_fwd(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    o: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+    num_kv_splits: int | None = None,
+    *,
+    partial_o: torch.Tensor | None = None,
+    partial_lse: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`decode_attention_fwd` reading each request's slots straight from the
+    request-to-token table: request ``i`` attends to
+    ``req_to_token[req_pool_indices[i], :seq_lens[i]]`` (``req_to_token`` [rows, max_len]
+    int32 with contiguous rows; ``req_pool_indices``, ``seq_lens`` [batch] int32/int64).
+    No per-step index list is built, so a decode step needs no metadata kernels."""
+    if req_to_token.stride(1) != 1:
+        raise ValueError("req_to_token rows must be contiguous")
+    return _decode(q, k_buffer, v_buffer, o, req_pool_indices, seq_lens, req_to_token,
+                   req_to_token.stride(0), True, sm_scale, num_kv_splits, partial_o,
+                   partial_lse)  # fmt: skip
+
+
+def decode_attention_table_ref(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+) -> torch.Tensor:
+    """Pure-torch :func:`decode_attention_table_fwd` (through :func:`decode_attention_ref`)."""
+    rows, lens = req_pool_indices.tolist(), seq_lens.tolist()
+    parts = [req_to_token[row, :length] for row, length in zip(rows, lens, strict=True)]
+    kv_indices = torch.cat(parts) if parts else req_to_token.new_zeros(0)
+    kv_indptr = torch.zeros(len(lens) + 1, dtype=torch.int64)
+    kv_indptr[1:] = torch.tensor(lens, dtype=torch.int64).cumsum(0)
+    return decode_attention_ref(q, k_buffer, v_buffer, kv_indptr, kv_indices, sm_scale)
 
 
 def decode_attention_ref(

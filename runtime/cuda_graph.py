@@ -2,15 +2,17 @@
 
 Static buffers (sized for the largest captured batch)::
 
-    input_ids, positions, out_cache_loc, req_pool_indices, seq_lens : [max_bs]
-    attention metadata                                               : backend-owned, see
-                                                                       ``init_capture`` / ``fill_replay``
+    inputs [5, max_bs] int64, rows: input_ids, positions, out_cache_loc,
+                                    req_pool_indices, seq_lens
+    attention metadata: backend-owned, see ``init_capture`` / ``fill_replay``
+
+A replay fills ``inputs`` with two small copies (the batch's rows, then the padding rows).
 
 A batch of ``bs`` requests replays the graph of the smallest captured size ``>= bs``; the
-padded rows read and write KV slot 0 (the reserved padding page) and their logits are
-dropped. The graphs bake in the addresses of the KV pool tensors, which are allocated once
-at start-up and never reallocated; :meth:`CudaGraphRunner.capture` can be called again
-whenever that changes.
+padded rows write KV slot 0 (the reserved padding page), read one slot through table
+row 0, and their logits are dropped. The graphs bake in the addresses of the KV pool
+tensors, which are allocated once at start-up and never reallocated;
+:meth:`CudaGraphRunner.capture` can be called again whenever that changes.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
 __all__ = ["CudaGraphRunner", "capture_batch_sizes"]
 logger = logging.getLogger(__name__)
 
+_ROWS = ("input_ids", "positions", "out_cache_loc", "req_pool_indices", "seq_lens")
+
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
     """1, 2, 4, 8, then every 8 up to ``max_bs`` (SGLang's default ladder)."""
@@ -41,11 +45,11 @@ class CudaGraphRunner:
         self.sizes = capture_batch_sizes(max_bs)
         self.max_bs = self.sizes[-1]
         device = runner.device
-        self.input_ids = torch.zeros(self.max_bs, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(self.max_bs, dtype=torch.int64, device=device)
-        self.out_cache_loc = torch.zeros(self.max_bs, dtype=torch.int64, device=device)
-        self.req_pool_indices = torch.zeros(self.max_bs, dtype=torch.int64, device=device)
-        self.seq_lens = torch.ones(self.max_bs, dtype=torch.int64, device=device)
+        self.inputs = torch.zeros((len(_ROWS), self.max_bs), dtype=torch.int64, device=device)
+        self.inputs[_ROWS.index("seq_lens")] = 1
+        # What padding rows hold: one token at position 0 in table row 0, writing the
+        # padding slot 0.
+        self.padding = self.inputs.clone()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.pool: Any = None
@@ -54,15 +58,8 @@ class CudaGraphRunner:
         return fb.is_decode and fb.batch_size <= self.max_bs
 
     def _static_batch(self, bs: int) -> ForwardBatch:
-        return ForwardBatch(
-            mode=ForwardMode.DECODE,
-            input_ids=self.input_ids[:bs],
-            positions=self.positions[:bs],
-            out_cache_loc=self.out_cache_loc[:bs],
-            req_pool_indices=self.req_pool_indices[:bs],
-            seq_lens=self.seq_lens[:bs],
-            seq_lens_cpu=[1] * bs,
-        )
+        rows = dict(zip(_ROWS, self.inputs[:, :bs], strict=True))
+        return ForwardBatch(mode=ForwardMode.DECODE, seq_lens_cpu=[1] * bs, **rows)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -89,16 +86,9 @@ class CudaGraphRunner:
     def replay(self, fb: ForwardBatch) -> torch.Tensor:
         bs = fb.batch_size
         padded = next(size for size in self.sizes if size >= bs)
-        self.input_ids[:bs].copy_(fb.input_ids)
-        self.positions[:bs].copy_(fb.positions)
-        self.out_cache_loc[:bs].copy_(fb.out_cache_loc)
-        self.req_pool_indices[:bs].copy_(fb.req_pool_indices)
-        self.seq_lens[:bs].copy_(fb.seq_lens)
+        self.inputs[:, :bs].copy_(torch.stack([getattr(fb, name) for name in _ROWS]))
         if padded > bs:
-            # Padding rows: one token at position 0, writing and reading the padding slot 0.
-            for buf in (self.input_ids, self.positions, self.out_cache_loc):
-                buf[bs:padded].zero_()
-            self.seq_lens[bs:padded].fill_(1)
+            self.inputs[:, bs:padded].copy_(self.padding[:, bs:padded])
         self.runner.attn.fill_replay(fb, padded)  # type: ignore[attr-defined]
         self.graphs[padded].replay()
         return self.logits[padded][:bs]

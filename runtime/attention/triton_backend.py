@@ -1,4 +1,9 @@
-"""Attention with kvflow's Triton kernels (paged decode with split-K, ragged extend)."""
+"""Attention with kvflow's Triton kernels (paged decode with split-K, ragged extend).
+
+Decode reads each request's KV slots straight from the request-to-token table (row
+``req_pool_indices[i]``, first ``seq_lens[i]`` entries), so a decode step builds no
+metadata: its CUDA graph replays from the five per-request inputs alone.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvflow.kernels import decode_attention_fwd, extend_attention_fwd
+from kvflow.kernels import decode_attention_table_fwd, extend_attention_fwd
 from kvflow.runtime.attention.base import AttentionBackend
 from kvflow.runtime.forward_batch import ForwardBatch
 
@@ -15,7 +20,9 @@ __all__ = ["TritonBackend"]
 
 @dataclass(frozen=True)
 class _Plan:
-    kv_indptr: torch.Tensor  # [B + 1] int32: decode = full context, extend = cached prefix
+    """Extend metadata (decode needs none)."""
+
+    kv_indptr: torch.Tensor  # [B + 1] int32 over each request's cached prefix
     kv_indices: torch.Tensor  # int32 token slots
     qo_indptr: torch.Tensor | None = None  # [B + 1] int32, extend only
     max_len_extend: int = 0
@@ -43,11 +50,10 @@ class TritonBackend(AttentionBackend):
         return table[fb.req_pool_indices[owner], flat - starts[owner]]
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
-        device = fb.input_ids.device
         if fb.is_decode:
-            lengths = fb.seq_lens_cpu
-            fb.attn_metadata = _Plan(_indptr(lengths, device), self._gather_slots(fb, lengths))
+            fb.attn_metadata = None  # the table, req_pool_indices and seq_lens suffice
             return
+        device = fb.input_ids.device
         prefix = fb.extend_prefix_lens_cpu
         fb.attn_metadata = _Plan(
             kv_indptr=_indptr(prefix, device),
@@ -58,23 +64,13 @@ class TritonBackend(AttentionBackend):
 
     # -- CUDA graphs (decode) ----------------------------------------------------------------
     def init_capture(self, max_bs: int) -> None:
-        """Static metadata buffers that captured decode graphs read."""
-        device = self.req_to_token.req_to_token.device
-        self._graph_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=device)
-        self._graph_indices = torch.zeros(
-            max_bs * self.req_to_token.max_context_len, dtype=torch.int32, device=device
-        )
+        """Nothing to preallocate: captured decode graphs read the graph runner's static
+        ``req_pool_indices`` / ``seq_lens`` and the table itself."""
 
     def fill_replay(self, fb: ForwardBatch, padded_bs: int) -> None:
-        """Write ``fb``'s decode metadata into the static buffers, padded to ``padded_bs``
-        rows of one token each reading the padding slot 0."""
-        real = fb.seq_lens_cpu
-        lengths = real + [1] * (padded_bs - len(real))
-        self._graph_indptr[: padded_bs + 1].copy_(_indptr(lengths, self._graph_indptr.device))
-        slots = self._gather_slots(fb, real)
-        self._graph_indices[: slots.numel()].copy_(slots)
-        self._graph_indices[slots.numel() : slots.numel() + padded_bs - len(real)].zero_()
-        fb.attn_metadata = _Plan(self._graph_indptr[: padded_bs + 1], self._graph_indices)
+        """Nothing to copy (see :meth:`init_capture`); padding rows (table row 0, length 1)
+        read one valid slot and their output is dropped."""
+        fb.attn_metadata = None
 
     def forward_extend(self, q, k, v, layer_id, fb):
         plan: _Plan = fb.attn_metadata
@@ -95,15 +91,15 @@ class TritonBackend(AttentionBackend):
         return out
 
     def forward_decode(self, q, k, v, layer_id, fb):
-        plan: _Plan = fb.attn_metadata
         out = torch.empty_like(q)
-        decode_attention_fwd(
+        decode_attention_table_fwd(
             q.contiguous(),
             self.kv_pool.k_buffer[layer_id],
             self.kv_pool.v_buffer[layer_id],
             out,
-            plan.kv_indptr,
-            plan.kv_indices,
+            self.req_to_token.req_to_token,
+            fb.req_pool_indices,
+            fb.seq_lens,
             self.scale,
         )
         return out

@@ -14,7 +14,7 @@ from torch import nn
 
 from kvflow.runtime.config import ModelConfig
 from kvflow.runtime.forward_batch import ForwardBatch
-from kvflow.runtime.layers import RMSNorm, RotaryEmbedding, silu_and_mul
+from kvflow.runtime.layers import RMSNorm, RotaryEmbedding, linear, matmul_weight, silu_and_mul
 
 __all__ = ["LlamaForCausalLM"]
 
@@ -42,14 +42,14 @@ class LlamaAttention(nn.Module):
         self, positions: torch.Tensor, hidden: torch.Tensor, fb: ForwardBatch, attn
     ) -> torch.Tensor:
         cfg = self.config
-        qkv = self.qkv_proj(hidden)
+        qkv = linear(self.qkv_proj, hidden)
         q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         q = q.view(-1, cfg.num_heads, cfg.head_dim)
         k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
         v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
         q, k = self.rotary(positions, q, k)
         out = attn.forward(q, k, v, self.layer_id, fb)
-        return self.o_proj(out.reshape(-1, cfg.q_size))
+        return linear(self.o_proj, out.reshape(-1, cfg.q_size))
 
 
 class LlamaMLP(nn.Module):
@@ -59,7 +59,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(hidden)))
+        return linear(self.down_proj, silu_and_mul(linear(self.gate_up_proj, hidden)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -111,7 +111,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return torch.matmul(hidden, weight.t()).float()
+        return matmul_weight(hidden, weight).float()
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
