@@ -113,7 +113,8 @@ class EngineConfig:
     # KV memory
     page_size: int = 0  # 0: auto (1 on CPU, 16 on CUDA)
     max_total_tokens: int | None = None  # KV pool size in tokens; None: from mem_fraction
-    mem_fraction_static: float = 0.85  # CUDA: fraction of free memory for weights + KV
+    # CUDA: fraction of the GPU for weights + KV pool; 0.88 is SGLang's default at tp 1.
+    mem_fraction_static: float = 0.88
     cpu_kv_cache_gb: float = 1.0  # CPU: KV pool budget when max_total_tokens is unset
     disable_radix_cache: bool = False
 
