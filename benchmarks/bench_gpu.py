@@ -188,6 +188,7 @@ def bench_throughput(count=500) -> dict:
         "output_tokens": out_tokens,
         "output_tok_s": out_tokens / seconds,
         "retractions": engine.scheduler.num_retractions,
+        "kv_pool_tokens": engine.runner.allocator.size,
     }
 
 
