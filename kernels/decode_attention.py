@@ -190,10 +190,11 @@ def default_num_kv_splits(batch: int, num_kv_heads: int, device: torch.device) -
     """Splits per request: a function of shapes only (constant for a captured batch size),
     between 1 and ``MAX_KV_SPLITS``, aiming at ~16 stage-1 programs per SM.
 
-    NOTE: measured on H100 (Llama-3.1-8B heads, 64-token tiles, 3 stages): one program per
-    (request, KV head) leaves a ragged last wave; 32 programs per SM cost 5-10% against 16
-    at batch 8-160 (e.g. batch 160, ctx 2560: 4 splits 585 us, 2 splits 580 us per layer;
-    batch 64, ctx 2048: 9 splits 216 us, 4 splits 195 us).
+    NOTE: measured on H100 (Llama-3.1-8B heads), sweeping tiles x splits: the fastest
+    configs at batch 8-160 used about half the splits of a 32-per-SM target (batch 160,
+    ctx 2560: 2 splits, 580 us per layer against 616 us for the old default; batch 64,
+    ctx 2048: 4 splits, 195 us against 216 us). One program per (request, KV head) leaves
+    a ragged last wave.
     """
     if device.type != "cuda":
         return 4

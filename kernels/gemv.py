@@ -39,7 +39,7 @@ def _gemv_kernel(
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages). NOTE: swept on H100 over Llama-3.1-8B's
 # projections (benchmarks/results/gpu.md): 2 rows x 1024 columns per step was best or
-# within 2% for all five shapes, 1.05-1.25x faster than cuBLAS at M=1.
+# within 2% for all five shapes, 1.07-1.25x faster than cuBLAS at M=1.
 DEFAULT_CONFIG = (2, 1024, 4, 3)
 
 

@@ -6,7 +6,8 @@ Static buffers (sized for the largest captured batch)::
                                     req_pool_indices, seq_lens
     attention metadata: backend-owned, see ``init_capture`` / ``fill_replay``
 
-A replay fills ``inputs`` with two small copies (the batch's rows, then the padding rows).
+A replay fills ``inputs`` with one stack-and-copy of the batch's rows (and one copy of
+the padding rows).
 
 A batch of ``bs`` requests replays the graph of the smallest captured size ``>= bs``; the
 padded rows write KV slot 0 (the reserved padding page), read one slot through table
