@@ -1,14 +1,19 @@
 """Attention in plain torch; runs on CPU and CUDA, and is the CPU default.
 
-Decode reads the paged KV cache with one ``index_select`` per buffer (advanced indexing
-with a 2-D index is ~6x slower on CPU) and computes grouped-query attention as two batched
-matmuls over ``[batch, kv_heads, group, ...]``, so each KV head is read once for all the
-query heads that share it. ``scaled_dot_product_attention`` with a padding mask is avoided
-there: on CPU it takes a slow path (bf16 worst, ~8x slower than the matmuls).
-Extend batches many short requests the same way (padded to the longest, one gather, a
-causal bias), which on CPU is several times faster than one SDPA call per request; a batch
-whose padded scores would not fit :data:`BATCHED_EXTEND_BYTES` (long prompts) uses SDPA per
-request instead, attending over the new ``k``/``v`` directly when nothing is cached.
+The batch is split into *parts*. A padded part attends a group of requests together: their
+new tokens padded to the longest (``M``), their contexts read from the paged KV cache padded
+to the longest (``L``), one float32 bias for causality and padding, and per KV head two
+batched matmuls, so each KV head is read once for all the query heads that share it.
+Decode is one padded part with ``M = 1``. An SDPA part is one request through
+``scaled_dot_product_attention``: a long prompt with nothing cached (its causal kernel skips
+the upper triangle), or a request whose padded scores alone would exceed
+:data:`PADDED_SCORE_BYTES`.
+
+Why not SDPA everywhere: on CPU, SDPA with an explicit mask takes a slow path (bf16 worst,
+~8x slower than the matmuls here), and one call per short request costs more in overhead
+than the attention itself. The KV cache is read per head with ``index_select`` on a strided
+view, which lands each head's rows contiguous (advanced indexing with a 2-D index is ~6x
+slower, and gathering all heads then transposing costs a second copy).
 """
 
 from __future__ import annotations
@@ -21,174 +26,181 @@ import torch.nn.functional as F
 from kvflow.runtime.attention.base import AttentionBackend
 from kvflow.runtime.forward_batch import ForwardBatch
 
-__all__ = ["BATCHED_EXTEND_BYTES", "TorchNativeBackend"]
+__all__ = ["PADDED_SCORE_BYTES", "SDPA_MIN_NEW_TOKENS", "TorchNativeBackend"]
 
-# Largest float32 score tensor ([requests, heads, new tokens, context]) batched extend builds.
-BATCHED_EXTEND_BYTES = 64 << 20
-
-
-@dataclass(frozen=True)
-class _ExtendPlan:
-    q_starts: list[int]  # row offset of each request's new tokens in [N]
-    prefix_slots: list[torch.Tensor | None]  # cached-prefix slots; None: no prefix
-    masks: list[torch.Tensor | None]  # None: plain causal (no cached prefix)
+# Largest float32 score tensor ([requests, new tokens, heads, context]) one padded part builds.
+PADDED_SCORE_BYTES = 64 << 20
+# A request with nothing cached and at least this many new tokens goes through causal SDPA.
+SDPA_MIN_NEW_TOKENS = 256
 
 
 @dataclass(frozen=True)
-class _BatchedExtendPlan:
-    q_rows: torch.Tensor  # [R * max_new] row of q for each padded query position (pad: 0)
-    out_rows: torch.Tensor  # [N] padded query position of each real row of q
+class _PaddedPart:
+    """Requests attended together, padded to ``max_new`` new tokens and ``max_ctx`` context."""
+
+    q_rows: torch.Tensor  # [R * max_new] row of q at each padded query position (pad: row 0)
+    real: torch.Tensor  # [n] padded position of each real query row
+    out_rows: torch.Tensor  # [n] row of the output each real query row goes to
     kv_slots: torch.Tensor  # [R * max_ctx] KV slots of each context (pad: slot 0)
     max_new: int
     max_ctx: int
-    bias: torch.Tensor  # [R, 1, 1, max_new, max_ctx] float32: 0 where allowed, -inf elsewhere
+    bias: torch.Tensor  # [R, max_new, 1, max_ctx] float32: 0 where allowed, -inf elsewhere
 
 
 @dataclass(frozen=True)
-class _DecodePlan:
-    flat_slots: torch.Tensor  # [B * max_len], each row padded with slot 0
-    max_len: int
-    bias: torch.Tensor  # [B, 1, 1, max_len] float32: 0 for real tokens, -inf for padding
+class _SdpaPart:
+    """One request through SDPA: its rows ``start:start + new`` of the batch."""
+
+    start: int
+    new: int
+    prefix_slots: torch.Tensor | None  # cached-prefix slots; None: nothing cached
+    mask: torch.Tensor | None  # [new, prefix + new] bool; None: plain causal
+
+
+@dataclass(frozen=True)
+class _Request:
+    row: int  # req_to_token row
+    start: int  # first row of its new tokens in the batch
+    prefix: int
+    new: int
+
+    @property
+    def context(self) -> int:
+        return self.prefix + self.new
 
 
 class TorchNativeBackend(AttentionBackend):
-    """Reference backend: SDPA per request for extend, one padded grouped matmul for decode."""
+    """Padded grouped matmuls for decode and short extends, SDPA for long prompts."""
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
-        device = fb.input_ids.device
         if fb.is_decode:
-            rows = [
-                self.req_to_token.read(int(i), n)
-                for i, n in zip(fb.req_pool_indices.tolist(), fb.seq_lens_cpu, strict=True)
-            ]
-            max_len = max(fb.seq_lens_cpu)
-            slots = torch.zeros((fb.batch_size, max_len), dtype=torch.int64, device=device)
-            for b, row in enumerate(rows):
-                slots[b, : row.numel()] = row
-            lens = torch.tensor(fb.seq_lens_cpu, device=device)
-            pad = torch.arange(max_len, device=device)[None, :] >= lens[:, None]
-            bias = torch.zeros(pad.shape, dtype=torch.float32, device=device)
-            bias.masked_fill_(pad, float("-inf"))
-            fb.attn_metadata = _DecodePlan(slots.view(-1), max_len, bias[:, None, None, :])
-            return
-        batched = self._batched_extend_plan(fb)
-        if batched is not None:
-            fb.attn_metadata = batched
-            return
-        starts: list[int] = []
-        prefixes: list[torch.Tensor | None] = []
-        masks: list[torch.Tensor | None] = []
-        offset = 0
-        for i, prefix_len, extend_len in zip(
-            fb.req_pool_indices.tolist(),
-            fb.extend_prefix_lens_cpu,
-            fb.extend_seq_lens_cpu,
-            strict=True,
-        ):
-            starts.append(offset)
-            offset += extend_len
-            if prefix_len == 0:
-                prefixes.append(None)
-                masks.append(None)
-                continue
-            prefixes.append(self.req_to_token.read(int(i), prefix_len))
-            q_pos = torch.arange(prefix_len, prefix_len + extend_len, device=device)
-            kv_pos = torch.arange(prefix_len + extend_len, device=device)
-            masks.append(kv_pos[None, :] <= q_pos[:, None])
-        fb.attn_metadata = _ExtendPlan(starts, prefixes, masks)
+            prefixes, news = [n - 1 for n in fb.seq_lens_cpu], [1] * fb.batch_size
+        else:
+            prefixes, news = fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu
+        requests, start = [], 0
+        for row, prefix, new in zip(fb.req_pool_indices.tolist(), prefixes, news, strict=True):
+            requests.append(_Request(int(row), start, prefix, new))
+            start += new
+        fb.attn_metadata = self._plan(requests, fb.input_ids.device)
 
-    def _batched_extend_plan(self, fb: ForwardBatch) -> _BatchedExtendPlan | None:
-        """Padded plan for the whole extend batch, or None when per-request SDPA is better."""
-        news, prefixes = fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu
-        count = len(news)
-        max_new = max(news)
-        ctx = [p + n for p, n in zip(prefixes, news, strict=True)]
-        max_ctx = max(ctx)
-        if count < 2 or count * self.num_heads * max_new * max_ctx * 4 > BATCHED_EXTEND_BYTES:
-            return None
-        device = fb.input_ids.device
+    def _plan(self, requests: list[_Request], device: torch.device) -> list:
+        """Pack requests of similar context length into padded parts that fit the budget."""
+        parts: list = []
+        group: list[_Request] = []
+        for req in sorted(requests, key=lambda r: r.context):
+            if req.prefix == 0 and req.new >= SDPA_MIN_NEW_TOKENS:
+                parts.append(self._sdpa_part(req, device))
+            elif self._score_bytes([*group, req]) <= PADDED_SCORE_BYTES:
+                group.append(req)
+            else:
+                if group:
+                    parts.append(self._padded_part(group, device))
+                group = []
+                if self._score_bytes([req]) <= PADDED_SCORE_BYTES:
+                    group = [req]
+                else:
+                    parts.append(self._sdpa_part(req, device))
+        if group:
+            parts.append(self._padded_part(group, device))
+        return parts
+
+    def _score_bytes(self, group: list[_Request]) -> int:
+        max_new = max(r.new for r in group)
+        max_ctx = max(r.context for r in group)
+        return 4 * len(group) * max_new * self.num_heads * max_ctx
+
+    def _padded_part(self, group: list[_Request], device: torch.device) -> _PaddedPart:
+        count = len(group)
+        max_new = max(r.new for r in group)
+        max_ctx = max(r.context for r in group)
         q_rows = torch.zeros((count, max_new), dtype=torch.int64)
-        out_rows = torch.empty(sum(news), dtype=torch.int64)
         kv_slots = torch.zeros((count, max_ctx), dtype=torch.int64, device=device)
-        offset = 0
-        for r, (i, n, c) in enumerate(zip(fb.req_pool_indices.tolist(), news, ctx, strict=True)):
-            q_rows[r, :n] = torch.arange(offset, offset + n)
-            out_rows[offset : offset + n] = torch.arange(r * max_new, r * max_new + n)
-            kv_slots[r, :c] = self.req_to_token.read(int(i), c)
-            offset += n
-        q_pos = torch.arange(max_new)[None, :, None] + torch.tensor(prefixes)[:, None, None]
+        real, out_rows = [], []
+        for i, req in enumerate(group):
+            q_rows[i, : req.new] = torch.arange(req.start, req.start + req.new)
+            real.append(torch.arange(i * max_new, i * max_new + req.new))
+            out_rows.append(torch.arange(req.start, req.start + req.new))
+            kv_slots[i, : req.context] = self.req_to_token.read(req.row, req.context)
+        prefix = torch.tensor([r.prefix for r in group])[:, None, None]
+        context = torch.tensor([r.context for r in group])[:, None, None]
+        q_pos = torch.arange(max_new)[None, :, None] + prefix
         kv_pos = torch.arange(max_ctx)[None, None, :]
-        allowed = (kv_pos <= q_pos) & (kv_pos < torch.tensor(ctx)[:, None, None])
-        bias = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill_(~allowed, float("-inf"))
-        return _BatchedExtendPlan(
-            q_rows.view(-1).to(device),
-            out_rows.to(device),
-            kv_slots.view(-1),
-            max_new,
-            max_ctx,
-            bias.to(device)[:, None, None],
+        allowed = (kv_pos <= q_pos) & (kv_pos < context)  # padded rows still see slot 0
+        bias = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill_(~allowed, -torch.inf)
+        return _PaddedPart(
+            q_rows=q_rows.view(-1).to(device),
+            real=torch.cat(real).to(device),
+            out_rows=torch.cat(out_rows).to(device),
+            kv_slots=kv_slots.view(-1),
+            max_new=max_new,
+            max_ctx=max_ctx,
+            bias=bias[:, :, None, :].to(device),
+        )
+
+    def _sdpa_part(self, req: _Request, device: torch.device) -> _SdpaPart:
+        if req.prefix == 0:
+            return _SdpaPart(req.start, req.new, None, None)
+        q_pos = torch.arange(req.prefix, req.context, device=device)
+        kv_pos = torch.arange(req.context, device=device)
+        return _SdpaPart(
+            req.start,
+            req.new,
+            self.req_to_token.read(req.row, req.prefix),
+            kv_pos[None, :] <= q_pos[:, None],
         )
 
     def forward_extend(self, q, k, v, layer_id, fb):
-        if isinstance(fb.attn_metadata, _BatchedExtendPlan):
-            return self._batched_extend(q, layer_id, fb.attn_metadata)
-        plan: _ExtendPlan = fb.attn_metadata
-        k_buf, v_buf = self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
-        out = torch.empty_like(q)
-        for start, prefix, mask, n in zip(
-            plan.q_starts, plan.prefix_slots, plan.masks, fb.extend_seq_lens_cpu, strict=True
-        ):
-            ki, vi = k[start : start + n], v[start : start + n]
-            if prefix is not None:
-                ki = torch.cat([k_buf.index_select(0, prefix).to(q.dtype), ki])
-                vi = torch.cat([v_buf.index_select(0, prefix).to(q.dtype), vi])
-            oi = F.scaled_dot_product_attention(
-                q[start : start + n].transpose(0, 1).unsqueeze(0),  # [1, H, n, D]
-                ki.transpose(0, 1).unsqueeze(0),
-                vi.transpose(0, 1).unsqueeze(0),
-                attn_mask=mask,
-                is_causal=mask is None,
-                scale=self.scale,
-                enable_gqa=True,
-            )
-            out[start : start + n] = oi[0].transpose(0, 1)
-        return out
-
-    def _batched_extend(self, q: torch.Tensor, layer_id: int, plan: _BatchedExtendPlan):
-        count = plan.kv_slots.numel() // plan.max_ctx
-        kv_heads, dim = self.num_kv_heads, self.head_dim
-        group = self.num_heads // kv_heads
-        queries = (
-            q.index_select(0, plan.q_rows)
-            .view(count, plan.max_new, kv_heads, group, dim)
-            .permute(0, 2, 3, 1, 4)
-            .reshape(count, kv_heads, group * plan.max_new, dim)
-        )
-        keys = _gather_heads(self.kv_pool.k_buffer[layer_id], plan.kv_slots, count, q.dtype)
-        values = _gather_heads(self.kv_pool.v_buffer[layer_id], plan.kv_slots, count, q.dtype)
-        scores = torch.matmul(queries, keys.transpose(2, 3)).float()
-        scores = scores.view(count, kv_heads, group, plan.max_new, plan.max_ctx)
-        probs = torch.softmax(scores * self.scale + plan.bias, dim=-1).to(q.dtype)
-        out = torch.matmul(probs.view(count, kv_heads, group * plan.max_new, plan.max_ctx), values)
-        out = out.view(count, kv_heads, group, plan.max_new, dim).permute(0, 3, 1, 2, 4)
-        return out.reshape(count * plan.max_new, self.num_heads, dim).index_select(0, plan.out_rows)
+        return self._attend(q, k, v, layer_id, fb)
 
     def forward_decode(self, q, k, v, layer_id, fb):
-        plan: _DecodePlan = fb.attn_metadata
-        batch, kv_heads, dim = q.shape[0], self.num_kv_heads, self.head_dim
+        return self._attend(q, k, v, layer_id, fb)
+
+    def _attend(self, q, k, v, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        out = torch.empty_like(q)
+        k_buf, v_buf = self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
+        for part in fb.attn_metadata:
+            if isinstance(part, _PaddedPart):
+                rows = self._padded(q, k_buf, v_buf, part).index_select(0, part.real)
+                out.index_copy_(0, part.out_rows, rows)
+            else:
+                out[part.start : part.start + part.new] = self._sdpa(q, k, v, k_buf, v_buf, part)
+        return out
+
+    def _padded(self, q, k_buf, v_buf, part: _PaddedPart) -> torch.Tensor:
+        """``[R * max_new, heads, D]`` attention output at every padded query position."""
+        kv_heads, dim = self.num_kv_heads, self.head_dim
         group = self.num_heads // kv_heads
+        count = part.kv_slots.numel() // part.max_ctx
+        queries = q.index_select(0, part.q_rows) * self.scale  # scaled once, not the scores
+        queries = queries.view(count, part.max_new, kv_heads, group, dim)
+        bias = part.bias.to(q.dtype)  # 0 / -inf: exact in any float dtype
+        out = torch.empty_like(queries)
+        for h in range(kv_heads):
+            keys = k_buf[:, h].index_select(0, part.kv_slots).view(count, part.max_ctx, dim)
+            values = v_buf[:, h].index_select(0, part.kv_slots).view(count, part.max_ctx, dim)
+            qh = queries[:, :, h].reshape(count, part.max_new * group, dim)
+            scores = torch.bmm(qh, keys.to(q.dtype).transpose(1, 2))
+            scores = scores.view(count, part.max_new, group, part.max_ctx).add_(bias)
+            # softmax accumulates in float32 for half types on CPU and CUDA alike
+            probs = torch.softmax(scores, dim=-1).view(count, part.max_new * group, part.max_ctx)
+            out[:, :, h] = torch.bmm(probs, values.to(q.dtype)).view(
+                count, part.max_new, group, dim
+            )
+        return out.view(count * part.max_new, self.num_heads, dim)
 
-        keys = _gather_heads(self.kv_pool.k_buffer[layer_id], plan.flat_slots, batch, q.dtype)
-        values = _gather_heads(self.kv_pool.v_buffer[layer_id], plan.flat_slots, batch, q.dtype)
-        qg = q.view(batch, kv_heads, group, dim)
-        scores = torch.matmul(qg, keys.transpose(2, 3)).float() * self.scale + plan.bias
-        probs = torch.softmax(scores, dim=-1).to(q.dtype)
-        return torch.matmul(probs, values).view(batch, self.num_heads, dim)
-
-
-def _gather_heads(
-    buf: torch.Tensor, flat_slots: torch.Tensor, count: int, dtype: torch.dtype
-) -> torch.Tensor:
-    """Rows ``flat_slots`` of a ``[slots, kv_heads, D]`` buffer as ``[count, kv_heads, L, D]``."""
-    rows = buf.index_select(0, flat_slots).to(dtype)
-    return rows.view(count, -1, buf.shape[1], buf.shape[2]).transpose(1, 2).contiguous()
+    def _sdpa(self, q, k, v, k_buf, v_buf, part: _SdpaPart) -> torch.Tensor:
+        rows = slice(part.start, part.start + part.new)
+        keys, values = k[rows], v[rows]
+        if part.prefix_slots is not None:
+            keys = torch.cat([k_buf.index_select(0, part.prefix_slots).to(q.dtype), keys])
+            values = torch.cat([v_buf.index_select(0, part.prefix_slots).to(q.dtype), values])
+        out = F.scaled_dot_product_attention(
+            q[rows].transpose(0, 1).unsqueeze(0),  # [1, H, n, D]
+            keys.transpose(0, 1).unsqueeze(0),
+            values.transpose(0, 1).unsqueeze(0),
+            attn_mask=part.mask,
+            is_causal=part.mask is None,
+            scale=self.scale,
+            enable_gqa=True,
+        )
+        return out[0].transpose(0, 1)

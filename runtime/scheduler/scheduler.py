@@ -23,6 +23,7 @@ from kvflow.runtime.scheduler.kv import KVManager
 from kvflow.runtime.scheduler.output import TokenOutput
 from kvflow.runtime.scheduler.policy import order_waiting
 from kvflow.runtime.scheduler.req import FinishReason, Req
+from kvflow.runtime.scheduler.sharing import BatchPrefixes
 
 __all__ = ["Scheduler"]
 logger = logging.getLogger(__name__)
@@ -34,10 +35,6 @@ INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.001
 RETRACT_NEW_TOKEN_RATIO = 0.9
-# In-batch prefix sharing: a waiting request that shares at least this many leading tokens
-# with a request admitted in the same batch, and has less than that cached, waits a step:
-# the admitted one will have cached the prefix by then.
-IN_BATCH_SHARED_PREFIX = 128
 
 
 class Scheduler:
@@ -128,6 +125,7 @@ class Scheduler:
             page_size=self.kv.page_size,
         )
         plan: list[tuple[Req, int]] = []
+        batch_prefixes = BatchPrefixes()
         if self.chunked is not None:
             req = self.chunked
             take = budget.plan(req.seq_len - req.kv_len, self._reserve(req))
@@ -135,10 +133,10 @@ class Scheduler:
                 return []  # memory is short: decode (and maybe retract) first
             budget.consume(take, self._reserve(req), take == req.seq_len - req.kv_len)
             plan.append((req, take))
+            batch_prefixes.add(req)
             self.chunked = None
             if take < req.seq_len - req.kv_len:
                 return self._allocate(plan)
-        admitted_heads: set[tuple] = set()
         radix = not cfg.disable_radix_cache
         matched: dict[str, int] = {}
 
@@ -149,10 +147,8 @@ class Scheduler:
 
         for req in order_waiting(cfg.schedule_policy, self.waiting, match_len):
             cached = match_len(req)
-            head = (req.extra_key, *req.origin_input_ids[:IN_BATCH_SHARED_PREFIX])
-            long_prompt = len(req.origin_input_ids) > IN_BATCH_SHARED_PREFIX
-            if radix and long_prompt and cached < IN_BATCH_SHARED_PREFIX and head in admitted_heads:
-                continue  # will hit the cache next step, filled by the request admitted now
+            if radix and batch_prefixes.should_wait(req, cached):
+                continue  # a request in this batch caches its prefix: it hits next step
             extend_len = req.seq_len - cached
             take = budget.plan(extend_len, self._reserve(req))
             if take == 0 or not self.kv.admit(req):
@@ -162,8 +158,7 @@ class Scheduler:
             budget.consume(take, self._reserve(req), take == extend_len)
             self.waiting.remove(req)
             plan.append((req, take))
-            if long_prompt:
-                admitted_heads.add(head)
+            batch_prefixes.add(req)
             if take < extend_len:
                 break  # one chunked request per batch, and it ends the batch
         return self._allocate(plan)

@@ -1,7 +1,8 @@
 """The torch attention backend against a naive per-request, per-head softmax attention.
 
-Covers both extend paths (all requests batched with padding, and one SDPA call per request)
-and decode, with GQA, ragged lengths and cached prefixes, in float32 and bfloat16.
+Covers both kinds of parts (requests padded together, and one SDPA call per request), alone
+and mixed in one batch, for extend and decode, with GQA, ragged lengths and cached prefixes,
+in float32 and bfloat16.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from kvflow.runtime.forward_batch import ForwardBatch, ForwardMode
 from kvflow.runtime.mem import KVPool, ReqToTokenPool
 
 HEADS, KV_HEADS, DIM = 6, 2, 16
-SLOTS = 512
+SLOTS = 1024
 
 
 def naive_attention(q, keys, values, prefix_len):
@@ -33,7 +34,7 @@ def naive_attention(q, keys, values, prefix_len):
 
 def make_backend(dtype):
     pool = KVPool(SLOTS, 1, KV_HEADS, DIM, dtype, "cpu")
-    rows = ReqToTokenPool(8, 128, "cpu")
+    rows = ReqToTokenPool(8, 512, "cpu")
     backend = TorchNativeBackend(pool, rows, HEADS, KV_HEADS, DIM, 1 / math.sqrt(DIM))
     return backend, pool, rows
 
@@ -85,18 +86,36 @@ def run_batch(backend, rows, prefix_lens, new_lens, dtype, mode):
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
 EXTEND_CASES = [([0, 0, 0], [5, 9, 1]), ([0, 7, 3], [4, 2, 6]), ([12], [5]), ([0], [11])]
+LONG = torch_native.SDPA_MIN_NEW_TOKENS
+
+
+def part_kinds(backend) -> list[str]:
+    return sorted(type(part).__name__ for part in backend.last_plan)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("batched", [True, False], ids=["batched", "per-request"])
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "sdpa"])
 @pytest.mark.parametrize(("prefix_lens", "new_lens"), EXTEND_CASES)
-def test_extend_matches_naive(monkeypatch, dtype, batched, prefix_lens, new_lens):
-    if not batched:
-        monkeypatch.setattr(torch_native, "BATCHED_EXTEND_BYTES", 0)
+def test_extend_matches_naive(monkeypatch, dtype, padded, prefix_lens, new_lens):
+    if not padded:
+        monkeypatch.setattr(torch_native, "PADDED_SCORE_BYTES", 0)
     backend, _, rows = make_backend(dtype)
     out, expected = run_batch(backend, rows, prefix_lens, new_lens, dtype, ForwardMode.EXTEND)
-    took_batched = isinstance(backend.last_plan, torch_native._BatchedExtendPlan)
-    assert took_batched == (batched and len(new_lens) > 1)
+    kind = "_PaddedPart" if padded else "_SdpaPart"
+    assert part_kinds(backend) == [kind] * (1 if padded else len(new_lens))
+    torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype], rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_extend_mixes_sdpa_and_padded_parts(monkeypatch, dtype):
+    """A long uncached prompt goes through SDPA; the others are packed within the budget."""
+    heads_bytes = 4 * HEADS
+    # room for the two short requests (<= 6 new x 40 context) together, not for the third
+    monkeypatch.setattr(torch_native, "PADDED_SCORE_BYTES", 2 * 6 * 40 * heads_bytes)
+    backend, _, rows = make_backend(dtype)
+    prefix_lens, new_lens = [30, 0, 34, 100], [6, LONG, 4, 20]
+    out, expected = run_batch(backend, rows, prefix_lens, new_lens, dtype, ForwardMode.EXTEND)
+    assert part_kinds(backend) == ["_PaddedPart", "_SdpaPart", "_SdpaPart"]
     torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype], rtol=0)
 
 
