@@ -72,7 +72,7 @@ def bench_decode(batch_sizes=(1, 8, 32, 64, 128), context=1024, steps=30) -> lis
     rng = random.Random(0)
     rows = []
     for bs in batch_sizes:
-        params = SamplingParams(temperature=0, max_new_tokens=steps + 10, ignore_eos=True)
+        params = SamplingParams(temperature=0, max_new_tokens=2 * steps + 10, ignore_eos=True)
         reqs = [
             Req(f"d{bs}-{i}", random_ids(rng, context, mc.vocab_size), params) for i in range(bs)
         ]
@@ -82,12 +82,21 @@ def bench_decode(batch_sizes=(1, 8, 32, 64, 128), context=1024, steps=30) -> lis
             sched.step()
         for _ in range(3):
             sched.step()  # warm decode
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(steps):
-            sched.step()
-        torch.cuda.synchronize()
-        step_s = (time.perf_counter() - start) / steps
+
+        def time_steps() -> float:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(steps):
+                sched.step()
+            torch.cuda.synchronize()
+            return (time.perf_counter() - start) / steps
+
+        # The scheduler as shipped, then without building step N+1 before step N's tokens
+        # are on the host (the GPU idles while Python schedules).
+        step_s = time_steps()
+        sched.prepare_next_decode = False
+        unprepared_s = time_steps()
+        sched.prepare_next_decode = True
         # The same batch through the captured graph alone: the GPU's share of a step.
         from kvflow.runtime.scheduler.batch import build_decode_batch
 
@@ -108,6 +117,7 @@ def bench_decode(batch_sizes=(1, 8, 32, 64, 128), context=1024, steps=30) -> lis
             {
                 "batch": bs,
                 "step_ms": step_s * 1e3,
+                "step_unprepared_ms": unprepared_s * 1e3,
                 "hbm_fraction": moved / step_s / peak_bw(),
                 "forward_only_ms": forward_s * 1e3,
                 "tokens_per_s": bs / step_s,

@@ -7,7 +7,8 @@ Static buffers (sized for the largest captured batch)::
     attention metadata: backend-owned, see ``init_capture`` / ``fill_replay``
 
 A replay fills ``inputs`` with one stack-and-copy of the batch's rows (and one copy of
-the padding rows).
+the padding rows); :meth:`CudaGraphRunner.stage` does that ahead of the replay, behind the
+work already queued on the stream (the scheduler stages step N+1 while step N runs).
 
 A batch of ``bs`` requests replays the graph of the smallest captured size ``>= bs``; the
 padded rows write KV slot 0 (the reserved padding page), read one slot through table
@@ -54,6 +55,7 @@ class CudaGraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.pool: Any = None
+        self._staged: ForwardBatch | None = None  # the batch ``inputs`` hold, if staged
 
     def can_run(self, fb: ForwardBatch) -> bool:
         return fb.is_decode and fb.batch_size <= self.max_bs
@@ -84,12 +86,24 @@ class CudaGraphRunner:
         torch.cuda.synchronize()
         logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
 
-    def replay(self, fb: ForwardBatch) -> torch.Tensor:
+    def _padded(self, bs: int) -> int:
+        return next(size for size in self.sizes if size >= bs)
+
+    def stage(self, fb: ForwardBatch) -> None:
+        """Copy the batch into the static inputs (stream-ordered: the graph replayed before
+        has read them by the time the copy runs)."""
         bs = fb.batch_size
-        padded = next(size for size in self.sizes if size >= bs)
+        padded = self._padded(bs)
         self.inputs[:, :bs].copy_(torch.stack([getattr(fb, name) for name in _ROWS]))
         if padded > bs:
             self.inputs[:, bs:padded].copy_(self.padding[:, bs:padded])
         self.runner.attn.fill_replay(fb, padded)  # type: ignore[attr-defined]
+        self._staged = fb
+
+    def replay(self, fb: ForwardBatch) -> torch.Tensor:
+        if self._staged is not fb:
+            self.stage(fb)
+        self._staged = None
+        padded = self._padded(fb.batch_size)
         self.graphs[padded].replay()
-        return self.logits[padded][:bs]
+        return self.logits[padded][: fb.batch_size]

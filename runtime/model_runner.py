@@ -119,6 +119,13 @@ class ModelRunner:
         return self.model.compute_logits(hidden if fb.is_decode else hidden[fb.logits_rows()])
 
     @torch.inference_mode()
+    def prepare(self, fb: ForwardBatch) -> None:
+        """Stage a decode batch's CUDA-graph inputs now, queued behind the work in flight,
+        so that :meth:`forward` on it only launches the graph. A no-op without graphs."""
+        if self.graph_runner is not None and self.graph_runner.can_run(fb):
+            self.graph_runner.stage(fb)
+
+    @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
             return self.graph_runner.replay(fb)

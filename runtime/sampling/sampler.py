@@ -13,7 +13,7 @@ from kvflow.runtime.sampling.penalties import apply_penalties
 if TYPE_CHECKING:
     from kvflow.runtime.scheduler.req import Req
 
-__all__ = ["SampleOutput", "Sampler", "SamplingBatch"]
+__all__ = ["PendingSample", "SampleOutput", "Sampler", "SamplingBatch"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,44 @@ class SampleOutput:
     top_logprobs: list[list[tuple[int, float]] | None]
 
 
+class PendingSample:
+    """Sampled ids still on their way to the host (see :meth:`Sampler.launch`)."""
+
+    def __init__(
+        self,
+        next_token_ids: torch.Tensor,
+        host_ids: torch.Tensor,
+        ready: torch.cuda.Event | None,
+        logprobs: torch.Tensor | None,
+        reqs: Sequence[Req],
+    ) -> None:
+        self.next_token_ids = next_token_ids  # [B] on the logits' device
+        self._host_ids, self._ready = host_ids, ready
+        self._logprobs, self._reqs = logprobs, reqs
+
+    def resolve(self) -> SampleOutput:
+        """Wait for the ids (only them, not the work queued after) and build the output."""
+        if self._ready is not None:
+            self._ready.synchronize()
+        ids = self._host_ids.tolist()
+        return SampleOutput(ids, *self._logprob_info(self._logprobs, ids, self._reqs))
+
+    @staticmethod
+    def _logprob_info(logprobs: torch.Tensor | None, ids: list[int], reqs: Sequence[Req]):
+        chosen: list[float | None] = [None] * len(reqs)
+        tops: list[list[tuple[int, float]] | None] = [None] * len(reqs)
+        if logprobs is None:
+            return chosen, tops
+        for row, req in enumerate(reqs):
+            if not req.return_logprob:
+                continue
+            chosen[row] = float(logprobs[row, ids[row]])
+            if req.top_logprobs_num > 0:
+                values, indices = logprobs[row].topk(req.top_logprobs_num)
+                tops[row] = list(zip(indices.tolist(), values.tolist(), strict=True))
+        return chosen, tops
+
+
 class Sampler:
     """Turns a batch's last-position logits ``[B, vocab]`` into one token per request.
 
@@ -80,22 +118,48 @@ class Sampler:
                 )
                 logits[row, banned] = float("-inf")
 
-    @torch.inference_mode()
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> SampleOutput:
-        logits = logits.float()
-        self._adjust(logits, batch.reqs)
-        want_logprobs = any(r.return_logprob for r in batch.reqs)
-        logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+        return self.launch(logits, batch).resolve()
 
-        next_ids = logits.argmax(dim=-1)
-        if not all(batch.greedy):
-            assert batch.temperatures is not None
-            probs = torch.softmax(logits / batch.temperatures, dim=-1)
-            sampled = self._sample_rows(probs, batch)
-            greedy = torch.tensor(batch.greedy, device=logits.device)
-            next_ids = torch.where(greedy, next_ids, sampled)
-        ids = next_ids.tolist()
-        return SampleOutput(ids, *self._logprob_info(logprobs, ids, batch.reqs))
+    @torch.inference_mode()
+    def launch(self, logits: torch.Tensor, batch: SamplingBatch) -> PendingSample:
+        """Queue the sampling of ``logits`` on the device and return without waiting.
+
+        The chosen ids stay on the device (``next_token_ids``, usable as the next decode
+        step's input) and travel to pinned host memory behind an event, so the caller can
+        do host work while the GPU finishes, then call :meth:`PendingSample.resolve`.
+        """
+        want_logprobs = any(r.return_logprob for r in batch.reqs)
+        adjust = any(self._needs_adjust(r) for r in batch.reqs)
+        if all(batch.greedy) and not want_logprobs and not adjust:
+            # argmax of the compute-dtype logits equals argmax of their exact fp32 upcast
+            next_ids = logits.argmax(dim=-1)
+            logprobs = None
+        else:
+            logits = logits.float()
+            self._adjust(logits, batch.reqs)
+            logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+            next_ids = logits.argmax(dim=-1)
+            if not all(batch.greedy):
+                assert batch.temperatures is not None
+                probs = torch.softmax(logits / batch.temperatures, dim=-1)
+                sampled = self._sample_rows(probs, batch)
+                greedy = torch.tensor(batch.greedy, device=logits.device)
+                next_ids = torch.where(greedy, next_ids, sampled)
+        if next_ids.device.type != "cuda":
+            return PendingSample(next_ids, next_ids, None, logprobs, batch.reqs)
+        host = torch.empty(next_ids.shape, dtype=next_ids.dtype, pin_memory=True)
+        host.copy_(next_ids, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return PendingSample(next_ids, host, ready, logprobs, batch.reqs)
+
+    @staticmethod
+    def _needs_adjust(req: Req) -> bool:
+        params = req.sampling
+        return params.has_penalties or (
+            len(req.output_ids) < params.min_new_tokens and bool(req.stop_token_set)
+        )
 
     def _sample_rows(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         if batch.needs_filter:
@@ -118,18 +182,3 @@ class Sampler:
         if index is not None:
             picks = index.gather(1, picks[:, None])[:, 0]
         return picks
-
-    @staticmethod
-    def _logprob_info(logprobs: torch.Tensor | None, ids: list[int], reqs: Sequence[Req]):
-        chosen: list[float | None] = [None] * len(reqs)
-        tops: list[list[tuple[int, float]] | None] = [None] * len(reqs)
-        if logprobs is None:
-            return chosen, tops
-        for row, req in enumerate(reqs):
-            if not req.return_logprob:
-                continue
-            chosen[row] = float(logprobs[row, ids[row]])
-            if req.top_logprobs_num > 0:
-                values, indices = logprobs[row].topk(req.top_logprobs_num)
-                tops[row] = list(zip(indices.tolist(), values.tolist(), strict=True))
-        return chosen, tops

@@ -9,7 +9,7 @@ import torch
 from kvflow.runtime.forward_batch import ForwardBatch, ForwardMode
 from kvflow.runtime.scheduler.req import Req
 
-__all__ = ["build_decode_batch", "build_extend_batch"]
+__all__ = ["build_decode_batch", "build_extend_batch", "host_to_device"]
 
 
 def build_extend_batch(
@@ -38,24 +38,38 @@ def build_extend_batch(
     )
 
 
+def host_to_device(rows: list[list[int]] | list[int], device: str) -> torch.Tensor:
+    """int64 ``rows`` on ``device`` without making the host wait for the GPU.
+
+    A copy from pageable memory may wait for the stream's queued work (the driver stages
+    it); from pinned memory it is queued behind that work, and torch's pinned-block cache
+    keeps the block until the copy has run.
+    """
+    on_cuda = device.startswith("cuda")
+    host = torch.tensor(rows, dtype=torch.int64, pin_memory=on_cuda)
+    return host.to(device, non_blocking=True) if on_cuda else host.to(device)
+
+
 def build_decode_batch(
-    reqs: Sequence[Req], out_cache_loc: torch.Tensor, device: str
+    reqs: Sequence[Req],
+    out_cache_loc: torch.Tensor,
+    device: str,
+    input_ids: torch.Tensor | None = None,
 ) -> ForwardBatch:
     """Decode step: each request feeds its last token at position ``kv_len``.
 
-    The per-request integers travel to the device in one copy.
+    ``input_ids`` (on ``device``) replaces the requests' last output tokens when the
+    previous step's sampled ids are not on the host yet. The per-request integers travel
+    to the device in one copy.
     """
     seq_lens = [r.kv_len + 1 for r in reqs]
-    host = torch.tensor(
-        [
-            [r.output_ids[-1] for r in reqs],
-            [r.kv_len for r in reqs],
-            [r.req_pool_idx for r in reqs],
-            seq_lens,
-        ],
-        dtype=torch.int64,
-    )
-    input_ids, positions, req_pool_indices, seq_lens_dev = host.to(device, non_blocking=True)
+    rows = [[r.kv_len for r in reqs], [r.req_pool_idx for r in reqs], seq_lens]
+    if input_ids is None:
+        rows.insert(0, [r.output_ids[-1] for r in reqs])
+    on_device = host_to_device(rows, device)
+    if input_ids is None:
+        input_ids, on_device = on_device[0], on_device[1:]
+    positions, req_pool_indices, seq_lens_dev = on_device
     return ForwardBatch(
         mode=ForwardMode.DECODE,
         input_ids=input_ids,

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from kvflow.runtime.cache import PrefixCache
 from kvflow.runtime.mem import ReqToTokenPool, TokenToKVPoolAllocator
+from kvflow.runtime.scheduler.batch import host_to_device
 from kvflow.runtime.scheduler.req import Req
 
-__all__ = ["KVManager"]
+__all__ = ["DecodeGrowth", "KVManager"]
+
+
+class DecodeGrowth(NamedTuple):
+    """One slot per request taken ahead of need (:meth:`KVManager.try_grow_decode`)."""
+
+    out_cache_loc: torch.Tensor  # [B] on the device; already recorded in the table
+    # Per request: the host ``last_loc`` before, and the slot when it opened a new page.
+    undo: list[tuple[Req, int | None, int | None]]
 
 
 class KVManager:
@@ -52,20 +63,21 @@ class KVManager:
             req.admitted = True
         return True
 
-    def _alloc_host(self, req: Req, num_new: int) -> list[int] | None:
-        """Slots for the request's next ``num_new`` positions, evicting if needed."""
+    def _alloc_host(self, req: Req, num_new: int, evict: bool = True) -> list[int] | None:
+        """Slots for the request's next ``num_new`` positions, evicting if needed (and
+        allowed)."""
         last_loc = 0
         if req.kv_len > 0:
             if req.last_loc is None:  # a device read (sync); cached for the decode steps after
                 req.last_loc = int(self.req_to_token.req_to_token[req.req_pool_idx, req.kv_len - 1])
             last_loc = req.last_loc
         slots = self.allocator.alloc_for_request(req.kv_len, last_loc, num_new)
-        if slots is None:
+        if slots is None and evict:
             shortfall = self.tokens_to_grow(req, num_new) - self.allocator.available_size()
             self.cache.evict(shortfall)
             slots = self.allocator.alloc_for_request(req.kv_len, last_loc, num_new)
-            if slots is None:
-                return None
+        if slots is None:
+            return None
         req.last_loc = slots[-1]
         return slots
 
@@ -89,21 +101,54 @@ class KVManager:
 
         The caller has made room (see the scheduler's retraction), so failing is a bug.
         """
-        slots, rows, positions = [], [], []
+        slots = []
         for req in reqs:
             slot = self._alloc_host(req, 1)
             if slot is None:
                 raise RuntimeError(f"no KV slot for {req.rid} after making room")
             slots.append(slot[0])
-            rows.append(req.req_pool_idx)
-            positions.append(req.kv_len)
+        return self._record_decode(reqs, slots)
+
+    def try_grow_decode(self, reqs: list[Req]) -> DecodeGrowth | None:
+        """:meth:`grow_decode` for a step that may never run: takes only free pages (no
+        eviction, no device read) and can be undone exactly (:meth:`undo_grow`).
+
+        None, with nothing taken, when that is not possible.
+        """
+        undo: list[tuple[Req, int | None, int | None]] = []
+        slots = []
+        for req in reqs:
+            last_loc = req.last_loc
+            if req.kv_len > 0 and last_loc is None:
+                slot = None  # the slot before would have to be read from the device
+            else:
+                slot = self._alloc_host(req, 1, evict=False)
+            if slot is None:
+                self.undo_grow(DecodeGrowth(torch.empty(0), undo))
+                return None
+            undo.append((req, last_loc, slot[0] if req.kv_len % self.page_size == 0 else None))
+            slots.append(slot[0])
+        return DecodeGrowth(self._record_decode(reqs, slots), undo)
+
+    def undo_grow(self, growth: DecodeGrowth) -> None:
+        """Give back what :meth:`try_grow_decode` took; the free-page list ends up as it was.
+
+        The table entries written stay past each request's ``kv_len``, where nothing reads.
+        """
+        for req, last_loc, new_page_slot in reversed(growth.undo):
+            if new_page_slot is not None:
+                self.allocator.free(torch.tensor([new_page_slot]))
+            req.last_loc = last_loc
+
+    def _record_decode(self, reqs: list[Req], slots: list[int]) -> torch.Tensor:
+        """Write each request's new slot at position ``kv_len`` of its row (one copy and
+        one scatter, queued without waiting); returns the slots on the device."""
         table = self.req_to_token.req_to_token
-        out = torch.tensor(slots, dtype=torch.int64).to(table.device, non_blocking=True)
-        index = torch.tensor([rows, positions], dtype=torch.int64).to(
-            table.device, non_blocking=True
-        )
-        table[index[0], index[1]] = out.to(table.dtype)
-        return out
+        row_len = table.shape[1]
+        flat = [r.req_pool_idx * row_len + r.kv_len for r in reqs]
+        slots_dev, flat_dev = host_to_device([slots, flat], str(table.device))
+        table.view(-1).index_copy_(0, flat_dev, slots_dev.to(table.dtype))
+        return slots_dev
 
     def is_fully_free(self) -> bool:
         """True when no request holds memory (cached prefixes may remain, all unlocked)."""

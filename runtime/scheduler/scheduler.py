@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
 from kvflow.runtime.cache import NoPrefixCache, PrefixCache, RadixCache
 from kvflow.runtime.config import EngineConfig
+from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.model_runner import ModelRunner
-from kvflow.runtime.sampling import SamplingBatch
+from kvflow.runtime.sampling import PendingSample, SampleOutput, SamplingBatch
 from kvflow.runtime.scheduler.batch import build_decode_batch, build_extend_batch
 from kvflow.runtime.scheduler.budget import RESERVE_CLIP, PrefillBudget
-from kvflow.runtime.scheduler.kv import KVManager
+from kvflow.runtime.scheduler.kv import DecodeGrowth, KVManager
 from kvflow.runtime.scheduler.output import TokenOutput
 from kvflow.runtime.scheduler.policy import order_waiting
 from kvflow.runtime.scheduler.req import FinishReason, Req
@@ -37,8 +39,23 @@ NEW_TOKEN_RATIO_DECAY = 0.001
 RETRACT_NEW_TOKEN_RATIO = 0.9
 
 
+class _NextDecode(NamedTuple):
+    """The next decode step, built while the GPU ran the one before (see ``_prepare_next``)."""
+
+    reqs: list[Req]
+    fb: ForwardBatch  # its input ids are the previous step's sampled ids, still on the GPU
+    growth: DecodeGrowth
+
+
 class Scheduler:
-    """Owns every request from arrival to finish; not thread-safe (one loop drives it)."""
+    """Owns every request from arrival to finish; not thread-safe (one loop drives it).
+
+    NOTE: after launching a decode step, the scheduler builds the next one (KV slots,
+    positions, CUDA-graph inputs) before it waits for the sampled tokens, assuming every
+    request goes on. The step built ahead is used only if that held and no prefill is due;
+    otherwise it is undone exactly (``_drop_next``) before anything else touches memory.
+    Results never depend on it; ``prepare_next_decode = False`` turns it off.
+    """
 
     def __init__(self, config: EngineConfig, runner: ModelRunner) -> None:
         self.config = config
@@ -52,6 +69,8 @@ class Scheduler:
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.num_retractions = 0
         self.forward_steps = 0
+        self.prepare_next_decode = True
+        self._next: _NextDecode | None = None
 
     # -- requests in and out ---------------------------------------------------------------
     def add_request(self, req: Req) -> None:
@@ -70,6 +89,7 @@ class Scheduler:
 
     def abort_request(self, rid: str, message: str = "aborted by the client") -> TokenOutput | None:
         """Abort a waiting or running request, releasing its memory. None if unknown."""
+        self._drop_next()
         for req in self.waiting:
             if req.rid == rid:
                 self.waiting.remove(req)
@@ -102,6 +122,8 @@ class Scheduler:
 
     # -- one step --------------------------------------------------------------------------
     def step(self) -> list[TokenOutput]:
+        if self.waiting or self.chunked is not None:
+            self._drop_next()  # a prefill may be planned: its budget sees all free memory
         plan = self._plan_prefill()
         if plan:
             return self._run_extend(plan)
@@ -200,15 +222,23 @@ class Scheduler:
                 self.cache.cache_unfinished_req(req)
                 to_sample.append(row)
         if to_sample:
-            outputs += self._sample_and_commit([reqs[i] for i in to_sample], logits[to_sample])
+            sampled_reqs = [reqs[i] for i in to_sample]
+            pending = self._launch_sample(sampled_reqs, logits[to_sample])
+            outputs += self._commit(sampled_reqs, pending.resolve())
         return outputs
 
     def _run_decode(self) -> list[TokenOutput]:
-        outputs = self._make_room_for_decode()
-        if not self.running:
-            return outputs
-        reqs = list(self.running)
-        fb = build_decode_batch(reqs, self.kv.grow_decode(reqs), self.runner.device)
+        built, self._next = self._next, None
+        if built is not None and built.reqs == self.running:
+            reqs, fb, outputs = built.reqs, built.fb, []
+        else:
+            if built is not None:
+                self.kv.undo_grow(built.growth)
+            outputs = self._make_room_for_decode()
+            if not self.running:
+                return outputs
+            reqs = list(self.running)
+            fb = build_decode_batch(reqs, self.kv.grow_decode(reqs), self.runner.device)
         logits = self.runner.forward(fb)
         self.forward_steps += 1
         for req in reqs:
@@ -216,7 +246,35 @@ class Scheduler:
         self.new_token_ratio = max(
             MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
         )
-        return outputs + self._sample_and_commit(reqs, logits)
+        pending = self._launch_sample(reqs, logits)
+        self._prepare_next(reqs, pending)
+        return outputs + self._commit(reqs, pending.resolve())
+
+    def _prepare_next(self, reqs: list[Req], pending: PendingSample) -> None:
+        """Build the decode step after this one while the GPU still runs this one."""
+        if not self.prepare_next_decode or self.waiting or self.chunked is not None:
+            return
+        context_len = self.runner.context_len
+        for req in reqs:  # finishing by length is known now: the step would be undone
+            if (
+                len(req.output_ids) + 1 >= req.sampling.max_new_tokens
+                or req.seq_len + 1 >= context_len
+            ):
+                return
+        growth = self.kv.try_grow_decode(reqs)
+        if growth is None:
+            return
+        fb = build_decode_batch(
+            reqs, growth.out_cache_loc, self.runner.device, pending.next_token_ids
+        )
+        self.runner.prepare(fb)
+        self._next = _NextDecode(reqs, fb, growth)
+
+    def _drop_next(self) -> None:
+        """Undo the step built ahead (its KV slots go back as they were taken)."""
+        if self._next is not None:
+            self.kv.undo_grow(self._next.growth)
+            self._next = None
 
     def _make_room_for_decode(self) -> list[TokenOutput]:
         """Retract running requests until every remaining one can grow by a token."""
@@ -243,11 +301,13 @@ class Scheduler:
             logger.info("retracted %s (%d output tokens kept)", victim.rid, len(victim.output_ids))
         return outputs
 
-    def _sample_and_commit(self, reqs: Sequence[Req], logits: torch.Tensor) -> list[TokenOutput]:
-        """Sample one token per request; finished requests leave (and release their KV),
-        unfinished ones not yet running join the running batch."""
+    def _launch_sample(self, reqs: Sequence[Req], logits: torch.Tensor) -> PendingSample:
         batch = SamplingBatch.from_reqs(reqs, self.runner.vocab_size, self.runner.device)
-        sampled = self.runner.sampler.sample(logits, batch)
+        return self.runner.sampler.launch(logits, batch)
+
+    def _commit(self, reqs: Sequence[Req], sampled: SampleOutput) -> list[TokenOutput]:
+        """Record one sampled token per request; finished requests leave (and release their
+        KV), unfinished ones not yet running join the running batch."""
         outputs = []
         running = {id(r) for r in self.running}
         for row, req in enumerate(reqs):
@@ -257,6 +317,7 @@ class Scheduler:
                 req.output_logprobs.append(sampled.logprobs[row])
                 req.output_top_logprobs.append(sampled.top_logprobs[row])
             if req.finished:
+                self._drop_next()  # built for a batch that no longer exists
                 self.cache.cache_finished_req(req)
             elif id(req) not in running:
                 self.running.append(req)
