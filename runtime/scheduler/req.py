@@ -138,5 +138,15 @@ class Req:
         if len(self.output_ids) >= params.max_new_tokens or self.seq_len >= context_len:
             self.finished_reason = FinishReason("length")
 
+    def may_finish_on_next_token(self, context_len: int) -> bool:
+        """Whether appending one more token could finish the request, whatever its id
+        (False: only lengths decide, and they do not end it on that token)."""
+        count = len(self.output_ids) + 1
+        if count >= self.sampling.max_new_tokens or self.seq_len + 1 >= context_len:
+            return True
+        if count < self.sampling.min_new_tokens:
+            return False  # stop tokens and strings are not checked yet
+        return bool(self.stop_token_set) or self._stop_text is not None
+
     def abort(self, message: str) -> None:
         self.finished_reason = FinishReason("abort", message=message)

@@ -45,6 +45,7 @@ class _NextDecode(NamedTuple):
     reqs: list[Req]
     fb: ForwardBatch  # its input ids are the previous step's sampled ids, still on the GPU
     growth: DecodeGrowth
+    logits: torch.Tensor | None  # set when its forward was launched already
 
 
 class Scheduler:
@@ -52,9 +53,14 @@ class Scheduler:
 
     NOTE: after launching a decode step, the scheduler builds the next one (KV slots,
     positions, CUDA-graph inputs) before it waits for the sampled tokens, assuming every
-    request goes on. The step built ahead is used only if that held and no prefill is due;
-    otherwise it is undone exactly (``_drop_next``) before anything else touches memory.
-    Results never depend on it; ``prepare_next_decode = False`` turns it off.
+    request goes on; when no request can finish on the token being sampled (only lengths
+    could end them, and they do not), it also launches that step's forward, so the GPU
+    never waits for the host. The step built ahead is used only if every request went on
+    and no prefill is due; otherwise it is undone exactly (``_drop_next``) before anything
+    else touches memory. A forward launched for it writes only KV at the slots it took
+    (past each request's ``kv_len``, never in a cached page), ordered on the stream before
+    whatever reuses them. Results never depend on it; ``prepare_next_decode = False`` turns
+    it off, ``launch_ahead = False`` keeps the building but not the early launch.
     """
 
     def __init__(self, config: EngineConfig, runner: ModelRunner) -> None:
@@ -70,6 +76,7 @@ class Scheduler:
         self.num_retractions = 0
         self.forward_steps = 0
         self.prepare_next_decode = True
+        self.launch_ahead = runner.device.startswith("cuda")  # on CPU it would only reorder
         self._next: _NextDecode | None = None
 
     # -- requests in and out ---------------------------------------------------------------
@@ -230,7 +237,8 @@ class Scheduler:
     def _run_decode(self) -> list[TokenOutput]:
         built, self._next = self._next, None
         if built is not None and built.reqs == self.running:
-            reqs, fb, outputs = built.reqs, built.fb, []
+            reqs, outputs = built.reqs, []
+            logits = self.runner.forward(built.fb) if built.logits is None else built.logits
         else:
             if built is not None:
                 self.kv.undo_grow(built.growth)
@@ -239,7 +247,7 @@ class Scheduler:
                 return outputs
             reqs = list(self.running)
             fb = build_decode_batch(reqs, self.kv.grow_decode(reqs), self.runner.device)
-        logits = self.runner.forward(fb)
+            logits = self.runner.forward(fb)
         self.forward_steps += 1
         for req in reqs:
             req.kv_len += 1
@@ -251,16 +259,18 @@ class Scheduler:
         return outputs + self._commit(reqs, pending.resolve())
 
     def _prepare_next(self, reqs: list[Req], pending: PendingSample) -> None:
-        """Build the decode step after this one while the GPU still runs this one."""
+        """Build (and maybe launch) the decode step after this one while the GPU still runs
+        this one; called after this step's sampling is queued, which reads the logits
+        buffer that the next graph replay overwrites."""
         if not self.prepare_next_decode or self.waiting or self.chunked is not None:
             return
         context_len = self.runner.context_len
-        for req in reqs:  # finishing by length is known now: the step would be undone
-            if (
-                len(req.output_ids) + 1 >= req.sampling.max_new_tokens
-                or req.seq_len + 1 >= context_len
-            ):
-                return
+        may_finish = [r.may_finish_on_next_token(context_len) for r in reqs]
+        if any(
+            len(r.output_ids) + 1 >= r.sampling.max_new_tokens or r.seq_len + 1 >= context_len
+            for r in reqs
+        ):
+            return  # a request ends by length on this token: the step would be undone
         growth = self.kv.try_grow_decode(reqs)
         if growth is None:
             return
@@ -268,7 +278,10 @@ class Scheduler:
             reqs, growth.out_cache_loc, self.runner.device, pending.next_token_ids
         )
         self.runner.prepare(fb)
-        self._next = _NextDecode(reqs, fb, growth)
+        logits = None
+        if self.launch_ahead and not any(may_finish):
+            logits = self.runner.forward(fb)
+        self._next = _NextDecode(reqs, fb, growth, logits)
 
     def _drop_next(self) -> None:
         """Undo the step built ahead (its KV slots go back as they were taken)."""
