@@ -57,6 +57,9 @@ class _SdpaPart:
     mask: torch.Tensor | None  # [new, prefix + new] bool; None: plain causal
 
 
+_Part = _PaddedPart | _SdpaPart
+
+
 @dataclass(frozen=True)
 class _Request:
     row: int  # req_to_token row
@@ -83,9 +86,9 @@ class TorchNativeBackend(AttentionBackend):
             start += new
         fb.attn_metadata = self._plan(requests, fb.input_ids.device)
 
-    def _plan(self, requests: list[_Request], device: torch.device) -> list:
+    def _plan(self, requests: list[_Request], device: torch.device) -> list[_Part]:
         """Pack requests of similar context length into padded parts that fit the budget."""
-        parts: list = []
+        parts: list[_Part] = []
         group: list[_Request] = []
         for req in sorted(requests, key=lambda r: r.context):
             if req.prefix == 0 and req.new >= SDPA_MIN_NEW_TOKENS:
