@@ -87,54 +87,66 @@ class TorchNativeBackend(AttentionBackend):
         fb.attn_metadata = self._plan(requests, fb.input_ids.device)
 
     def _plan(self, requests: list[_Request], device: torch.device) -> list[_Part]:
-        """Pack requests of similar context length into padded parts that fit the budget."""
+        """Pack requests of similar context length into padded parts that fit the budget.
+
+        Requests go in ascending context order, so a group's longest context is its latest.
+        """
         parts: list[_Part] = []
         group: list[_Request] = []
+        group_new = 0  # longest new-token count in ``group``
         for req in sorted(requests, key=lambda r: r.context):
             if req.prefix == 0 and req.new >= SDPA_MIN_NEW_TOKENS:
                 parts.append(self._sdpa_part(req, device))
-            elif self._score_bytes([*group, req]) <= PADDED_SCORE_BYTES:
+                continue
+            new = max(group_new, req.new)
+            if self._score_bytes(len(group) + 1, new, req.context) <= PADDED_SCORE_BYTES:
                 group.append(req)
+                group_new = new
+                continue
+            if group:
+                parts.append(self._padded_part(group, device))
+            if self._score_bytes(1, req.new, req.context) <= PADDED_SCORE_BYTES:
+                group, group_new = [req], req.new
             else:
-                if group:
-                    parts.append(self._padded_part(group, device))
-                group = []
-                if self._score_bytes([req]) <= PADDED_SCORE_BYTES:
-                    group = [req]
-                else:
-                    parts.append(self._sdpa_part(req, device))
+                group, group_new = [], 0
+                parts.append(self._sdpa_part(req, device))
         if group:
             parts.append(self._padded_part(group, device))
         return parts
 
-    def _score_bytes(self, group: list[_Request]) -> int:
-        max_new = max(r.new for r in group)
-        max_ctx = max(r.context for r in group)
-        return 4 * len(group) * max_new * self.num_heads * max_ctx
+    def _score_bytes(self, count: int, max_new: int, max_ctx: int) -> int:
+        return 4 * count * max_new * self.num_heads * max_ctx
 
     def _padded_part(self, group: list[_Request], device: torch.device) -> _PaddedPart:
+        """Index tensors built from host lists, and every context read from the
+        request-to-token table in one gather (a few ops per part, not per request)."""
         count = len(group)
         max_new = max(r.new for r in group)
         max_ctx = max(r.context for r in group)
-        q_rows = torch.zeros((count, max_new), dtype=torch.int64)
-        kv_slots = torch.zeros((count, max_ctx), dtype=torch.int64, device=device)
-        real, out_rows = [], []
+        q_rows = [0] * (count * max_new)  # padding reads row 0, results are dropped
+        real: list[int] = []
+        out_rows: list[int] = []
         for i, req in enumerate(group):
-            q_rows[i, : req.new] = torch.arange(req.start, req.start + req.new)
-            real.append(torch.arange(i * max_new, i * max_new + req.new))
-            out_rows.append(torch.arange(req.start, req.start + req.new))
-            kv_slots[i, : req.context] = self.req_to_token.read(req.row, req.context)
+            base = i * max_new
+            q_rows[base : base + req.new] = range(req.start, req.start + req.new)
+            real.extend(range(base, base + req.new))
+            out_rows.extend(range(req.start, req.start + req.new))
+        table = self.req_to_token.req_to_token
+        rows = torch.tensor([r.row for r in group], device=table.device)
+        context = torch.tensor([r.context for r in group])
+        kv_slots = table.index_select(0, rows)[:, :max_ctx].to(torch.int64)
+        kv_pad = torch.arange(max_ctx)[None, :] >= context[:, None]
+        kv_slots.masked_fill_(kv_pad.to(kv_slots.device), 0)  # padding reads slot 0
         prefix = torch.tensor([r.prefix for r in group])[:, None, None]
-        context = torch.tensor([r.context for r in group])[:, None, None]
         q_pos = torch.arange(max_new)[None, :, None] + prefix
         kv_pos = torch.arange(max_ctx)[None, None, :]
-        allowed = (kv_pos <= q_pos) & (kv_pos < context)  # padded rows still see slot 0
+        allowed = (kv_pos <= q_pos) & (kv_pos < context[:, None, None])  # pad rows see slot 0
         bias = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill_(~allowed, -torch.inf)
         return _PaddedPart(
-            q_rows=q_rows.view(-1).to(device),
-            real=torch.cat(real).to(device),
-            out_rows=torch.cat(out_rows).to(device),
-            kv_slots=kv_slots.view(-1),
+            q_rows=torch.tensor(q_rows, device=device),
+            real=torch.tensor(real, device=device),
+            out_rows=torch.tensor(out_rows, device=device),
+            kv_slots=kv_slots.view(-1).to(device),
             max_new=max_new,
             max_ctx=max_ctx,
             bias=bias[:, :, None, :].to(device),

@@ -90,9 +90,7 @@ class KVManager:
         slots = self._alloc_host(req, num_new)
         if slots is None:
             return None
-        on_device = torch.tensor(slots, dtype=torch.int64).to(
-            self.req_to_token.req_to_token.device, non_blocking=True
-        )
+        on_device = host_to_device(slots, str(self.req_to_token.req_to_token.device))
         self.req_to_token.write(req.req_pool_idx, req.kv_len, on_device)
         return on_device
 
