@@ -51,6 +51,33 @@ def edited_by_others(body: Mapping[str, Any]) -> bool:
     return False
 
 
+class EditFilter:
+    """Lets each edit of a child through once.
+
+    A field manager's entry outlives the repair of its edit (``kubectl scale`` keeps owning
+    ``spec.replicas`` after the operator's forced apply), so :func:`edited_by_others` stays
+    true for every later status event of that child. An edit changes the spec, and so
+    ``metadata.generation`` (``resourceVersion`` for kinds without one); a state already
+    repaired is not repaired again. The repair's own apply moves the generation once more,
+    so an edit costs at most two reconciles.
+    """
+
+    def __init__(self) -> None:
+        self._repaired: dict[str, str] = {}
+
+    def new_edit(self, body: Mapping[str, Any]) -> bool:
+        meta = body.get("metadata", {})
+        uid = str(meta.get("uid"))
+        version = str(meta.get("generation") or meta.get("resourceVersion"))
+        if self._repaired.get(uid) == version:
+            return False
+        self._repaired[uid] = version
+        return True
+
+    def forget(self, body: Mapping[str, Any]) -> None:
+        self._repaired.pop(str(body.get("metadata", {}).get("uid")), None)
+
+
 class _StatusFilter:
     """Remembers each Deployment's last status summary so unchanged ones are skipped."""
 
@@ -120,6 +147,7 @@ def register(
             _raise_for(outcome)
 
     deployments = _StatusFilter()
+    edits = EditFilter()
 
     def child_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         owner = body.metadata.labels.get(names.LABEL_DEPLOYMENT)
@@ -129,7 +157,8 @@ def register(
         deleted = event.get("type") == "DELETED"
         if deleted:
             deployments.forget(body)
-        drifted = not deleted and edited_by_others(body)
+            edits.forget(body)
+        drifted = not deleted and edited_by_others(body) and edits.new_edit(body)
         is_deployment = body.get("kind") == "Deployment"
         try:
             if deleted or drifted:
