@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DUMMY_CONFIGS", "EngineConfig", "ModelConfig"]
 
@@ -124,7 +127,8 @@ class EngineConfig:
     max_prefill_tokens: int = 16384
     chunked_prefill_size: int = 0  # 0: auto (2048 on CPU, 8192 on CUDA); -1 disables
     schedule_policy: str = "lpm"
-    attention_backend: str = "auto"  # auto | torch | triton | flashinfer
+    # auto: triton on CUDA; on CPU the native kernels (cpu) where they build, else torch
+    attention_backend: str = "auto"
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 160
     # CPU: torch intra-op threads of the engine's process; 0: auto (every core this process
@@ -149,7 +153,7 @@ class EngineConfig:
         threads = self.cpu_threads or _usable_cores()
         backend = self.attention_backend
         if backend == "auto":
-            backend = "triton" if on_cuda else "torch"
+            backend = "triton" if on_cuda else _cpu_backend()
         return dataclasses.replace(
             self,
             device=device,
@@ -159,6 +163,18 @@ class EngineConfig:
             disable_cuda_graph=self.disable_cuda_graph or not on_cuda,
             cpu_threads=threads,
         )
+
+
+def _cpu_backend() -> str:
+    """``cpu`` when the native CPU kernels build and load here, else ``torch`` (logged)."""
+    from kvflow.kernels.cpu import NativeBuildError, load_library
+
+    try:
+        load_library()
+    except NativeBuildError as exc:
+        log.warning("native CPU kernels unavailable, attention runs on torch: %s", exc)
+        return "torch"
+    return "cpu"
 
 
 def _usable_cores() -> int:

@@ -12,7 +12,9 @@ import math
 import pytest
 import torch
 
+from kvflow.kernels import cpu as cpu_kernels
 from kvflow.runtime.attention import torch_native
+from kvflow.runtime.attention.cpu_native import CpuNativeBackend
 from kvflow.runtime.attention.torch_native import TorchNativeBackend
 from kvflow.runtime.forward_batch import ForwardBatch, ForwardMode
 from kvflow.runtime.mem import KVPool, ReqToTokenPool
@@ -32,10 +34,10 @@ def naive_attention(q, keys, values, prefix_len):
     return torch.einsum("hnk,khd->nhd", scores.softmax(-1), values)
 
 
-def make_backend(dtype):
+def make_backend(dtype, backend_cls=TorchNativeBackend):
     pool = KVPool(SLOTS, 1, KV_HEADS, DIM, dtype, "cpu")
     rows = ReqToTokenPool(8, 512, "cpu")
-    backend = TorchNativeBackend(pool, rows, HEADS, KV_HEADS, DIM, 1 / math.sqrt(DIM))
+    backend = backend_cls(pool, rows, HEADS, KV_HEADS, DIM, 1 / math.sqrt(DIM))
     return backend, pool, rows
 
 
@@ -124,6 +126,34 @@ def test_decode_matches_naive(dtype):
     backend, _, rows = make_backend(dtype)
     out, expected = run_batch(backend, rows, [0, 9, 30, 4], [1, 1, 1, 1], dtype, ForwardMode.DECODE)
     torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype], rtol=0)
+
+
+needs_native = pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler")
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_backend_decodes_with_the_native_kernel(dtype):
+    backend, _, rows = make_backend(dtype, CpuNativeBackend)
+    lens = [0, 9, 30, 4, 300]
+    out, expected = run_batch(backend, rows, lens, [1] * len(lens), dtype, ForwardMode.DECODE)
+    torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype], rtol=0)
+
+
+@needs_native
+def test_cpu_backend_extends_through_the_torch_parts():
+    backend, _, rows = make_backend(torch.bfloat16, CpuNativeBackend)
+    prefix_lens, new_lens = [5, 7, 0], [4, 2, LONG]
+    out, expected = run_batch(
+        backend, rows, prefix_lens, new_lens, torch.bfloat16, ForwardMode.EXTEND
+    )
+    assert part_kinds(backend) == ["_PaddedPart", "_SdpaPart"]
+    torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[torch.bfloat16], rtol=0)
+
+
+def test_cpu_backend_refuses_what_its_kernel_cannot_run():
+    with pytest.raises(ValueError, match="attention-backend torch"):
+        make_backend(torch.float16, CpuNativeBackend)
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,136 @@
+"""Paged attention over the request-to-token table on CPU (``paged_attention.c``).
+
+Contract: query row ``i`` (``q[i]``, ``[heads, dim]``) attends, causally by construction, to
+the first ``visible[i]`` KV slots listed in row ``rows[i]`` of ``req_to_token``; K and V are
+read in place from one layer's pool (``[slots, kv_heads, dim]``), query head ``j`` reading
+KV head ``j // (heads // kv_heads)``. A row that sees no slot gets zeros. Decode is one row
+per request with ``visible`` = its sequence length.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from kvflow.kernels.cpu.native import load_library
+
+__all__ = ["MAX_GROUP", "MAX_HEAD_DIM", "paged_attention", "paged_attention_ref", "supports"]
+
+MAX_HEAD_DIM = 256
+MAX_GROUP = 16
+DTYPES = (torch.float32, torch.bfloat16)
+
+_I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+_ARGTYPES = [
+    *(_PTR, _I64, _I64),  # q, strides
+    *(_PTR, _PTR, _I64, _I64),  # k, v, strides
+    *(_PTR, _I64),  # req_to_token, row stride
+    *(_PTR, _PTR),  # rows, visible
+    *(_PTR, _I64, _I64),  # out, strides
+    *(_I64, _INT, _INT, _INT, ctypes.c_float, _INT),  # n, heads, kv_heads, dim, scale, is_bf16
+]
+
+
+def _kernel() -> ctypes._CFuncPtr:
+    fn = load_library().kvflow_paged_attention
+    if fn.argtypes is None:
+        fn.argtypes, fn.restype = _ARGTYPES, None
+    return fn
+
+
+def supports(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> bool:
+    """Whether the kernel takes this storage type and these head shapes."""
+    return (
+        dtype in DTYPES
+        and heads % kv_heads == 0
+        and heads // kv_heads <= MAX_GROUP
+        and head_dim <= MAX_HEAD_DIM
+    )
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    visible: torch.Tensor,
+    sm_scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of every row of ``q`` ``[n, heads, dim]`` (see the module docstring); returns
+    ``out`` (new if None) ``[n, heads, dim]`` in ``q``'s dtype.
+
+    ``rows`` and ``visible`` are int64 ``[n]``; ``req_to_token`` is int32. Everything is on
+    the CPU, and the head dimension of ``q``, ``out`` and the pools is contiguous. Slots are
+    not bounds-checked here: the caller's table must hold valid slots up to ``visible``.
+    """
+    n, heads, dim = q.shape
+    kv_heads = k_buffer.shape[1]
+    if not supports(q.dtype, heads, kv_heads, dim):
+        raise ValueError(f"unsupported: {q.dtype}, {heads} heads / {kv_heads} KV heads, dim {dim}")
+    if out is None:
+        out = torch.empty_like(q)
+    tensors = {"q": q, "k_buffer": k_buffer, "v_buffer": v_buffer, "out": out}
+    for name, t in tensors.items():
+        if t.device.type != "cpu" or t.dtype != q.dtype or t.shape[-1] != dim or t.stride(-1) != 1:
+            raise ValueError(f"{name} must be a CPU {q.dtype} tensor with a contiguous head dim")
+    if k_buffer.stride() != v_buffer.stride() or k_buffer.shape != v_buffer.shape:
+        raise ValueError("k_buffer and v_buffer must have the same shape and strides")
+    if req_to_token.dtype != torch.int32 or req_to_token.stride(1) != 1:
+        raise ValueError("req_to_token must be int32 with contiguous rows")
+    if rows.dtype != torch.int64 or visible.dtype != torch.int64:
+        raise ValueError("rows and visible must be int64")
+    rows, visible = rows.contiguous(), visible.contiguous()
+    if rows.numel() != n or visible.numel() != n:
+        raise ValueError(f"rows and visible need {n} entries")
+    if n == 0:
+        return out
+    _kernel()(
+        q.data_ptr(),
+        q.stride(0),
+        q.stride(1),
+        k_buffer.data_ptr(),
+        v_buffer.data_ptr(),
+        k_buffer.stride(0),
+        k_buffer.stride(1),
+        req_to_token.data_ptr(),
+        req_to_token.stride(0),
+        rows.data_ptr(),
+        visible.data_ptr(),
+        out.data_ptr(),
+        out.stride(0),
+        out.stride(1),
+        n,
+        heads,
+        kv_heads,
+        dim,
+        sm_scale,
+        int(q.dtype == torch.bfloat16),
+    )
+    return out
+
+
+def paged_attention_ref(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    visible: torch.Tensor,
+    sm_scale: float,
+) -> torch.Tensor:
+    """Pure-torch :func:`paged_attention` (float32 math, one row at a time)."""
+    heads = q.shape[1]
+    group = heads // k_buffer.shape[1]
+    out = torch.zeros_like(q)
+    for i, (row, length) in enumerate(zip(rows.tolist(), visible.tolist(), strict=True)):
+        if length == 0:
+            continue
+        slots = req_to_token[row, :length].long()
+        keys = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [len, heads, dim]
+        values = v_buffer[slots].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,thd->ht", q[i].float(), keys) * sm_scale
+        out[i] = torch.einsum("ht,thd->hd", scores.softmax(-1), values).to(q.dtype)
+    return out

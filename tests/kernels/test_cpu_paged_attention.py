@@ -1,0 +1,90 @@
+"""The native CPU paged-attention kernel against its torch reference (no GPU, no Triton)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kvflow.kernels.cpu import available, paged_attention, paged_attention_ref
+
+pytestmark = pytest.mark.skipif(not available(), reason="no C compiler for the native kernels")
+
+SLOTS = 4096
+
+
+def _case(dtype, heads, kv_heads, dim, lens, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    k_buf = torch.randn(SLOTS, kv_heads, dim, generator=gen).to(dtype)
+    v_buf = torch.randn(SLOTS, kv_heads, dim, generator=gen).to(dtype)
+    table = torch.zeros(len(lens) + 2, 1024, dtype=torch.int32)
+    rows = torch.randperm(table.shape[0], generator=gen)[: len(lens)]
+    for row, length in zip(rows.tolist(), lens, strict=True):
+        table[row, :length] = torch.randperm(SLOTS, generator=gen)[:length].to(torch.int32)
+    q = torch.randn(len(lens), heads, dim, generator=gen).to(dtype)
+    return q, k_buf, v_buf, table, rows.to(torch.int64), torch.tensor(lens, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 4, 32), (8, 1, 128), (16, 2, 80)]
+)
+def test_matches_reference(dtype, heads, kv_heads, dim) -> None:
+    # ragged: one slot, under a block, exactly a block, blocks plus a tail, long
+    lens = [1, 7, 32, 33, 100, 515, 1000]
+    args = _case(dtype, heads, kv_heads, dim, lens)
+    scale = 1 / math.sqrt(dim)
+    got = paged_attention(*args, scale)
+    want = paged_attention_ref(*args, scale)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+def test_one_slot_returns_its_value_and_empty_rows_are_zero() -> None:
+    q, k_buf, v_buf, table, rows, _ = _case(torch.float32, 4, 2, 16, [1, 5])
+    got = paged_attention(q, k_buf, v_buf, table, rows, torch.tensor([1, 0]), 0.25)
+    slot = int(table[rows[0], 0])
+    torch.testing.assert_close(got[0], v_buf[slot].repeat_interleave(2, dim=0))
+    assert torch.count_nonzero(got[1]) == 0
+
+
+def test_strided_query_and_output_views() -> None:
+    """q as the model produces it (a column slice of the fused qkv projection), out a view."""
+    heads, kv_heads, dim = 6, 2, 32
+    q, k_buf, v_buf, table, rows, visible = _case(torch.bfloat16, heads, kv_heads, dim, [40, 9])
+    qkv = torch.randn(2, (heads + 2 * kv_heads) * dim).to(torch.bfloat16)
+    qkv[:, : heads * dim] = q.reshape(2, -1)
+    strided_q = qkv[:, : heads * dim].view(2, heads, dim)
+    assert not strided_q.is_contiguous()
+    out_storage = torch.zeros(2, heads, 2 * dim, dtype=torch.bfloat16)
+    out = out_storage[:, :, :dim]
+    paged_attention(strided_q, k_buf, v_buf, table, rows, visible, 0.2, out=out)
+    want = paged_attention_ref(q, k_buf, v_buf, table, rows, visible, 0.2)
+    torch.testing.assert_close(out.float(), want.float(), atol=2e-2, rtol=2e-2)
+    assert torch.count_nonzero(out_storage[:, :, dim:]) == 0  # nothing written outside out
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda a: {**a, "q": a["q"].half()}, "unsupported"),
+        (lambda a: {**a, "req_to_token": a["req_to_token"].long()}, "int32"),
+        (lambda a: {**a, "rows": a["rows"].int()}, "int64"),
+        (lambda a: {**a, "visible": a["visible"][:1]}, "entries"),
+        (lambda a: {**a, "v_buffer": a["v_buffer"][:, :1]}, "same shape"),
+        (lambda a: {**a, "k_buffer": a["k_buffer"].float()}, "CPU"),
+    ],
+)
+def test_bad_arguments_are_refused(change, message) -> None:
+    q, k_buf, v_buf, table, rows, visible = _case(torch.bfloat16, 4, 2, 16, [3, 4])
+    args = {
+        "q": q,
+        "k_buffer": k_buf,
+        "v_buffer": v_buf,
+        "req_to_token": table,
+        "rows": rows,
+        "visible": visible,
+    }
+    with pytest.raises(ValueError, match=message):
+        paged_attention(**change(args), sm_scale=0.25)
