@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 __all__ = ["DUMMY_CONFIGS", "EngineConfig", "ModelConfig"]
 
@@ -166,15 +163,10 @@ class EngineConfig:
 
 
 def _cpu_backend() -> str:
-    """``cpu`` when the native CPU kernels build and load here, else ``torch`` (logged)."""
-    from kvflow.kernels.cpu import NativeBuildError, load_library
+    """``cpu`` when the native CPU kernels are on and build here, else ``torch``."""
+    from kvflow.kernels import cpu
 
-    try:
-        load_library()
-    except NativeBuildError as exc:
-        log.warning("native CPU kernels unavailable, attention runs on torch: %s", exc)
-        return "torch"
-    return "cpu"
+    return "cpu" if cpu.available() else "torch"
 
 
 def _usable_cores() -> int:

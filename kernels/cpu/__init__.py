@@ -2,12 +2,20 @@
 pure-torch reference of its contract. The torch attention backend is the portable path;
 these make the CPU serving path fast where a C compiler is at hand."""
 
+import functools
+import logging
+import os
+
+from kvflow.kernels.cpu import elementwise
 from kvflow.kernels.cpu.native import NativeBuildError, load_library
 from kvflow.kernels.cpu.paged_attention import paged_attention, paged_attention_ref, supports
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "NativeBuildError",
     "available",
+    "elementwise",
     "load_library",
     "paged_attention",
     "paged_attention_ref",
@@ -15,10 +23,15 @@ __all__ = [
 ]
 
 
+@functools.cache
 def available() -> bool:
-    """Whether the native kernels build and load here (the build runs once per process)."""
+    """Whether the native kernels are on: not switched off with ``KVFLOW_CPU_KERNELS=0``,
+    and they build and load here (tried once per process; a failure is logged)."""
+    if os.environ.get("KVFLOW_CPU_KERNELS", "1") == "0":
+        return False
     try:
         load_library()
-    except NativeBuildError:
+    except NativeBuildError as exc:
+        log.warning("native CPU kernels unavailable, running the torch paths: %s", exc)
         return False
     return True

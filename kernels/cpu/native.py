@@ -19,10 +19,11 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
-__all__ = ["NativeBuildError", "cache_dir", "load_library"]
+__all__ = ["NativeBuildError", "cache_dir", "function", "load_library"]
 
-SOURCES = ("paged_attention.c",)
+SOURCES = ("paged_attention.c", "elementwise.c")
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC")
 LIBS = ("-lm",)
 _HERE = Path(__file__).resolve().parent
@@ -90,3 +91,11 @@ def load_library() -> ctypes.CDLL:
         return ctypes.CDLL(str(target))
     except OSError as exc:
         raise NativeBuildError(f"cannot load {target}: {exc}") from exc
+
+
+def function(name: str, argtypes: list[Any]) -> Any:
+    """The library's C function ``name``, typed with ``argtypes`` (returning void)."""
+    fn = getattr(load_library(), name)
+    if fn.argtypes is None:
+        fn.argtypes, fn.restype = argtypes, None
+    return fn

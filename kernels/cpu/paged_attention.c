@@ -13,11 +13,12 @@
  */
 #include <float.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
 #define KVF_MAX_DIM 256
-#define KVF_MAX_GROUP 16
+#define KVF_MAX_QHEADS 32 /* query heads one work item holds */
 #define KVF_BLOCK 32
 #define KVF_PREFETCH 8
 
@@ -55,17 +56,25 @@ static inline void axpy_bf16(float *restrict acc, float p, const uint16_t *restr
     for (int d = 0; d < dim; d++) acc[d] += p * bf16_to_f32(v[d]);
 }
 
-static void attend_item(const void *q, int64_t q_row, const void *k, const void *v,
-                        int64_t kv_st, int64_t kv_off, const int32_t *slots, int64_t len,
-                        void *out, int64_t o_row, int64_t q_sh, int64_t o_sh, int group,
-                        int dim, float scale, int is_bf16) {
-    float qf[KVF_MAX_GROUP][KVF_MAX_DIM];
-    float acc[KVF_MAX_GROUP][KVF_MAX_DIM];
-    float s[KVF_MAX_GROUP][KVF_BLOCK];
-    float m[KVF_MAX_GROUP], l[KVF_MAX_GROUP];
+/* Query row `q_row`'s heads of KV heads kv_first .. kv_first + kv_count - 1 (group query
+ * heads each) over `len` slots. Reading every KV head of a token together keeps the reads of
+ * one token row contiguous. */
+static void attend_item(const void *q, int64_t q_row, int64_t q_sh, const void *k,
+                        const void *v, int64_t kv_st, int64_t kv_sh, int kv_first,
+                        int kv_count, const int32_t *slots, int64_t len, void *out,
+                        int64_t o_row, int64_t o_sh, int group, int dim, float scale,
+                        int is_bf16) {
+    float qf[KVF_MAX_QHEADS][KVF_MAX_DIM];
+    float acc[KVF_MAX_QHEADS][KVF_MAX_DIM];
+    float s[KVF_MAX_QHEADS][KVF_BLOCK];
+    float m[KVF_MAX_QHEADS], l[KVF_MAX_QHEADS];
+    int qheads = kv_count * group;
+    int64_t q_first = (int64_t)kv_first * group;
+    int bytes = is_bf16 ? 2 : 4;
+    int64_t row_bytes = ((int64_t)(kv_count - 1) * kv_sh + dim) * bytes;
 
-    for (int g = 0; g < group; g++) {
-        int64_t at = q_row + g * q_sh;
+    for (int g = 0; g < qheads; g++) {
+        int64_t at = q_row + (q_first + g) * q_sh;
         for (int d = 0; d < dim; d++) {
             float x = is_bf16 ? bf16_to_f32(((const uint16_t *)q)[at + d]) : ((const float *)q)[at + d];
             qf[g][d] = x * scale;
@@ -77,20 +86,22 @@ static void attend_item(const void *q, int64_t q_row, const void *k, const void 
     for (int64_t start = 0; start < len; start += KVF_BLOCK) {
         int count = (int)(len - start < KVF_BLOCK ? len - start : KVF_BLOCK);
         for (int t = 0; t < count; t++) {
-            int64_t at = (int64_t)slots[start + t] * kv_st + kv_off;
-            if (start + t + KVF_PREFETCH < len) { /* slots are scattered: fetch ahead */
-                int64_t ahead = (int64_t)slots[start + t + KVF_PREFETCH] * kv_st + kv_off;
-                int bytes = is_bf16 ? 2 : 4;
-                for (int b = 0; b < dim * bytes; b += 64) {
-                    __builtin_prefetch((const char *)k + ahead * bytes + b);
-                    __builtin_prefetch((const char *)v + ahead * bytes + b);
+            int64_t base = (int64_t)slots[start + t] * kv_st + (int64_t)kv_first * kv_sh;
+            if (start + t + KVF_PREFETCH < len) { /* slots may be scattered: fetch ahead */
+                int64_t ahead =
+                    ((int64_t)slots[start + t + KVF_PREFETCH] * kv_st + (int64_t)kv_first * kv_sh) * bytes;
+                for (int64_t b = 0; b < row_bytes; b += 64) {
+                    __builtin_prefetch((const char *)k + ahead + b);
+                    __builtin_prefetch((const char *)v + ahead + b);
                 }
             }
-            for (int g = 0; g < group; g++)
+            for (int g = 0; g < qheads; g++) {
+                int64_t at = base + (int64_t)(g / group) * kv_sh;
                 s[g][t] = is_bf16 ? dot_bf16(qf[g], (const uint16_t *)k + at, dim)
                                   : dot_f32(qf[g], (const float *)k + at, dim);
+            }
         }
-        for (int g = 0; g < group; g++) {
+        for (int g = 0; g < qheads; g++) {
             float top = s[g][0];
             for (int t = 1; t < count; t++) top = s[g][t] > top ? s[g][t] : top;
             float next = top > m[g] ? top : m[g];
@@ -105,8 +116,9 @@ static void attend_item(const void *q, int64_t q_row, const void *k, const void 
             for (int d = 0; d < dim; d++) acc[g][d] *= keep;
         }
         for (int t = 0; t < count; t++) {
-            int64_t at = (int64_t)slots[start + t] * kv_st + kv_off;
-            for (int g = 0; g < group; g++) {
+            int64_t base = (int64_t)slots[start + t] * kv_st + (int64_t)kv_first * kv_sh;
+            for (int g = 0; g < qheads; g++) {
+                int64_t at = base + (int64_t)(g / group) * kv_sh;
                 if (is_bf16)
                     axpy_bf16(acc[g], s[g][t], (const uint16_t *)v + at, dim);
                 else
@@ -114,9 +126,9 @@ static void attend_item(const void *q, int64_t q_row, const void *k, const void 
             }
         }
     }
-    for (int g = 0; g < group; g++) {
+    for (int g = 0; g < qheads; g++) {
         float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
-        int64_t at = o_row + g * o_sh;
+        int64_t at = o_row + (q_first + g) * o_sh;
         for (int d = 0; d < dim; d++) {
             float x = acc[g][d] * inv;
             if (is_bf16)
@@ -136,14 +148,17 @@ void kvflow_paged_attention(const void *q, int64_t q_st, int64_t q_sh, const voi
                             void *out, int64_t o_st, int64_t o_sh, int64_t n, int heads,
                             int kv_heads, int dim, float scale, int is_bf16) {
     int group = heads / kv_heads;
-    int64_t items = n * kv_heads;
-#pragma omp parallel for schedule(dynamic, 2)
+    /* One item per row (every head: contiguous token rows) when rows alone keep the threads
+     * busy and the row's heads fit the item's buffers; else one per (row, KV head). */
+    int whole = n >= 4 * omp_get_max_threads() && heads <= KVF_MAX_QHEADS;
+    int per_item = whole ? kv_heads : 1;
+    int64_t items = n * (kv_heads / per_item);
+#pragma omp parallel for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; item++) {
-        int64_t i = item / kv_heads;
-        int h = (int)(item % kv_heads);
-        attend_item(q, i * q_st + (int64_t)h * group * q_sh, k, v, kv_st, (int64_t)h * kv_sh,
-                    table + rows[i] * table_st, visible[i], out,
-                    i * o_st + (int64_t)h * group * o_sh, q_sh, o_sh, group, dim, scale,
-                    is_bf16);
+        int64_t i = item / (kv_heads / per_item);
+        int first = (int)(item % (kv_heads / per_item)) * per_item;
+        attend_item(q, i * q_st, q_sh, k, v, kv_st, kv_sh, first, per_item,
+                    table + rows[i] * table_st, visible[i], out, i * o_st, o_sh, group, dim,
+                    scale, is_bf16);
     }
 }

@@ -13,12 +13,12 @@ import ctypes
 
 import torch
 
-from kvflow.kernels.cpu.native import load_library
+from kvflow.kernels.cpu.native import function
 
 __all__ = ["MAX_GROUP", "MAX_HEAD_DIM", "paged_attention", "paged_attention_ref", "supports"]
 
 MAX_HEAD_DIM = 256
-MAX_GROUP = 16
+MAX_GROUP = 32  # query heads per KV head (KVF_MAX_QHEADS in the C source)
 DTYPES = (torch.float32, torch.bfloat16)
 
 _I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
@@ -30,13 +30,6 @@ _ARGTYPES = [
     *(_PTR, _I64, _I64),  # out, strides
     *(_I64, _INT, _INT, _INT, ctypes.c_float, _INT),  # n, heads, kv_heads, dim, scale, is_bf16
 ]
-
-
-def _kernel() -> ctypes._CFuncPtr:
-    fn = load_library().kvflow_paged_attention
-    if fn.argtypes is None:
-        fn.argtypes, fn.restype = _ARGTYPES, None
-    return fn
 
 
 def supports(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> bool:
@@ -87,7 +80,7 @@ def paged_attention(
         raise ValueError(f"rows and visible need {n} entries")
     if n == 0:
         return out
-    _kernel()(
+    function("kvflow_paged_attention", _ARGTYPES)(
         q.data_ptr(),
         q.stride(0),
         q.stride(1),

@@ -6,6 +6,8 @@ import torch
 from torch import nn
 
 from kvflow import kernels
+from kvflow.kernels import cpu
+from kvflow.runtime.layers.native import native_cpu
 
 __all__ = ["RMSNorm"]
 
@@ -13,8 +15,9 @@ __all__ = ["RMSNorm"]
 class RMSNorm(nn.Module):
     """``forward(x)`` -> normed; ``forward(x, residual)`` -> (normed(x + residual), x + residual).
 
-    CUDA runs one fused Triton kernel; elsewhere the kernel's pure-torch reference (the
-    Hugging Face computation: float32 inside, cast back before the weight).
+    CUDA runs one fused Triton kernel, CPU the native C kernel where it builds; elsewhere the
+    kernel's pure-torch reference (the Hugging Face computation: float32 inside, cast back
+    before the weight).
     """
 
     def __init__(self, hidden_size: int, eps: float) -> None:
@@ -25,5 +28,9 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        norm = kernels.rmsnorm if x.is_cuda else kernels.rmsnorm_ref
-        return norm(x, self.weight, self.eps, residual)
+        if x.is_cuda:
+            return kernels.rmsnorm(x, self.weight, self.eps, residual)
+        operands = (x, self.weight) if residual is None else (x, self.weight, residual)
+        if x.dim() == 2 and native_cpu(*operands):
+            return cpu.elementwise.rmsnorm(x, self.weight, self.eps, residual)
+        return kernels.rmsnorm_ref(x, self.weight, self.eps, residual)

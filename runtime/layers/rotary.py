@@ -11,7 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from kvflow.kernels import build_cos_sin_cache, rotary_embedding, rotary_embedding_ref
+from kvflow.kernels import build_cos_sin_cache, cpu, rotary_embedding, rotary_embedding_ref
+from kvflow.runtime.layers.native import native_cpu
 
 __all__ = ["RotaryEmbedding"]
 
@@ -39,9 +40,15 @@ class RotaryEmbedding(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``q`` ``[tokens, heads, head_dim]``, ``k`` ``[tokens, kv_heads, head_dim]``.
 
-        CUDA rotates in place with the Triton kernel; elsewhere the kernel's reference
-        (float32, equal to transformers' rotation for float32 activations).
+        CUDA rotates in place with the Triton kernel, CPU with the native C kernel where it
+        builds; elsewhere the kernel's reference (float32, equal to transformers' rotation
+        for float32 activations).
         """
         table: torch.Tensor = self.cos_sin_cache  # type: ignore[assignment]
-        rotate = rotary_embedding if q.is_cuda else rotary_embedding_ref
+        if q.is_cuda:
+            rotate = rotary_embedding
+        elif native_cpu(q, k):
+            rotate = cpu.elementwise.rotary_embedding
+        else:
+            rotate = rotary_embedding_ref
         return rotate(positions, q, k, table, self.head_dim)

@@ -50,7 +50,9 @@ class TokenToKVPoolAllocator:
     def _take_pages(self, count: int) -> list[int] | None:
         if count > len(self._free_pages):
             return None
-        pages = self._free_pages[len(self._free_pages) - count :]
+        # The free list's tail, reversed: a fresh pool hands out ascending pages, so a
+        # request's slots run forward through memory (hardware prefetchers follow that).
+        pages = self._free_pages[len(self._free_pages) - count :][::-1]
         del self._free_pages[len(self._free_pages) - count :]
         for page in pages:
             self._is_free[page] = False

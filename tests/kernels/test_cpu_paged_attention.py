@@ -28,11 +28,13 @@ def _case(dtype, heads, kv_heads, dim, lens, seed=0):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
-    ("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 4, 32), (8, 1, 128), (16, 2, 80)]
+    ("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 4, 32), (8, 1, 128), (16, 2, 80), (64, 8, 64)]
 )
-def test_matches_reference(dtype, heads, kv_heads, dim) -> None:
-    # ragged: one slot, under a block, exactly a block, blocks plus a tail, long
-    lens = [1, 7, 32, 33, 100, 515, 1000]
+@pytest.mark.parametrize("copies", [1, 20], ids=["per-head-items", "per-row-items"])
+def test_matches_reference(dtype, heads, kv_heads, dim, copies) -> None:
+    # ragged: one slot, under a block, exactly a block, blocks plus a tail, long; many rows
+    # make each work item one row with all its heads (while there are enough per thread)
+    lens = [1, 7, 32, 33, 100, 515, 1000][: 7 if copies == 1 else 5] * copies
     args = _case(dtype, heads, kv_heads, dim, lens)
     scale = 1 / math.sqrt(dim)
     got = paged_attention(*args, scale)

@@ -1,0 +1,103 @@
+/* Row-wise ops of the Llama layer on CPU, each one pass over memory instead of torch's chain
+ * of element-wise ops: RMSNorm with the residual add, rotary embedding in place, SiLU-and-mul.
+ *
+ * Rounding follows Hugging Face's float32/bfloat16 computation step by step (the residual sum
+ * and the normalized value are rounded to the storage type before the weight multiplies,
+ * silu(gate) is rounded before it multiplies up), so greedy decoding matches transformers.
+ * Rows run in parallel under OpenMP only when there is enough work to pay for the fork.
+ * Strides are in elements; the last dimension is contiguous.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define KVF_PARALLEL_MIN 65536 /* elements: below this a single thread is faster */
+
+static inline float bf16_to_f32(uint16_t x) {
+    uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float load(const void *p, int64_t i, int is_bf16) {
+    return is_bf16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static inline float round_to(float x, int is_bf16) { return is_bf16 ? bf16_to_f32(f32_to_bf16(x)) : x; }
+
+static inline void store(void *p, int64_t i, float x, int is_bf16) {
+    if (is_bf16)
+        ((uint16_t *)p)[i] = f32_to_bf16(x);
+    else
+        ((float *)p)[i] = x;
+}
+
+/* out = weight * norm(x + residual); residual_out = x + residual (when residual is given).
+ * x, residual, residual_out, out: [n, hidden] with row strides; weight [hidden]. */
+void kvflow_rmsnorm(const void *x, int64_t x_st, const void *residual, int64_t r_st,
+                    void *residual_out, int64_t ro_st, const void *weight, void *out,
+                    int64_t o_st, int64_t n, int hidden, float eps, int is_bf16) {
+#pragma omp parallel for if (n * hidden >= KVF_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        float row[8192];
+        float sq = 0.0f;
+        for (int j = 0; j < hidden; j++) {
+            float h = load(x, i * x_st + j, is_bf16);
+            if (residual) {
+                h = round_to(h + load(residual, i * r_st + j, is_bf16), is_bf16);
+                store(residual_out, i * ro_st + j, h, is_bf16);
+            }
+            row[j] = h;
+            sq += h * h;
+        }
+        float inv = 1.0f / sqrtf(sq / (float)hidden + eps);
+        for (int j = 0; j < hidden; j++) {
+            float normed = round_to(row[j] * inv, is_bf16);
+            store(out, i * o_st + j, load(weight, j, is_bf16) * normed, is_bf16);
+        }
+    }
+}
+
+/* Rotates q [n, heads, dim] and k [n, kv_heads, dim] in place (NeoX layout: the first and
+ * second halves of each head are the pair); cos_sin: float32 [positions, dim], cos in the
+ * first half of a row, sin in the second. */
+void kvflow_rotary(void *q, int64_t q_st, int64_t q_sh, void *k, int64_t k_st, int64_t k_sh,
+                   const int64_t *positions, const float *cos_sin, int64_t n, int heads,
+                   int kv_heads, int dim, int is_bf16) {
+    int half = dim / 2;
+#pragma omp parallel for if (n * (heads + kv_heads) * dim >= KVF_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        const float *cos = cos_sin + positions[i] * dim;
+        const float *sin = cos + half;
+        for (int h = 0; h < heads + kv_heads; h++) {
+            void *base = h < heads ? q : k;
+            int64_t at = h < heads ? i * q_st + h * q_sh : i * k_st + (h - heads) * k_sh;
+            for (int j = 0; j < half; j++) {
+                float x1 = load(base, at + j, is_bf16), x2 = load(base, at + half + j, is_bf16);
+                store(base, at + j, x1 * cos[j] - x2 * sin[j], is_bf16);
+                store(base, at + half + j, x2 * cos[j] + x1 * sin[j], is_bf16);
+            }
+        }
+    }
+}
+
+/* out [n, width] = silu(gate) * up for x [n, 2 * width] = [gate | up]. */
+void kvflow_silu_and_mul(const void *x, int64_t x_st, void *out, int64_t o_st, int64_t n,
+                         int width, int is_bf16) {
+#pragma omp parallel for if (n * width >= KVF_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        for (int j = 0; j < width; j++) {
+            float gate = load(x, i * x_st + j, is_bf16);
+            float act = round_to(gate / (1.0f + expf(-gate)), is_bf16);
+            store(out, i * o_st + j, act * load(x, i * x_st + width + j, is_bf16), is_bf16);
+        }
+    }
+}

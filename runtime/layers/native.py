@@ -1,0 +1,14 @@
+"""When the layers take kvflow's native CPU kernels (:mod:`kvflow.kernels.cpu`)."""
+
+from __future__ import annotations
+
+import torch
+
+from kvflow.kernels import cpu
+
+__all__ = ["native_cpu"]
+
+
+def native_cpu(*operands: torch.Tensor) -> bool:
+    """The native kernels are on (built here, not switched off) and take these operands."""
+    return cpu.elementwise.supports(*operands) and cpu.available()
