@@ -49,6 +49,8 @@ class ModelRunner:
         self.model = load_model(
             self.model_path, mc, config.load_format, self.dtype, self.device, config.seed
         )
+        if self.device == "cpu" and hasattr(self.model, "pack_for_cpu"):
+            self.model.pack_for_cpu()
         self.vocab_size = mc.vocab_size
         self.context_len = min(
             config.context_length or mc.max_position_embeddings, mc.max_position_embeddings

@@ -14,7 +14,15 @@ from torch import nn
 
 from kvflow.runtime.config import ModelConfig
 from kvflow.runtime.forward_batch import ForwardBatch
-from kvflow.runtime.layers import RMSNorm, RotaryEmbedding, linear, matmul_weight, silu_and_mul
+from kvflow.runtime.layers import (
+    RMSNorm,
+    RotaryEmbedding,
+    linear,
+    matmul_weight,
+    pack_linears,
+    pack_weight,
+    silu_and_mul,
+)
 
 __all__ = ["LlamaForCausalLM"]
 
@@ -95,6 +103,7 @@ class LlamaForCausalLM(nn.Module):
             LlamaDecoderLayer(config, i, rotary) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.packed_head: torch.Tensor | None = None  # see pack_for_cpu
         self.lm_head = (
             None
             if config.tie_word_embeddings
@@ -110,8 +119,16 @@ class LlamaForCausalLM(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return matmul_weight(hidden, weight).float()
+        return matmul_weight(hidden, self._head_weight(), self.packed_head).float()
+
+    def _head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def pack_for_cpu(self) -> int:
+        """Prepack the projections and the LM head for CPU matmuls (after loading weights);
+        returns how many weights were packed."""
+        self.packed_head = pack_weight(self._head_weight())
+        return pack_linears(self.layers) + (self.packed_head is not None)
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
