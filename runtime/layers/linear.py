@@ -58,8 +58,8 @@ def _packed_matmul(
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def _takes(packed: torch.Tensor | None, x: torch.Tensor) -> bool:
-    return packed is not None and x.dtype == packed.dtype and x.device.type == "cpu"
+def _takes(packed: torch.Tensor, x: torch.Tensor) -> bool:
+    return x.dtype == packed.dtype and x.device.type == "cpu"
 
 
 def matmul_weight(
@@ -71,16 +71,16 @@ def matmul_weight(
     goes to ``F.linear``."""
     if _one_row(x):
         return kernels.gemv(x, weight)
-    if _takes(packed, x):
-        return _packed_matmul(x, packed, None)  # type: ignore[arg-type]
+    if packed is not None and _takes(packed, x):
+        return _packed_matmul(x, packed, None)
     return F.linear(x, weight)
 
 
 def linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``layer(x)``: a single CUDA row through :func:`kvflow.kernels.gemv`, a CPU row block
     through the weight :func:`pack_linears` attached."""
-    packed = layer.__dict__.get(_PACKED)
-    if _takes(packed, x):
+    packed: torch.Tensor | None = layer.__dict__.get(_PACKED)
+    if packed is not None and _takes(packed, x):
         return _packed_matmul(x, packed, layer.bias)
     if not _one_row(x):
         return layer(x)
