@@ -41,6 +41,10 @@ fmt: $(STAMP) ## format the code with ruff
 bench-offline: $(STAMP) ## offline throughput: Engine.generate vs transformers generate (benchmarks/results/offline.md)
 	$(PY) benchmarks/bench_offline.py --num-prompts 64 --output-len 64
 
+.PHONY: bench-cpu-kernels
+bench-cpu-kernels: $(STAMP) ## native CPU kernels and prepacked projections vs torch, engine on/off (benchmarks/results/cpu-kernels.md)
+	$(PY) benchmarks/bench_cpu_kernels.py --out benchmarks/results/cpu-kernels.md
+
 .PHONY: bench-gpu
 bench-gpu: $(STAMP) ## GPU benchmarks with Llama-3.1-8B shapes (needs CUDA; see benchmarks/results/gpu.md)
 	$(PY) benchmarks/bench_gpu.py all --json-out benchmarks/results/gpu-latest.json
