@@ -42,19 +42,20 @@ static inline float dot_f32(const float *restrict q, const float *restrict k, in
     return acc;
 }
 
-static inline float dot_bf16(const float *restrict q, const uint16_t *restrict k, int dim) {
-    float acc = 0.0f;
-    for (int d = 0; d < dim; d++) acc += q[d] * bf16_to_f32(k[d]);
-    return acc;
+/* Row `at` of a pool as float32: a pointer into the pool for float32 storage, else the row
+ * converted into `buf` (once, for every query head of the group that reads it). */
+static inline const float *kvf_row(const void *pool, int64_t at, int dim, int is_bf16,
+                                   float *restrict buf) {
+    if (!is_bf16) return (const float *)pool + at;
+    const uint16_t *src = (const uint16_t *)pool + at;
+    for (int d = 0; d < dim; d++) buf[d] = bf16_to_f32(src[d]);
+    return buf;
 }
 
 static inline void axpy_f32(float *restrict acc, float p, const float *restrict v, int dim) {
     for (int d = 0; d < dim; d++) acc[d] += p * v[d];
 }
 
-static inline void axpy_bf16(float *restrict acc, float p, const uint16_t *restrict v, int dim) {
-    for (int d = 0; d < dim; d++) acc[d] += p * bf16_to_f32(v[d]);
-}
 
 /* Query row `q_row`'s heads of KV heads kv_first .. kv_first + kv_count - 1 (group query
  * heads each) over `len` slots. Reading every KV head of a token together keeps the reads of
@@ -68,6 +69,7 @@ static void attend_item(const void *q, int64_t q_row, int64_t q_sh, const void *
     float acc[KVF_MAX_QHEADS][KVF_MAX_DIM];
     float s[KVF_MAX_QHEADS][KVF_BLOCK];
     float m[KVF_MAX_QHEADS], l[KVF_MAX_QHEADS];
+    float kf[KVF_MAX_DIM];
     int qheads = kv_count * group;
     int64_t q_first = (int64_t)kv_first * group;
     int bytes = is_bf16 ? 2 : 4;
@@ -95,10 +97,9 @@ static void attend_item(const void *q, int64_t q_row, int64_t q_sh, const void *
                     __builtin_prefetch((const char *)v + ahead + b);
                 }
             }
-            for (int g = 0; g < qheads; g++) {
-                int64_t at = base + (int64_t)(g / group) * kv_sh;
-                s[g][t] = is_bf16 ? dot_bf16(qf[g], (const uint16_t *)k + at, dim)
-                                  : dot_f32(qf[g], (const float *)k + at, dim);
+            for (int h = 0; h < kv_count; h++) { /* one K row feeds its group's heads */
+                const float *row = kvf_row(k, base + (int64_t)h * kv_sh, dim, is_bf16, kf);
+                for (int g = h * group; g < (h + 1) * group; g++) s[g][t] = dot_f32(qf[g], row, dim);
             }
         }
         for (int g = 0; g < qheads; g++) {
@@ -117,12 +118,9 @@ static void attend_item(const void *q, int64_t q_row, int64_t q_sh, const void *
         }
         for (int t = 0; t < count; t++) {
             int64_t base = (int64_t)slots[start + t] * kv_st + (int64_t)kv_first * kv_sh;
-            for (int g = 0; g < qheads; g++) {
-                int64_t at = base + (int64_t)(g / group) * kv_sh;
-                if (is_bf16)
-                    axpy_bf16(acc[g], s[g][t], (const uint16_t *)v + at, dim);
-                else
-                    axpy_f32(acc[g], s[g][t], (const float *)v + at, dim);
+            for (int h = 0; h < kv_count; h++) {
+                const float *row = kvf_row(v, base + (int64_t)h * kv_sh, dim, is_bf16, kf);
+                for (int g = h * group; g < (h + 1) * group; g++) axpy_f32(acc[g], s[g][t], row, dim);
             }
         }
     }
