@@ -1,10 +1,11 @@
 /* Paged attention on CPU: each query row attends to the first `visible` KV slots of its row
  * of the request-to-token table, reading K and V in place from the paged pool.
  *
- * One work item per (query row, KV head): the item's `group` query heads share every K/V row
- * it loads, scores are computed a block of tokens at a time and folded in with an online
- * softmax (float32 inside, whatever the storage type), so nothing context-sized is ever
- * materialized. Items run in parallel under OpenMP; built against the same libgomp as torch,
+ * One work item per query row (all its heads, so each token's K/V row is read contiguously)
+ * or, with few rows, per (query row, KV head). A block of tokens at a time, each KV head's
+ * rows are loaded (converted to float32 once) and shared by the query heads of its group;
+ * scores fold into an online softmax (float32 inside, whatever the storage type), so nothing
+ * context-sized is ever materialized. Items run in parallel under OpenMP; built against the same libgomp as torch,
  * they share its thread pool and thread count.
  *
  * Strides are in elements; the head dimension must be contiguous. Storage: float32 or
@@ -36,44 +37,76 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even; inputs a
     return (uint16_t)(u >> 16);
 }
 
-static inline float dot_f32(const float *restrict q, const float *restrict k, int dim) {
-    float acc = 0.0f;
-    for (int d = 0; d < dim; d++) acc += q[d] * k[d];
-    return acc;
+/* Rows `slots[0..count)` of one KV head of a pool as float32 rows of `dim` in `dst`
+ * (converted from bfloat16 once, for every query head of the group). While row t loads,
+ * the rows `KVF_PREFETCH` slots ahead in `ahead` (up to `ahead_count`) are fetched. */
+static inline __attribute__((always_inline)) void load_block(
+    const void *pool, const int32_t *slots, int count, int64_t kv_st, int64_t head_off,
+    int dim, float (*dst)[KVF_MAX_DIM], const void *ahead, int64_t ahead_count,
+    int64_t ahead_bytes, const int is_bf16) {
+    int bytes = is_bf16 ? 2 : 4;
+    for (int t = 0; t < count; t++) {
+        if (ahead && t + KVF_PREFETCH < ahead_count) {
+            const char *row = (const char *)ahead + ((int64_t)slots[t + KVF_PREFETCH] * kv_st + head_off) * bytes;
+            for (int64_t b = 0; b < ahead_bytes; b += 64) __builtin_prefetch(row + b);
+        }
+        int64_t at = (int64_t)slots[t] * kv_st + head_off;
+        if (is_bf16) {
+            const uint16_t *src = (const uint16_t *)pool + at;
+            for (int d = 0; d < dim; d++) dst[t][d] = bf16_to_f32(src[d]);
+        } else {
+            memcpy(dst[t], (const float *)pool + at, (size_t)dim * sizeof(float));
+        }
+        for (int d = dim; d % 16; d++) dst[t][d] = 0.0f; /* vector tail (dim % 16 != 0) */
+    }
 }
 
-/* Row `at` of a pool as float32: a pointer into the pool for float32 storage, else the row
- * converted into `buf` (once, for every query head of the group that reads it). */
-static inline const float *kvf_row(const void *pool, int64_t at, int dim, int is_bf16,
-                                   float *restrict buf) {
-    if (!is_bf16) return (const float *)pool + at;
-    const uint16_t *src = (const uint16_t *)pool + at;
-    for (int d = 0; d < dim; d++) buf[d] = bf16_to_f32(src[d]);
-    return buf;
+typedef float kvf_v16 __attribute__((vector_size(64)));
+
+/* acc[0..dim) += sum over t of p[t] * rows[t][0..dim), sixteen lanes at a time held in a
+ * vector register across the tokens (the accumulator is read and written once per block).
+ * Rows are 64-byte aligned and zero-padded to a multiple of 16 (the padding lanes of acc
+ * hold junk that is never written out). */
+static inline void accumulate(float *restrict acc, const float *restrict p, int count,
+                              float (*rows)[KVF_MAX_DIM], int dim) {
+    for (int d = 0; d < dim; d += 16) {
+        kvf_v16 lanes = *(kvf_v16 *)(acc + d);
+        for (int t = 0; t < count; t++) lanes += p[t] * *(const kvf_v16 *)(rows[t] + d);
+        *(kvf_v16 *)(acc + d) = lanes;
+    }
 }
 
-static inline void axpy_f32(float *restrict acc, float p, const float *restrict v, int dim) {
-    for (int d = 0; d < dim; d++) acc[d] += p * v[d];
+/* scores[t] = q . rows[t] for t < count; same layout as accumulate (q zero-padded too). */
+static inline void score_block(const float *restrict q, float (*rows)[KVF_MAX_DIM], int count,
+                               int dim, float *restrict scores) {
+    for (int t = 0; t < count; t++) {
+        kvf_v16 sum = *(const kvf_v16 *)q * *(const kvf_v16 *)rows[t];
+        for (int d = 16; d < dim; d += 16)
+            sum += *(const kvf_v16 *)(q + d) * *(const kvf_v16 *)(rows[t] + d);
+        float total = 0.0f;
+        for (int j = 0; j < 16; j++) total += sum[j];
+        scores[t] = total;
+    }
 }
-
 
 /* Query row `q_row`'s heads of KV heads kv_first .. kv_first + kv_count - 1 (group query
- * heads each) over `len` slots. Reading every KV head of a token together keeps the reads of
- * one token row contiguous. */
-static void attend_item(const void *q, int64_t q_row, int64_t q_sh, const void *k,
-                        const void *v, int64_t kv_st, int64_t kv_sh, int kv_first,
-                        int kv_count, const int32_t *slots, int64_t len, void *out,
-                        int64_t o_row, int64_t o_sh, int group, int dim, float scale,
-                        int is_bf16) {
-    float qf[KVF_MAX_QHEADS][KVF_MAX_DIM];
-    float acc[KVF_MAX_QHEADS][KVF_MAX_DIM];
+ * heads each) over `len` slots, a block of tokens at a time: the block's K rows of one KV
+ * head are loaded (and converted) once and scored against the group's query heads, the
+ * online softmax is updated, then the V rows are folded in the same way. */
+static inline __attribute__((always_inline)) void attend_item(
+    const void *q, int64_t q_row, int64_t q_sh, const void *k, const void *v, int64_t kv_st,
+    int64_t kv_sh, int kv_first, int kv_count, const int32_t *slots, int64_t len, void *out,
+    int64_t o_row, int64_t o_sh, int group, int dim, float scale, const int is_bf16) {
+    float qf[KVF_MAX_QHEADS][KVF_MAX_DIM] __attribute__((aligned(64)));
+    float acc[KVF_MAX_QHEADS][KVF_MAX_DIM] __attribute__((aligned(64)));
     float s[KVF_MAX_QHEADS][KVF_BLOCK];
+    float rows[KVF_BLOCK][KVF_MAX_DIM] __attribute__((aligned(64)));
     float m[KVF_MAX_QHEADS], l[KVF_MAX_QHEADS];
-    float kf[KVF_MAX_DIM];
     int qheads = kv_count * group;
     int64_t q_first = (int64_t)kv_first * group;
     int bytes = is_bf16 ? 2 : 4;
-    int64_t row_bytes = ((int64_t)(kv_count - 1) * kv_sh + dim) * bytes;
+    /* the first KV head's pass fetches every head of the rows ahead, K and V */
+    int64_t span = ((int64_t)(kv_count - 1) * kv_sh + dim) * bytes;
 
     for (int g = 0; g < qheads; g++) {
         int64_t at = q_row + (q_first + g) * q_sh;
@@ -82,25 +115,19 @@ static void attend_item(const void *q, int64_t q_row, int64_t q_sh, const void *
             qf[g][d] = x * scale;
             acc[g][d] = 0.0f;
         }
+        for (int d = dim; d % 16; d++) qf[g][d] = acc[g][d] = 0.0f;
         m[g] = -FLT_MAX;
         l[g] = 0.0f;
     }
     for (int64_t start = 0; start < len; start += KVF_BLOCK) {
         int count = (int)(len - start < KVF_BLOCK ? len - start : KVF_BLOCK);
-        for (int t = 0; t < count; t++) {
-            int64_t base = (int64_t)slots[start + t] * kv_st + (int64_t)kv_first * kv_sh;
-            if (start + t + KVF_PREFETCH < len) { /* slots may be scattered: fetch ahead */
-                int64_t ahead =
-                    ((int64_t)slots[start + t + KVF_PREFETCH] * kv_st + (int64_t)kv_first * kv_sh) * bytes;
-                for (int64_t b = 0; b < row_bytes; b += 64) {
-                    __builtin_prefetch((const char *)k + ahead + b);
-                    __builtin_prefetch((const char *)v + ahead + b);
-                }
-            }
-            for (int h = 0; h < kv_count; h++) { /* one K row feeds its group's heads */
-                const float *row = kvf_row(k, base + (int64_t)h * kv_sh, dim, is_bf16, kf);
-                for (int g = h * group; g < (h + 1) * group; g++) s[g][t] = dot_f32(qf[g], row, dim);
-            }
+        const int32_t *block = slots + start;
+        int64_t first_off = (int64_t)kv_first * kv_sh;
+        for (int h = 0; h < kv_count; h++) {
+            load_block(k, block, count, kv_st, first_off + (int64_t)h * kv_sh, dim, rows,
+                       h == 0 ? k : NULL, len - start, span, is_bf16);
+            for (int g = h * group; g < (h + 1) * group; g++)
+                score_block(qf[g], rows, count, dim, s[g]);
         }
         for (int g = 0; g < qheads; g++) {
             float top = s[g][0];
@@ -116,12 +143,10 @@ static void attend_item(const void *q, int64_t q_row, int64_t q_sh, const void *
             m[g] = next;
             for (int d = 0; d < dim; d++) acc[g][d] *= keep;
         }
-        for (int t = 0; t < count; t++) {
-            int64_t base = (int64_t)slots[start + t] * kv_st + (int64_t)kv_first * kv_sh;
-            for (int h = 0; h < kv_count; h++) {
-                const float *row = kvf_row(v, base + (int64_t)h * kv_sh, dim, is_bf16, kf);
-                for (int g = h * group; g < (h + 1) * group; g++) axpy_f32(acc[g], s[g][t], row, dim);
-            }
+        for (int h = 0; h < kv_count; h++) {
+            load_block(v, block, count, kv_st, first_off + (int64_t)h * kv_sh, dim, rows,
+                       h == 0 ? v : NULL, len - start, span, is_bf16);
+            for (int g = h * group; g < (h + 1) * group; g++) accumulate(acc[g], s[g], count, rows, dim);
         }
     }
     for (int g = 0; g < qheads; g++) {
@@ -155,8 +180,12 @@ void kvflow_paged_attention(const void *q, int64_t q_st, int64_t q_sh, const voi
     for (int64_t item = 0; item < items; item++) {
         int64_t i = item / (kv_heads / per_item);
         int first = (int)(item % (kv_heads / per_item)) * per_item;
-        attend_item(q, i * q_st, q_sh, k, v, kv_st, kv_sh, first, per_item,
-                    table + rows[i] * table_st, visible[i], out, i * o_st, o_sh, group, dim,
-                    scale, is_bf16);
+        const int32_t *slots = table + rows[i] * table_st;
+        if (is_bf16)
+            attend_item(q, i * q_st, q_sh, k, v, kv_st, kv_sh, first, per_item, slots,
+                        visible[i], out, i * o_st, o_sh, group, dim, scale, 1);
+        else
+            attend_item(q, i * q_st, q_sh, k, v, kv_st, kv_sh, first, per_item, slots,
+                        visible[i], out, i * o_st, o_sh, group, dim, scale, 0);
     }
 }
