@@ -28,7 +28,8 @@ def _case(dtype, heads, kv_heads, dim, lens, seed=0):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
-    ("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 4, 32), (8, 1, 128), (16, 2, 80), (64, 8, 64), (6, 2, 72)]
+    ("heads", "kv_heads", "dim"),
+    [(9, 3, 64), (4, 4, 32), (8, 1, 128), (16, 2, 80), (64, 8, 64), (6, 2, 72)],
 )
 @pytest.mark.parametrize("copies", [1, 20], ids=["per-head-items", "per-row-items"])
 def test_matches_reference(dtype, heads, kv_heads, dim, copies) -> None:
