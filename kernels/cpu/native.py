@@ -86,7 +86,10 @@ def load_library() -> ctypes.CDLL:
     compiler = _compiler()
     target = cache_dir() / _build_key(compiler) / "libkvflow_cpu.so"
     if not target.exists():
-        _build(compiler, target)
+        try:
+            _build(compiler, target)
+        except OSError as exc:  # a read-only cache folder, say
+            raise NativeBuildError(f"cannot build into {target.parent}: {exc}") from exc
     try:
         return ctypes.CDLL(str(target))
     except OSError as exc:

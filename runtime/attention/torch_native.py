@@ -1,4 +1,5 @@
-"""Attention in plain torch; runs on CPU and CUDA, and is the CPU default.
+"""Attention in plain torch; runs on CPU and CUDA. On CPU it serves the extends of the ``cpu``
+backend, and everything where the native kernels cannot build.
 
 The batch is split into *parts*. A padded part attends a group of requests together: their
 new tokens padded to the longest (``M``), their contexts read from the paged KV cache padded
