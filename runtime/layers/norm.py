@@ -31,6 +31,6 @@ class RMSNorm(nn.Module):
         if x.is_cuda:
             return kernels.rmsnorm(x, self.weight, self.eps, residual)
         operands = (x, self.weight) if residual is None else (x, self.weight, residual)
-        if x.dim() == 2 and native_cpu(*operands):
+        if x.dim() == 2 and x.shape[1] <= cpu.elementwise.MAX_HIDDEN and native_cpu(*operands):
             return cpu.elementwise.rmsnorm(x, self.weight, self.eps, residual)
         return kernels.rmsnorm_ref(x, self.weight, self.eps, residual)

@@ -77,3 +77,14 @@ def test_refuses_other_dtypes_and_devices() -> None:
     with pytest.raises(ValueError, match="bfloat16"):
         elementwise.rmsnorm(torch.zeros(2, 8), torch.zeros(8, dtype=torch.bfloat16), 1e-6)
     assert not elementwise.supports(torch.zeros(4, 4).t())
+
+
+def test_rmsnorm_layer_falls_back_past_the_kernels_row_limit() -> None:
+    from kvflow.runtime.layers import RMSNorm
+
+    hidden = elementwise.MAX_HIDDEN + 64
+    layer = RMSNorm(hidden, 1e-6)
+    x = _randn(3, hidden, dtype=torch.float32)
+    torch.testing.assert_close(layer(x), rmsnorm_ref(x, layer.weight, 1e-6))
+    with pytest.raises(ValueError, match="not supported"):
+        elementwise.rmsnorm(x, layer.weight, 1e-6)

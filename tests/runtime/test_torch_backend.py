@@ -151,9 +151,13 @@ def test_cpu_backend_extends_through_the_torch_parts():
     torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[torch.bfloat16], rtol=0)
 
 
-def test_cpu_backend_refuses_what_its_kernel_cannot_run():
-    with pytest.raises(ValueError, match="attention-backend torch"):
-        make_backend(torch.float16, CpuNativeBackend)
+def test_cpu_backend_decodes_on_torch_what_its_kernel_cannot_run(caplog):
+    with caplog.at_level("WARNING"):
+        backend, _, rows = make_backend(torch.float16, CpuNativeBackend)
+    assert not backend.native and "decodes on torch" in caplog.text
+    out, expected = run_batch(backend, rows, [3, 20], [1, 1], torch.float16, ForwardMode.DECODE)
+    assert part_kinds(backend) == ["_PaddedPart"]
+    torch.testing.assert_close(out.float(), expected, atol=3e-3, rtol=0)
 
 
 @pytest.fixture(autouse=True)
