@@ -8,6 +8,9 @@
  * context-sized is ever materialized. Items run in parallel under OpenMP; built against the same libgomp as torch,
  * they share its thread pool and thread count.
  *
+ * Where the compiler targets AVX512-BF16, bfloat16 scores come straight from the stored rows
+ * with vdpbf16ps (products summed in float32; the scale applied after), no conversion.
+ *
  * Strides are in elements; the head dimension must be contiguous. Storage: float32 or
  * bfloat16 (is_bf16), the same for q, the pool and out. Contract and limits are checked by
  * the Python wrapper (kvflow/kernels/cpu/paged_attention.py).
@@ -17,6 +20,12 @@
 #include <omp.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#define KVF_DPBF16 1 /* scores straight from bf16 rows with vdpbf16ps (dim % 32 == 0) */
+#else
+#define KVF_DPBF16 0
+#endif
 
 #define KVF_MAX_DIM 256
 #define KVF_MAX_QHEADS 32 /* query heads one work item holds */
@@ -89,6 +98,35 @@ static inline void score_block(const float *restrict q, float (*rows)[KVF_MAX_DI
     }
 }
 
+#if KVF_DPBF16
+/* scores[t] = scale * (q . row t) for bf16 q and pool rows, products summed in float32 by
+ * vdpbf16ps (32 elements per instruction, no conversion of the rows); prefetches the rows
+ * KVF_PREFETCH ahead (every KV head of them, K and V) when `fetch` is set. */
+static inline void score_block_bf16(const uint16_t *const *qs, int nq, const uint16_t *pool,
+                                    const void *v, const int32_t *slots, int count,
+                                    int64_t kv_st, int64_t head_off, int dim, float scale,
+                                    int fetch, int64_t ahead_count, int64_t span,
+                                    float (*scores)[KVF_BLOCK]) {
+    for (int t = 0; t < count; t++) {
+        if (fetch && t + KVF_PREFETCH < ahead_count) {
+            int64_t ahead = ((int64_t)slots[t + KVF_PREFETCH] * kv_st + head_off) * 2;
+            for (int64_t b = 0; b < span; b += 64) {
+                __builtin_prefetch((const char *)pool + ahead + b);
+                __builtin_prefetch((const char *)v + ahead + b);
+            }
+        }
+        const uint16_t *row = pool + (int64_t)slots[t] * kv_st + head_off;
+        for (int g = 0; g < nq; g++) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int d = 0; d < dim; d += 32)
+                acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(qs[g] + d),
+                                       (__m512bh)_mm512_loadu_si512(row + d));
+            scores[g][t] = _mm512_reduce_add_ps(acc) * scale;
+        }
+    }
+}
+#endif
+
 /* Query row `q_row`'s heads of KV heads kv_first .. kv_first + kv_count - 1 (group query
  * heads each) over `len` slots, a block of tokens at a time: the block's K rows of one KV
  * head are loaded (and converted) once and scored against the group's query heads, the
@@ -124,6 +162,17 @@ static inline __attribute__((always_inline)) void attend_item(
         const int32_t *block = slots + start;
         int64_t first_off = (int64_t)kv_first * kv_sh;
         for (int h = 0; h < kv_count; h++) {
+#if KVF_DPBF16
+            if (is_bf16 && dim % 32 == 0) {
+                const uint16_t *qs[KVF_MAX_QHEADS];
+                for (int g = 0; g < group; g++)
+                    qs[g] = (const uint16_t *)q + q_row + (q_first + h * group + g) * q_sh;
+                score_block_bf16(qs, group, (const uint16_t *)k, v, block, count, kv_st,
+                                 first_off + (int64_t)h * kv_sh, dim, scale, h == 0,
+                                 len - start, span, s + h * group);
+                continue;
+            }
+#endif
             load_block(k, block, count, kv_st, first_off + (int64_t)h * kv_sh, dim, rows,
                        h == 0 ? k : NULL, len - start, span, is_bf16);
             for (int g = h * group; g < (h + 1) * group; g++)
