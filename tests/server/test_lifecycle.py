@@ -3,6 +3,7 @@ unhealthy and exit non-zero instead of hanging."""
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -11,28 +12,43 @@ import httpx
 import psutil
 from server_process import ServerProcess
 
-LONG = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 40, "ignore_eos": True}}
+# Long enough that it is still decoding when SIGTERM comes, however fast the machine: the
+# signal is sent once its first tokens have streamed back.
+LONG_TOKENS = 256
+LONG = {
+    "text": "Once upon a time",
+    "stream": True,
+    "sampling_params": {"max_new_tokens": LONG_TOKENS, "ignore_eos": True},
+}
 
 
 def test_sigterm_drains_in_flight_and_refuses_new(embedded_ready, tmp_path):
     server = ServerProcess("--drain-timeout", "240", log=tmp_path / "server.log")
     try:
         result: dict = {}
+        streaming = threading.Event()
 
         def in_flight() -> None:
-            result["response"] = httpx.post(f"{server.url}/generate", json=LONG, timeout=300)
+            with httpx.stream("POST", f"{server.url}/generate", json=LONG, timeout=300) as resp:
+                result["status"] = resp.status_code
+                events = []
+                for line in resp.iter_lines():
+                    if line.startswith("data:"):
+                        events.append(line.removeprefix("data:").strip())
+                        streaming.set()
+                result["events"] = events
 
         worker = threading.Thread(target=in_flight)
         worker.start()
-        time.sleep(1.5)
+        assert streaming.wait(120), "the in-flight request never started streaming"
         server.proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)
         late = httpx.post(f"{server.url}/generate", json=LONG, timeout=30)
         assert late.status_code == 503 and "shutting down" in late.text
         worker.join(300)
-        response = result["response"]
-        assert response.status_code == 200
-        assert response.json()["meta_info"]["completion_tokens"] == 40
+        assert result["status"] == 200 and result["events"][-1] == "[DONE]"
+        last = json.loads(result["events"][-2])
+        assert last["meta_info"]["completion_tokens"] == LONG_TOKENS
         assert server.proc.wait(120) == 0
     finally:
         server.stop()
