@@ -30,7 +30,7 @@
 #define KVF_MAX_DIM 256
 #define KVF_MAX_QHEADS 32 /* query heads one work item holds */
 #define KVF_BLOCK 32
-#define KVF_PREFETCH 8
+#define KVF_PREFETCH 24
 
 static inline float bf16_to_f32(uint16_t x) {
     uint32_t u = (uint32_t)x << 16;
