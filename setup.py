@@ -31,5 +31,5 @@ setup(
     packages=_packages(),
     package_dir=ROOTS,
     include_package_data=True,
-    package_data={"kvflow.runtime": ["configs/*.json"], "kvflow.kernels.cpu": ["*.c"]},
+    package_data={"kvflow.runtime": ["configs/*.json"], "kvflow.kernels.cpu": ["*.c", "*.h"]},
 )

@@ -51,7 +51,7 @@ def _rotary_kernel(
                   HALF, BLOCK_HK, BLOCK_HALF)  # fmt: skip
 
 
-def _heads_view(x: torch.Tensor, head_dim: int) -> torch.Tensor:
+def heads_view(x: torch.Tensor, head_dim: int) -> torch.Tensor:
     """[tokens, heads * head_dim] or [tokens, heads, head_dim] -> a 3-D view (no copy)."""
     if x.dim() == 2:
         x = x.view(x.shape[0], -1, head_dim)
@@ -74,7 +74,7 @@ def rotary_embedding(
     elements contiguous); ``cos_sin_cache`` [max_position, head_dim] as built by
     :func:`~kvflow.kernels.build_cos_sin_cache` (cos in the first half, sin in the second).
     """
-    q_heads, k_heads = _heads_view(q, head_dim), _heads_view(k, head_dim)
+    q_heads, k_heads = heads_view(q, head_dim), heads_view(k, head_dim)
     tokens = positions.shape[0]
     if tokens:
         half = head_dim // 2

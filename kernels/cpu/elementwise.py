@@ -9,6 +9,7 @@ import ctypes
 import torch
 
 from kvflow.kernels.cpu.native import function
+from kvflow.kernels.rotary import heads_view
 
 __all__ = ["MAX_HIDDEN", "rmsnorm", "rotary_embedding", "silu_and_mul", "supports"]
 
@@ -72,27 +73,29 @@ def rotary_embedding(
     cos_sin_cache: torch.Tensor,
     head_dim: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotates ``q`` ``[n, heads, head_dim]`` and ``k`` ``[n, kv_heads, head_dim]`` in place
-    (NeoX layout) and returns them; ``cos_sin_cache`` float32 ``[positions, head_dim]``."""
+    """Rotates ``q`` and ``k`` in place (NeoX layout) and returns them; shapes as
+    :func:`kvflow.kernels.rotary_embedding` (``[tokens, heads * head_dim]`` or ``[tokens,
+    heads, head_dim]``), ``cos_sin_cache`` float32 ``[positions, head_dim]``."""
     is_bf16 = _check(q, k)
-    n = q.shape[0]
-    if q.shape[-1] != head_dim or k.shape[-1] != head_dim or k.shape[0] != n:
-        raise ValueError("q and k must be [tokens, heads, head_dim] over the same tokens")
+    q_heads, k_heads = heads_view(q, head_dim), heads_view(k, head_dim)
+    n = q_heads.shape[0]
+    if k_heads.shape[0] != n:
+        raise ValueError("q and k must cover the same tokens")
     if cos_sin_cache.dtype != torch.float32 or not cos_sin_cache.is_contiguous():
         raise ValueError("cos_sin_cache must be contiguous float32")
     positions = positions.to(torch.int64).contiguous()
     function("kvflow_rotary", _ROTARY)(
-        q.data_ptr(),
-        q.stride(0),
-        q.stride(1),
-        k.data_ptr(),
-        k.stride(0),
-        k.stride(1),
+        q_heads.data_ptr(),
+        q_heads.stride(0),
+        q_heads.stride(1),
+        k_heads.data_ptr(),
+        k_heads.stride(0),
+        k_heads.stride(1),
         positions.data_ptr(),
         cos_sin_cache.data_ptr(),
         n,
-        q.shape[1],
-        k.shape[1],
+        q_heads.shape[1],
+        k_heads.shape[1],
         head_dim,
         is_bf16,
     )

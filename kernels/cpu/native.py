@@ -24,6 +24,7 @@ from typing import Any
 __all__ = ["NativeBuildError", "cache_dir", "function", "load_library"]
 
 SOURCES = ("paged_attention.c", "elementwise.c")
+HEADERS = ("bf16.h",)
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC")
 LIBS = ("-lm",)
 _HERE = Path(__file__).resolve().parent
@@ -61,7 +62,7 @@ def _build_key(compiler: str) -> str:
     digest = hashlib.sha256()
     for part in (*FLAGS, *LIBS, version, _cpu_signature()):
         digest.update(part.encode())
-    for name in SOURCES:
+    for name in (*SOURCES, *HEADERS):
         digest.update((_HERE / name).read_bytes())
     return digest.hexdigest()[:16]
 

@@ -20,6 +20,8 @@
 #include <omp.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "bf16.h"
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 #define KVF_DPBF16 1 /* scores straight from bf16 rows with vdpbf16ps (dim % 32 == 0) */
@@ -31,20 +33,6 @@
 #define KVF_MAX_QHEADS 32 /* query heads one work item holds */
 #define KVF_BLOCK 32
 #define KVF_PREFETCH 24
-
-static inline float bf16_to_f32(uint16_t x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) { /* round to nearest even; inputs are finite */
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 /* Rows `slots[0..count)` of one KV head of a pool as float32 rows of `dim` in `dst`
  * (converted from bfloat16 once, for every query head of the group). While row t loads,

@@ -64,6 +64,17 @@ def test_rotary_in_place_on_qkv_views(dtype, tokens) -> None:
     assert torch.equal(v, v_before)
 
 
+def test_rotary_takes_flat_heads_like_the_triton_kernel() -> None:
+    dim, table = 64, build_cos_sin_cache(64, 512, 10000.0, None)
+    q, k = _randn(5, 9 * dim, dtype=torch.float32), _randn(5, 3 * dim, dtype=torch.float32, seed=1)
+    positions = torch.arange(5)
+    want_q, want_k = rotary_embedding_ref(positions, q, k, table, dim)
+    got_q, got_k = elementwise.rotary_embedding(positions, q, k, table, dim)
+    assert got_q.shape == q.shape and got_k.shape == k.shape
+    torch.testing.assert_close(got_q, want_q, **TOLERANCE[torch.float32])
+    torch.testing.assert_close(got_k, want_k, **TOLERANCE[torch.float32])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 64])
 def test_silu_and_mul(dtype, rows) -> None:
