@@ -97,9 +97,9 @@ def load_library() -> ctypes.CDLL:
         raise NativeBuildError(f"cannot load {target}: {exc}") from exc
 
 
-def function(name: str, argtypes: list[Any]) -> Any:
-    """The library's C function ``name``, typed with ``argtypes`` (returning void)."""
+def function(name: str, argtypes: list[Any], restype: Any = None) -> Any:
+    """The library's C function ``name``, typed with ``argtypes`` and ``restype`` (None: void)."""
     fn = getattr(load_library(), name)
     if fn.argtypes is None:
-        fn.argtypes, fn.restype = argtypes, None
+        fn.argtypes, fn.restype = argtypes, restype
     return fn

@@ -19,6 +19,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bf16.h"
@@ -30,17 +31,18 @@
 #endif
 
 #define KVF_MAX_DIM 256
-#define KVF_MAX_QHEADS 32 /* query heads one work item holds */
+#define KVF_MAX_VECS 32 /* query vectors (rows x heads) one work item holds */
 #define KVF_BLOCK 32
 #define KVF_PREFETCH 24
 
-/* Rows `slots[0..count)` of one KV head of a pool as float32 rows of `dim` in `dst`
- * (converted from bfloat16 once, for every query head of the group). While row t loads,
- * the rows `KVF_PREFETCH` slots ahead in `ahead` (up to `ahead_count`) are fetched. */
+/* Rows `slots[0..count)` of one KV head of a pool as float32 rows of `dim` in `dst` (row
+ * stride `ds`, a multiple of 16; converted from bfloat16 once, for every query vector of the
+ * head). While row t loads, the rows `KVF_PREFETCH` slots ahead in `ahead` (up to
+ * `ahead_count`) are fetched. */
 static inline __attribute__((always_inline)) void load_block(
     const void *pool, const int32_t *slots, int count, int64_t kv_st, int64_t head_off,
-    int dim, float (*dst)[KVF_MAX_DIM], const void *ahead, int64_t ahead_count,
-    int64_t ahead_bytes, const int is_bf16) {
+    int dim, int ds, float *dst, const void *ahead, int64_t ahead_count, int64_t ahead_bytes,
+    const int is_bf16) {
     int bytes = is_bf16 ? 2 : 4;
     for (int t = 0; t < count; t++) {
         if (ahead && t + KVF_PREFETCH < ahead_count) {
@@ -48,41 +50,104 @@ static inline __attribute__((always_inline)) void load_block(
             for (int64_t b = 0; b < ahead_bytes; b += 64) __builtin_prefetch(row + b);
         }
         int64_t at = (int64_t)slots[t] * kv_st + head_off;
+        float *row = dst + (int64_t)t * ds;
         if (is_bf16) {
             const uint16_t *src = (const uint16_t *)pool + at;
-            for (int d = 0; d < dim; d++) dst[t][d] = bf16_to_f32(src[d]);
+            for (int d = 0; d < dim; d++) row[d] = bf16_to_f32(src[d]);
         } else {
-            memcpy(dst[t], (const float *)pool + at, (size_t)dim * sizeof(float));
+            memcpy(row, (const float *)pool + at, (size_t)dim * sizeof(float));
         }
-        for (int d = dim; d % 16; d++) dst[t][d] = 0.0f; /* vector tail (dim % 16 != 0) */
+        for (int d = dim; d < ds; d++) row[d] = 0.0f; /* vector tail (dim % 16 != 0) */
     }
 }
 
 typedef float kvf_v16 __attribute__((vector_size(64)));
 
-/* acc[0..dim) += sum over t of p[t] * rows[t][0..dim), sixteen lanes at a time held in a
- * vector register across the tokens (the accumulator is read and written once per block).
- * Rows are 64-byte aligned and zero-padded to a multiple of 16 (the padding lanes of acc
- * hold junk that is never written out). */
+/* acc[0..ds) += sum over t of p[t] * row t. Sixteen lanes per register, four registers
+ * (64 elements) at a time held across the tokens, so the four chains of adds overlap and
+ * each accumulator is read and written once per block. Rows (stride ds, a multiple of 16)
+ * are 64-byte aligned and zero-padded to ds (the padding lanes of acc hold junk that is
+ * never written out). */
 static inline void accumulate(float *restrict acc, const float *restrict p, int count,
-                              float (*rows)[KVF_MAX_DIM], int dim) {
-    for (int d = 0; d < dim; d += 16) {
+                              const float *restrict rows, int ds) {
+    int d = 0;
+    for (; d + 64 <= ds; d += 64) {
+        kvf_v16 a0 = *(kvf_v16 *)(acc + d), a1 = *(kvf_v16 *)(acc + d + 16);
+        kvf_v16 a2 = *(kvf_v16 *)(acc + d + 32), a3 = *(kvf_v16 *)(acc + d + 48);
+        for (int t = 0; t < count; t++) {
+            const float *row = rows + t * ds + d;
+            a0 += p[t] * *(const kvf_v16 *)row;
+            a1 += p[t] * *(const kvf_v16 *)(row + 16);
+            a2 += p[t] * *(const kvf_v16 *)(row + 32);
+            a3 += p[t] * *(const kvf_v16 *)(row + 48);
+        }
+        *(kvf_v16 *)(acc + d) = a0, *(kvf_v16 *)(acc + d + 16) = a1;
+        *(kvf_v16 *)(acc + d + 32) = a2, *(kvf_v16 *)(acc + d + 48) = a3;
+    }
+    for (; d < ds; d += 16) {
         kvf_v16 lanes = *(kvf_v16 *)(acc + d);
-        for (int t = 0; t < count; t++) lanes += p[t] * *(const kvf_v16 *)(rows[t] + d);
+        for (int t = 0; t < count; t++) lanes += p[t] * *(const kvf_v16 *)(rows + t * ds + d);
         *(kvf_v16 *)(acc + d) = lanes;
     }
 }
 
-/* scores[t] = q . rows[t] for t < count; same layout as accumulate (q zero-padded too). */
-static inline void score_block(const float *restrict q, float (*rows)[KVF_MAX_DIM], int count,
-                               int dim, float *restrict scores) {
+/* scores[t] = q . row t for t < count; same layout as accumulate (q zero-padded too). */
+static inline void score_block(const float *restrict q, const float *restrict rows, int ds,
+                               int count, int dim, float *restrict scores) {
     for (int t = 0; t < count; t++) {
-        kvf_v16 sum = *(const kvf_v16 *)q * *(const kvf_v16 *)rows[t];
-        for (int d = 16; d < dim; d += 16)
-            sum += *(const kvf_v16 *)(q + d) * *(const kvf_v16 *)(rows[t] + d);
+        const float *row = rows + t * ds;
+        kvf_v16 sum = *(const kvf_v16 *)q * *(const kvf_v16 *)row;
+        for (int d = 16; d < dim; d += 16) sum += *(const kvf_v16 *)(q + d) * *(const kvf_v16 *)(row + d);
         float total = 0.0f;
         for (int j = 0; j < 16; j++) total += sum[j];
         scores[t] = total;
+    }
+}
+
+/* A block's K rows of one KV head transposed, kt[d * KVF_BLOCK + t] = row t's element d as
+ * float32, for scoring a tile (lanes over tokens: no horizontal sums); lanes past `count` are
+ * zero. */
+static inline __attribute__((always_inline)) void load_block_t(
+    const void *pool, const int32_t *slots, int count, int64_t kv_st, int64_t head_off,
+    int dim, float *restrict kt, const int is_bf16) {
+    for (int t = 0; t < count; t++) {
+        int64_t at = (int64_t)slots[t] * kv_st + head_off;
+        if (is_bf16) {
+            const uint16_t *src = (const uint16_t *)pool + at;
+            for (int d = 0; d < dim; d++) kt[d * KVF_BLOCK + t] = bf16_to_f32(src[d]);
+        } else {
+            const float *src = (const float *)pool + at;
+            for (int d = 0; d < dim; d++) kt[d * KVF_BLOCK + t] = src[d];
+        }
+    }
+    for (int t = count; t < KVF_BLOCK; t++)
+        for (int d = 0; d < dim; d++) kt[d * KVF_BLOCK + t] = 0.0f;
+}
+
+/* scores[vecs[i]][t] = (query vector vecs[i]) . (row t) for a transposed block, every t of the
+ * block (the caller reads only the slots each vector sees). Four vectors at a time share
+ * each load of kt; each holds 32 token lanes in two registers. */
+static inline void score_tile(const float *restrict qf, int ds, const int *vecs, int nv,
+                              const float *restrict kt, int dim, float (*scores)[KVF_BLOCK]) {
+    for (int i = 0; i < nv; i += 4) {
+        const float *q0 = qf + vecs[i] * ds;
+        const float *q1 = qf + vecs[i + 1 < nv ? i + 1 : i] * ds;
+        const float *q2 = qf + vecs[i + 2 < nv ? i + 2 : i] * ds;
+        const float *q3 = qf + vecs[i + 3 < nv ? i + 3 : i] * ds;
+        kvf_v16 lo0 = {0}, hi0 = {0}, lo1 = {0}, hi1 = {0}, lo2 = {0}, hi2 = {0}, lo3 = {0}, hi3 = {0};
+        for (int d = 0; d < dim; d++) {
+            kvf_v16 lo = *(const kvf_v16 *)(kt + d * KVF_BLOCK);
+            kvf_v16 hi = *(const kvf_v16 *)(kt + d * KVF_BLOCK + 16);
+            lo0 += q0[d] * lo, hi0 += q0[d] * hi;
+            lo1 += q1[d] * lo, hi1 += q1[d] * hi;
+            lo2 += q2[d] * lo, hi2 += q2[d] * hi;
+            lo3 += q3[d] * lo, hi3 += q3[d] * hi;
+        }
+        kvf_v16 out[8] = {lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3};
+        for (int u = 0; u < 4 && i + u < nv; u++) {
+            *(kvf_v16 *)scores[vecs[i + u]] = out[2 * u];
+            *(kvf_v16 *)(scores[vecs[i + u]] + 16) = out[2 * u + 1];
+        }
     }
 }
 
@@ -115,82 +180,118 @@ static inline void score_block_bf16(const uint16_t *const *qs, int nq, const uin
 }
 #endif
 
-/* Query row `q_row`'s heads of KV heads kv_first .. kv_first + kv_count - 1 (group query
- * heads each) over `len` slots, a block of tokens at a time: the block's K rows of one KV
- * head are loaded (and converted) once and scored against the group's query heads, the
- * online softmax is updated, then the V rows are folded in the same way. */
-static inline __attribute__((always_inline)) void attend_item(
-    const void *q, int64_t q_row, int64_t q_sh, const void *k, const void *v, int64_t kv_st,
-    int64_t kv_sh, int kv_first, int kv_count, const int32_t *slots, int64_t len, void *out,
-    int64_t o_row, int64_t o_sh, int group, int dim, float scale, const int is_bf16) {
-    float qf[KVF_MAX_QHEADS][KVF_MAX_DIM] __attribute__((aligned(64)));
-    float acc[KVF_MAX_QHEADS][KVF_MAX_DIM] __attribute__((aligned(64)));
-    float s[KVF_MAX_QHEADS][KVF_BLOCK];
-    float rows[KVF_BLOCK][KVF_MAX_DIM] __attribute__((aligned(64)));
-    float m[KVF_MAX_QHEADS], l[KVF_MAX_QHEADS];
-    int qheads = kv_count * group;
-    int64_t q_first = (int64_t)kv_first * group;
-    int bytes = is_bf16 ? 2 : 4;
+/* One work item: the query rows of a tile (consecutive rows of one request, row j seeing
+ * `limit[j]` slots, rising) for KV heads kv_first .. kv_first + kv_count - 1, over the tile's
+ * longest view, a block of tokens at a time. Each KV head's K rows of a block are loaded
+ * (and converted) once and scored against every query vector of that head in the tile (rows
+ * x group); a row whose view ends inside the block scores only its part and one whose view
+ * ended before skips the block. The online softmax is updated, then the V rows are folded in
+ * the same way. Buffers are laid out with a row stride of `ds` floats (dim rounded up to 16):
+ * compact, so a block's rows do not fight over the same cache sets. */
+static inline __attribute__((always_inline)) void attend_tile(
+    const void *q, const int64_t *q_rows, const int64_t *limit, int nt, int64_t q_sh,
+    const void *k, const void *v, int64_t kv_st, int64_t kv_sh, int kv_first, int kv_count,
+    const int32_t *slots, void *out, const int64_t *o_rows, int64_t o_sh, int group, int dim,
+    float scale, const int is_bf16) {
+    float qf[KVF_MAX_VECS * KVF_MAX_DIM] __attribute__((aligned(64)));
+    float acc[KVF_MAX_VECS * KVF_MAX_DIM] __attribute__((aligned(64)));
+    float rows[KVF_BLOCK * KVF_MAX_DIM] __attribute__((aligned(64)));
+    float kt[KVF_MAX_DIM * KVF_BLOCK] __attribute__((aligned(64)));
+    float s[KVF_MAX_VECS][KVF_BLOCK] __attribute__((aligned(64)));
+    float m[KVF_MAX_VECS], l[KVF_MAX_VECS];
+    int seen[KVF_MAX_VECS]; /* slots of the current block each vector sees (0: skips it) */
+    const int ds = (dim + 15) & ~15;
+    const int per_row = kv_count * group; /* vectors per query row: row j, head h, member g */
+    const int nv = nt * per_row;
+    const int64_t q_first = (int64_t)kv_first * group;
+    const int64_t len = limit[nt - 1];
+    const int bytes = is_bf16 ? 2 : 4;
     /* the first KV head's pass fetches every head of the rows ahead, K and V */
-    int64_t span = ((int64_t)(kv_count - 1) * kv_sh + dim) * bytes;
+    const int64_t span = ((int64_t)(kv_count - 1) * kv_sh + dim) * bytes;
 
-    for (int g = 0; g < qheads; g++) {
-        int64_t at = q_row + (q_first + g) * q_sh;
+    for (int vec = 0; vec < nv; vec++) {
+        int64_t at = q_rows[vec / per_row] + (q_first + vec % per_row) * q_sh;
+        float *qv = qf + vec * ds, *av = acc + vec * ds;
         for (int d = 0; d < dim; d++) {
             float x = is_bf16 ? bf16_to_f32(((const uint16_t *)q)[at + d]) : ((const float *)q)[at + d];
-            qf[g][d] = x * scale;
-            acc[g][d] = 0.0f;
+            qv[d] = x * scale;
+            av[d] = 0.0f;
         }
-        for (int d = dim; d % 16; d++) qf[g][d] = acc[g][d] = 0.0f;
-        m[g] = -FLT_MAX;
-        l[g] = 0.0f;
+        for (int d = dim; d < ds; d++) qv[d] = av[d] = 0.0f;
+        m[vec] = -FLT_MAX;
+        l[vec] = 0.0f;
     }
     for (int64_t start = 0; start < len; start += KVF_BLOCK) {
         int count = (int)(len - start < KVF_BLOCK ? len - start : KVF_BLOCK);
         const int32_t *block = slots + start;
         int64_t first_off = (int64_t)kv_first * kv_sh;
+        for (int vec = 0; vec < nv; vec++) {
+            int64_t left = limit[vec / per_row] - start;
+            seen[vec] = left <= 0 ? 0 : left < count ? (int)left : count;
+        }
         for (int h = 0; h < kv_count; h++) {
+            if (nt > 1) { /* a tile: transpose the block once for all its vectors */
+                int vecs[KVF_MAX_VECS], nv_h = 0;
+                for (int j = 0; j < nt; j++)
+                    for (int vec = j * per_row + h * group; vec < j * per_row + (h + 1) * group; vec++)
+                        if (seen[vec]) vecs[nv_h++] = vec;
+                load_block_t(k, block, count, kv_st, first_off + (int64_t)h * kv_sh, dim, kt,
+                             is_bf16);
+                score_tile(qf, ds, vecs, nv_h, kt, dim, s);
+                continue;
+            }
 #if KVF_DPBF16
             if (is_bf16 && dim % 32 == 0) {
-                const uint16_t *qs[KVF_MAX_QHEADS];
-                for (int g = 0; g < group; g++)
-                    qs[g] = (const uint16_t *)q + q_row + (q_first + h * group + g) * q_sh;
-                score_block_bf16(qs, group, (const uint16_t *)k, v, block, count, kv_st,
-                                 first_off + (int64_t)h * kv_sh, dim, scale, h == 0,
-                                 len - start, span, s + h * group);
+                for (int j = 0; j < nt; j++) {
+                    int first = j * per_row + h * group;
+                    if (!seen[first]) continue;
+                    const uint16_t *qs[KVF_MAX_VECS];
+                    for (int g = 0; g < group; g++)
+                        qs[g] = (const uint16_t *)q + q_rows[j] + (q_first + h * group + g) * q_sh;
+                    score_block_bf16(qs, group, (const uint16_t *)k, v, block, seen[first],
+                                     kv_st, first_off + (int64_t)h * kv_sh, dim, scale,
+                                     h == 0 && j == nt - 1, len - start, span, s + first);
+                }
                 continue;
             }
 #endif
-            load_block(k, block, count, kv_st, first_off + (int64_t)h * kv_sh, dim, rows,
+            load_block(k, block, count, kv_st, first_off + (int64_t)h * kv_sh, dim, ds, rows,
                        h == 0 ? k : NULL, len - start, span, is_bf16);
-            for (int g = h * group; g < (h + 1) * group; g++)
-                score_block(qf[g], rows, count, dim, s[g]);
+            for (int j = 0; j < nt; j++)
+                for (int vec = j * per_row + h * group; vec < j * per_row + (h + 1) * group; vec++)
+                    if (seen[vec]) score_block(qf + vec * ds, rows, ds, seen[vec], dim, s[vec]);
         }
-        for (int g = 0; g < qheads; g++) {
-            float top = s[g][0];
-            for (int t = 1; t < count; t++) top = s[g][t] > top ? s[g][t] : top;
-            float next = top > m[g] ? top : m[g];
-            float keep = m[g] == -FLT_MAX ? 0.0f : expf(m[g] - next);
+        for (int vec = 0; vec < nv; vec++) {
+            int c = seen[vec];
+            if (!c) continue;
+            float top = s[vec][0];
+            for (int t = 1; t < c; t++) top = s[vec][t] > top ? s[vec][t] : top;
+            float next = top > m[vec] ? top : m[vec];
+            float keep = m[vec] == -FLT_MAX ? 0.0f : expf(m[vec] - next);
             float sum = 0.0f;
-            for (int t = 0; t < count; t++) {
-                s[g][t] = expf(s[g][t] - next);
-                sum += s[g][t];
+            for (int t = 0; t < c; t++) {
+                s[vec][t] = expf(s[vec][t] - next);
+                sum += s[vec][t];
             }
-            l[g] = l[g] * keep + sum;
-            m[g] = next;
-            for (int d = 0; d < dim; d++) acc[g][d] *= keep;
+            l[vec] = l[vec] * keep + sum;
+            m[vec] = next;
+            float *av = acc + vec * ds;
+            for (int d = 0; d < dim; d++) av[d] *= keep;
         }
         for (int h = 0; h < kv_count; h++) {
-            load_block(v, block, count, kv_st, first_off + (int64_t)h * kv_sh, dim, rows,
+            load_block(v, block, count, kv_st, first_off + (int64_t)h * kv_sh, dim, ds, rows,
                        h == 0 ? v : NULL, len - start, span, is_bf16);
-            for (int g = h * group; g < (h + 1) * group; g++) accumulate(acc[g], s[g], count, rows, dim);
+            for (int j = 0; j < nt; j++)
+                for (int vec = j * per_row + h * group; vec < j * per_row + (h + 1) * group; vec++)
+                    if (seen[vec]) accumulate(acc + vec * ds, s[vec], seen[vec], rows, ds);
         }
     }
-    for (int g = 0; g < qheads; g++) {
-        float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
-        int64_t at = o_row + (q_first + g) * o_sh;
+    for (int vec = 0; vec < nv; vec++) {
+        float inv = l[vec] > 0.0f ? 1.0f / l[vec] : 0.0f;
+        int64_t at = o_rows[vec / per_row] + (q_first + vec % per_row) * o_sh;
+        const float *av = acc + vec * ds;
         for (int d = 0; d < dim; d++) {
-            float x = acc[g][d] * inv;
+            float x = av[d] * inv;
             if (is_bf16)
                 ((uint16_t *)out)[at + d] = f32_to_bf16(x);
             else
@@ -199,30 +300,66 @@ static inline __attribute__((always_inline)) void attend_item(
     }
 }
 
+/* Whether query row i continues row i - 1's tile: the same table row, one more slot seen
+ * (the next token of an extend). */
+static inline int continues(const int64_t *rows, const int64_t *visible, int64_t i) {
+    return i > 0 && rows[i] == rows[i - 1] && visible[i] == visible[i - 1] + 1;
+}
+
 /* q [n, heads, dim] (strides q_st, q_sh); k, v: one layer's pool [slots, kv_heads, dim]
  * (strides kv_st, kv_sh); table: request-to-token rows (stride table_st); rows[i] and
- * visible[i]: query row i's table row and how many of its slots it sees; out like q. */
-void kvflow_paged_attention(const void *q, int64_t q_st, int64_t q_sh, const void *k,
+ * visible[i]: query row i's table row and how many of its slots it sees; out like q.
+ *
+ * Work items: runs of rows continuing each other (an extend's new tokens) are cut into tiles
+ * of up to KVF_MAX_VECS / group rows, one item per (tile, KV head), so each K/V block serves
+ * the whole tile. Rows on their own (decode) are one item each with every head (contiguous
+ * token rows) when there are enough to keep the threads busy, else one per (row, KV head).
+ * Returns 0, or -1 when the tile list cannot be allocated. */
+int kvflow_paged_attention(const void *q, int64_t q_st, int64_t q_sh, const void *k,
                             const void *v, int64_t kv_st, int64_t kv_sh, const int32_t *table,
-                            int64_t table_st, const int64_t *rows, const int64_t *visible,
-                            void *out, int64_t o_st, int64_t o_sh, int64_t n, int heads,
-                            int kv_heads, int dim, float scale, int is_bf16) {
+                           int64_t table_st, const int64_t *rows, const int64_t *visible,
+                           void *out, int64_t o_st, int64_t o_sh, int64_t n, int heads,
+                           int kv_heads, int dim, float scale, int is_bf16) {
     int group = heads / kv_heads;
-    /* One item per row (every head: contiguous token rows) when rows alone keep the threads
-     * busy and the row's heads fit the item's buffers; else one per (row, KV head). */
-    int whole = n >= 4 * omp_get_max_threads() && heads <= KVF_MAX_QHEADS;
+    int runs = 0;
+    for (int64_t i = 1; i < n && !runs; i++) runs = continues(rows, visible, i);
+    int whole = !runs && n >= 4 * omp_get_max_threads() && heads <= KVF_MAX_VECS;
     int per_item = whole ? kv_heads : 1;
-    int64_t items = n * (kv_heads / per_item);
+    int cap = runs ? KVF_MAX_VECS / group : 1;
+    int64_t *tile_first = malloc((size_t)(n + 1) * sizeof(int64_t));
+    if (!tile_first) return -1;
+    int64_t tiles = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (!continues(rows, visible, i) || i - tile_first[tiles - 1] == cap) tile_first[tiles++] = i;
+    tile_first[tiles] = n;
+    int64_t per_tile = kv_heads / per_item;
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t item = 0; item < items; item++) {
-        int64_t i = item / (kv_heads / per_item);
-        int first = (int)(item % (kv_heads / per_item)) * per_item;
-        const int32_t *slots = table + rows[i] * table_st;
+    for (int64_t item = 0; item < tiles * per_tile; item++) {
+        int64_t t = item / per_tile, i0 = tile_first[t];
+        int nt = (int)(tile_first[t + 1] - i0);
+        int first = (int)(item % per_tile) * per_item;
+        int64_t q_rows[KVF_MAX_VECS], o_rows[KVF_MAX_VECS];
+        for (int j = 0; j < nt; j++) {
+            q_rows[j] = (i0 + j) * q_st;
+            o_rows[j] = (i0 + j) * o_st;
+        }
+        const int32_t *slots = table + rows[i0] * table_st;
+        if (visible[i0 + nt - 1] <= 0) { /* sees nothing: zeros */
+            for (int j = 0; j < nt; j++)
+                for (int g = 0; g < per_item * group; g++) {
+                    int64_t at = o_rows[j] + ((int64_t)first * group + g) * o_sh;
+                    if (is_bf16) memset((uint16_t *)out + at, 0, (size_t)dim * 2);
+                    else memset((float *)out + at, 0, (size_t)dim * 4);
+                }
+            continue;
+        }
         if (is_bf16)
-            attend_item(q, i * q_st, q_sh, k, v, kv_st, kv_sh, first, per_item, slots,
-                        visible[i], out, i * o_st, o_sh, group, dim, scale, 1);
+            attend_tile(q, q_rows, visible + i0, nt, q_sh, k, v, kv_st, kv_sh, first, per_item,
+                        slots, out, o_rows, o_sh, group, dim, scale, 1);
         else
-            attend_item(q, i * q_st, q_sh, k, v, kv_st, kv_sh, first, per_item, slots,
-                        visible[i], out, i * o_st, o_sh, group, dim, scale, 0);
+            attend_tile(q, q_rows, visible + i0, nt, q_sh, k, v, kv_st, kv_sh, first, per_item,
+                        slots, out, o_rows, o_sh, group, dim, scale, 0);
     }
+    free(tile_first);
+    return 0;
 }

@@ -80,7 +80,7 @@ def paged_attention(
         raise ValueError(f"rows and visible need {n} entries")
     if n == 0:
         return out
-    function("kvflow_paged_attention", _ARGTYPES)(
+    status = function("kvflow_paged_attention", _ARGTYPES, ctypes.c_int)(
         q.data_ptr(),
         q.stride(0),
         q.stride(1),
@@ -102,6 +102,8 @@ def paged_attention(
         sm_scale,
         int(q.dtype == torch.bfloat16),
     )
+    if status != 0:
+        raise MemoryError(f"paged_attention: no memory for the work list of {n} query rows")
     return out
 
 

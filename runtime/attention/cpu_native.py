@@ -1,13 +1,12 @@
-"""The CPU default: decode through kvflow's native paged-attention kernel, extend through the
-torch backend.
+"""The CPU default: decode and extend through kvflow's native paged-attention kernel.
 
-Decode reads each request's KV slots in place from the paged pool (no per-layer gather of
-the contexts into padded tensors, which cost more than the attention itself); every KV head
-is read once for the query heads that share it. Extends (prompts, chunks) stay on the torch
-backend's batched matmuls, faster there for a hundred or more new tokens per request.
-Needs a C compiler on first use (:mod:`kvflow.kernels.cpu.native`); ``attention_backend``
-"auto" picks this backend on CPU only when the kernels build. Shapes or dtypes the kernel
-does not take (float16, head_dim > 256, ...) decode on the torch backend, with a warning.
+The kernel reads each request's KV slots in place from the paged pool (no per-layer gather
+of the contexts into padded tensors, which cost more than the attention itself); every KV
+head is read once for the query heads that share it, and for an extend once for a tile of
+its new tokens (each new token sees its prefix and the new tokens up to itself). Needs a C
+compiler on first use (:mod:`kvflow.kernels.cpu.native`); ``attention_backend`` "auto" picks
+this backend on CPU only when the kernels build. Shapes or dtypes the kernel does not take
+(float16, head_dim > 256, ...) run on the torch backend, with a warning.
 """
 
 from __future__ import annotations
@@ -28,13 +27,25 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class _DecodeMetadata:
-    rows: torch.Tensor  # [B] int64 request-to-token row of each request
-    visible: torch.Tensor  # [B] int64 context length, the new token included
+class _RowsMetadata:
+    rows: torch.Tensor  # [N] int64 request-to-token row of each new token
+    visible: torch.Tensor  # [N] int64 slots each new token sees (its own included)
+
+
+def _extend_rows(fb: ForwardBatch) -> _RowsMetadata:
+    """Per new token: its request's row, and prefix + its index in the extend + 1."""
+    news = torch.tensor(fb.extend_seq_lens_cpu, dtype=torch.int64)
+    starts = news.cumsum(0) - news  # first new token of each request in [N]
+    first_visible = torch.tensor(fb.extend_prefix_lens_cpu, dtype=torch.int64) + 1 - starts
+    return _RowsMetadata(
+        rows=fb.req_pool_indices.to(torch.int64).repeat_interleave(news),
+        visible=torch.arange(int(news.sum())) + first_visible.repeat_interleave(news),
+    )
 
 
 class CpuNativeBackend(TorchNativeBackend):
-    """Native decode kernel; extends inherited from :class:`TorchNativeBackend`."""
+    """Native kernel for decode and extend; the torch backend's paths where it does not
+    apply (inherited from :class:`TorchNativeBackend`)."""
 
     def __init__(self, kv_pool, req_to_token, num_heads, num_kv_heads, head_dim, scale) -> None:
         super().__init__(kv_pool, req_to_token, num_heads, num_kv_heads, head_dim, scale)
@@ -43,8 +54,8 @@ class CpuNativeBackend(TorchNativeBackend):
         self.native = supports(kv_pool.dtype, num_heads, num_kv_heads, head_dim)
         if not self.native:
             log.warning(
-                "native decode attention takes float32/bfloat16, head_dim <= %d and <= %d query "
-                "heads per KV head; %s with %d/%d heads of %d decodes on torch",
+                "native attention takes float32/bfloat16, head_dim <= %d and <= %d query heads "
+                "per KV head; %s with %d/%d heads of %d runs on torch",
                 MAX_HEAD_DIM,
                 MAX_GROUP,
                 kv_pool.dtype,
@@ -54,18 +65,28 @@ class CpuNativeBackend(TorchNativeBackend):
             )
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
-        if not (fb.is_decode and self.native):
+        if not self.native:
             super().init_forward_metadata(fb)
-            return
-        fb.attn_metadata = _DecodeMetadata(
-            rows=fb.req_pool_indices.to(torch.int64),
-            visible=torch.tensor(fb.seq_lens_cpu, dtype=torch.int64),
-        )
+        elif fb.is_decode:
+            fb.attn_metadata = _RowsMetadata(
+                rows=fb.req_pool_indices.to(torch.int64),
+                visible=torch.tensor(fb.seq_lens_cpu, dtype=torch.int64),
+            )
+        else:
+            fb.attn_metadata = _extend_rows(fb)
 
     def forward_decode(self, q, k, v, layer_id, fb):
         if not self.native:
             return super().forward_decode(q, k, v, layer_id, fb)
-        meta: _DecodeMetadata = fb.attn_metadata
+        return self._paged(q, layer_id, fb)
+
+    def forward_extend(self, q, k, v, layer_id, fb):
+        if not self.native:
+            return super().forward_extend(q, k, v, layer_id, fb)
+        return self._paged(q, layer_id, fb)
+
+    def _paged(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        meta: _RowsMetadata = fb.attn_metadata
         return paged_attention(
             q,
             self.kv_pool.k_buffer[layer_id],

@@ -44,6 +44,46 @@ def test_matches_reference(dtype, heads, kv_heads, dim, copies) -> None:
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
+def _extend_rows(spans: list[tuple[int, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query rows of extends: ``(table row, cached prefix, new tokens)`` -> rows, visible.
+    New token j of a request sees its prefix and new tokens 0..j (causal)."""
+    rows, visible = [], []
+    for row, prefix, new in spans:
+        rows += [row] * new
+        visible += range(prefix + 1, prefix + new + 1)
+    return torch.tensor(rows, dtype=torch.int64), torch.tensor(visible, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 1, 128), (6, 2, 72)])
+def test_extend_tiles_match_reference(dtype, heads, kv_heads, dim) -> None:
+    """Consecutive rows of one request (an extend) are attended as tiles that share each K/V
+    block (scored from a transposed block); tiles are cut at the per-item cap, at request
+    boundaries and where a row does not continue the previous one; single rows in between
+    take the one-row path."""
+    gen = torch.Generator().manual_seed(1)
+    q, k_buf, v_buf, table, _, _ = _case(dtype, heads, kv_heads, dim, [1000] * 6, seed=3)
+    spans = [(0, 0, 170), (1, 37, 5), (2, 500, 1), (3, 0, 1), (4, 31, 64), (5, 900, 33)]
+    rows, visible = _extend_rows(spans)
+    q = torch.randn(rows.numel(), heads, dim, generator=gen).to(dtype)
+    scale = 1 / math.sqrt(dim)
+    got = paged_attention(q, k_buf, v_buf, table, rows, visible, scale)
+    want = paged_attention_ref(q, k_buf, v_buf, table, rows, visible, scale)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2  # float32 sums over up to 933 slots
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+def test_a_run_starting_at_nothing_gives_zeros_then_attends() -> None:
+    """A run whose first row sees no slot: that row is zeros, the next sees one slot."""
+    q, k_buf, v_buf, table, _, _ = _case(torch.float32, 4, 2, 16, [5])
+    rows = torch.zeros(3, dtype=torch.int64)
+    rows[:] = int(torch.nonzero(table[:, 0]).flatten()[0])
+    got = paged_attention(q[:1].expand(3, 4, 16), k_buf, v_buf, table, rows, torch.arange(3), 0.25)
+    assert torch.count_nonzero(got[0]) == 0
+    slot = int(table[rows[0], 0])
+    torch.testing.assert_close(got[1], v_buf[slot].repeat_interleave(2, dim=0))
+
+
 def test_one_slot_returns_its_value_and_empty_rows_are_zero() -> None:
     q, k_buf, v_buf, table, rows, _ = _case(torch.float32, 4, 2, 16, [1, 5])
     got = paged_attention(q, k_buf, v_buf, table, rows, torch.tensor([1, 0]), 0.25)

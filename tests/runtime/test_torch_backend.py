@@ -141,22 +141,24 @@ def test_cpu_backend_decodes_with_the_native_kernel(dtype):
 
 
 @needs_native
-def test_cpu_backend_extends_through_the_torch_parts():
-    backend, _, rows = make_backend(torch.bfloat16, CpuNativeBackend)
-    prefix_lens, new_lens = [5, 7, 0], [4, 2, LONG]
-    out, expected = run_batch(
-        backend, rows, prefix_lens, new_lens, torch.bfloat16, ForwardMode.EXTEND
-    )
-    assert part_kinds(backend) == ["_PaddedPart", "_SdpaPart"]
-    torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[torch.bfloat16], rtol=0)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("prefix_lens", "new_lens"), [*EXTEND_CASES, ([5, 7, 0], [4, 2, LONG])])
+def test_cpu_backend_extends_with_the_native_kernel(dtype, prefix_lens, new_lens):
+    backend, _, rows = make_backend(dtype, CpuNativeBackend)
+    out, expected = run_batch(backend, rows, prefix_lens, new_lens, dtype, ForwardMode.EXTEND)
+    assert not hasattr(backend, "last_plan")  # the torch parts were never planned
+    torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype], rtol=0)
 
 
-def test_cpu_backend_decodes_on_torch_what_its_kernel_cannot_run(caplog):
+def test_cpu_backend_runs_on_torch_what_its_kernel_cannot(caplog):
     with caplog.at_level("WARNING"):
         backend, _, rows = make_backend(torch.float16, CpuNativeBackend)
-    assert not backend.native and "decodes on torch" in caplog.text
+    assert not backend.native and "runs on torch" in caplog.text
     out, expected = run_batch(backend, rows, [3, 20], [1, 1], torch.float16, ForwardMode.DECODE)
     assert part_kinds(backend) == ["_PaddedPart"]
+    torch.testing.assert_close(out.float(), expected, atol=3e-3, rtol=0)
+    out, expected = run_batch(backend, rows, [5, 0], [4, LONG], torch.float16, ForwardMode.EXTEND)
+    assert part_kinds(backend) == ["_PaddedPart", "_SdpaPart"]
     torch.testing.assert_close(out.float(), expected, atol=3e-3, rtol=0)
 
 
