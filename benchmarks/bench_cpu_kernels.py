@@ -80,6 +80,8 @@ def row(name: str, base: float, ours: float) -> str:
 
 
 def bench_projections(dtype: torch.dtype, reps: int) -> list[str]:
+    """Per shape and row count: F.linear vs what the engine runs (the packed weight's path),
+    and oneDNN-prepacked vs the native matmul where both apply."""
     lines = []
     for rows in (1, 32, 2048):
         for name, (n, k) in PROJECTIONS.items():
@@ -88,14 +90,22 @@ def bench_projections(dtype: torch.dtype, reps: int) -> list[str]:
             weight = torch.randn(n, k).to(dtype)
             packed = pack_weight(weight)
             x = torch.randn(rows, k).to(dtype)
+            count = reps if rows < 2048 else max(3, reps // 10)
             base, ours = paired(
-                lambda x=x, w=weight: F.linear(x, w),
-                lambda x=x, p=packed: torch.ops.mkldnn._linear_pointwise(
-                    x, p, None, "none", [], ""
-                ),
-                reps if rows < 2048 else max(3, reps // 10),
+                lambda x=x, w=weight: F.linear(x, w), lambda x=x, p=packed: p.matmul(x), count
             )
-            lines.append(row(f"{name} {rows} x {k} -> {n}", base, ours))
+            lines.append(row(f"{name} {rows} x {k} -> {n}: F.linear / engine", base, ours))
+            if native.available() and native.gemm.supports(weight):
+                onednn = torch.ops.mkldnn._reorder_linear_weight(weight, 32)
+                panels = native.gemm.pack(weight)
+                base, ours = paired(
+                    lambda x=x, w=onednn: torch.ops.mkldnn._linear_pointwise(
+                        x, w, None, "none", [], ""
+                    ),
+                    lambda x=x, w=panels, n=n: native.gemm.gemm(x, w, n),
+                    count,
+                )
+                lines.append(row(f"{name} {rows} x {k} -> {n}: oneDNN / native", base, ours))
     return lines
 
 
@@ -140,6 +150,43 @@ def _decode_attention(dtype: torch.dtype, batch: int, context: int, reps: int) -
 
 def bench_decode_attention(dtype: torch.dtype, reps: int) -> list[str]:
     return [_decode_attention(dtype, b, c, reps) for b, c in ((1, 1024), (32, 230), (64, 1024))]
+
+
+def bench_extend_attention(dtype: torch.dtype, reps: int) -> list[str]:
+    """A 2040-token prefill chunk (12 prompts of 170 tokens, nothing cached) over 30 layers."""
+    count, new = 12, 170
+    pool = KVPool(count * new + 2, LAYERS, KV_HEADS, DIM, dtype, "cpu")
+    for buf in (*pool.k_buffer, *pool.v_buffer):
+        buf.normal_()
+    req_rows = ReqToTokenPool(count + 1, new + 1, "cpu")
+    reqs = []
+    for i in range(count):
+        req = req_rows.alloc()
+        req_rows.write(req, 0, torch.arange(1 + i * new, 1 + (i + 1) * new))
+        reqs.append(req)
+    fb = ForwardBatch(
+        mode=ForwardMode.EXTEND,
+        input_ids=torch.zeros(count * new, dtype=torch.int64),
+        positions=torch.arange(new).repeat(count),
+        out_cache_loc=torch.arange(1, 1 + count * new),
+        req_pool_indices=torch.tensor(reqs),
+        seq_lens=torch.full((count,), new),
+        seq_lens_cpu=[new] * count,
+        extend_prefix_lens_cpu=[0] * count,
+        extend_seq_lens_cpu=[new] * count,
+    )
+    q = torch.randn(count * new, HEADS, DIM).to(dtype)
+    kv = torch.randn(count * new, KV_HEADS, DIM).to(dtype)
+    steps = []
+    for cls in (TorchNativeBackend, CpuNativeBackend):
+        backend = cls(pool, req_rows, HEADS, KV_HEADS, DIM, 1 / math.sqrt(DIM))
+        own = copy.copy(fb)
+        backend.init_forward_metadata(own)
+        steps.append(
+            lambda b=backend, f=own: [b.forward_extend(q, kv, kv, i, f) for i in range(LAYERS)]
+        )
+    base, ours = paired(steps[0], steps[1], max(3, reps // 10))
+    return [row(f"{LAYERS} layers, {count} prompts x {new} new tokens", base, ours)]
 
 
 def _elementwise(dtype: torch.dtype, rows: int, reps: int) -> list[str]:
@@ -241,7 +288,8 @@ def main() -> None:
             "",
             f"## {name}",
             "",
-            "### Projections: `F.linear` vs oneDNN-prepacked weights",
+            "### Projections: `F.linear` vs the engine's packed path; oneDNN-prepacked vs "
+            "native matmul",
             *header[1:],
         ]
         lines += bench_projections(dtype, args.reps)
@@ -251,6 +299,8 @@ def main() -> None:
             *header[1:],
         ]
         lines += bench_decode_attention(dtype, args.reps)
+        lines += ["", "### Extend attention: torch backend vs native kernel", *header[1:]]
+        lines += bench_extend_attention(dtype, args.reps)
         lines += ["", "### Row-wise ops: torch references vs native kernels", *header[1:]]
         lines += bench_elementwise(dtype, args.reps)
         lines += [

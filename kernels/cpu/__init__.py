@@ -6,7 +6,7 @@ import functools
 import logging
 import os
 
-from kvflow.kernels.cpu import elementwise
+from kvflow.kernels.cpu import elementwise, gemm
 from kvflow.kernels.cpu.native import NativeBuildError, load_library
 from kvflow.kernels.cpu.paged_attention import paged_attention, paged_attention_ref, supports
 
@@ -16,6 +16,7 @@ __all__ = [
     "NativeBuildError",
     "available",
     "elementwise",
+    "gemm",
     "load_library",
     "paged_attention",
     "paged_attention_ref",

@@ -23,7 +23,7 @@ from typing import Any
 
 __all__ = ["NativeBuildError", "cache_dir", "function", "load_library"]
 
-SOURCES = ("paged_attention.c", "elementwise.c")
+SOURCES = ("paged_attention.c", "elementwise.c", "gemm.c")
 HEADERS = ("bf16.h",)
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC")
 LIBS = ("-lm",)

@@ -1,11 +1,18 @@
 """Building blocks of the native models (torch; Triton kernels are dispatched on CUDA)."""
 
 from kvflow.runtime.layers.activation import silu_and_mul
-from kvflow.runtime.layers.linear import linear, matmul_weight, pack_linears, pack_weight
+from kvflow.runtime.layers.linear import (
+    PackedWeight,
+    linear,
+    matmul_weight,
+    pack_linears,
+    pack_weight,
+)
 from kvflow.runtime.layers.norm import RMSNorm
 from kvflow.runtime.layers.rotary import RotaryEmbedding
 
 __all__ = [
+    "PackedWeight",
     "RMSNorm",
     "RotaryEmbedding",
     "linear",

@@ -15,6 +15,7 @@ from torch import nn
 from kvflow.runtime.config import ModelConfig
 from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.layers import (
+    PackedWeight,
     RMSNorm,
     RotaryEmbedding,
     linear,
@@ -103,7 +104,7 @@ class LlamaForCausalLM(nn.Module):
             LlamaDecoderLayer(config, i, rotary) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.packed_head: torch.Tensor | None = None  # see pack_for_cpu
+        self.packed_head: PackedWeight | None = None  # see pack_for_cpu
         self.lm_head = (
             None
             if config.tie_word_embeddings

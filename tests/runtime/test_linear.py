@@ -1,4 +1,5 @@
-"""CPU projections through oneDNN-prepacked weights match ``F.linear``."""
+"""CPU projections through packed weights (kvflow's native matmul, oneDNN's prepacked linear)
+match ``F.linear``, and each row count takes the path the module documents."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvflow.kernels import cpu
 from kvflow.runtime.layers import linear, matmul_weight, pack_linears, pack_weight
+from kvflow.runtime.layers.linear import NATIVE_MAX_ROWS
 
 pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"
@@ -57,3 +60,31 @@ def test_not_packed_where_it_does_not_apply() -> None:
     assert pack_weight(torch.randn(4)) is None
     layer = nn.Linear(4, 4).half()
     assert pack_linears(nn.Sequential(layer)) == 0
+
+
+@pytest.mark.skipif(not cpu.available(), reason="no C compiler for the native kernels")
+def test_which_layouts_are_packed_and_which_runs(monkeypatch) -> None:
+    """float32 keeps both layouts (native up to NATIVE_MAX_ROWS rows, oneDNN above);
+    bfloat16 keeps the native one where the CPU has AVX512-BF16."""
+    calls = []
+    real = cpu.gemm.gemm
+    monkeypatch.setattr(
+        cpu.gemm, "gemm", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k)
+    )
+    packed = pack_weight(torch.randn(40, 32))
+    assert packed.native is not None and packed.onednn is not None
+    x = torch.randn(NATIVE_MAX_ROWS + 1, 32)
+    packed.matmul(x[:NATIVE_MAX_ROWS])
+    packed.matmul(x)
+    assert calls == [NATIVE_MAX_ROWS]  # the larger block went to oneDNN
+    bf16 = pack_weight(torch.randn(40, 32).bfloat16())
+    if cpu.gemm.supports(torch.empty(1, 2, dtype=torch.bfloat16)):
+        assert bf16.native is not None and bf16.onednn is None
+    else:
+        assert bf16.native is None and bf16.onednn is not None
+
+
+def test_without_native_kernels_only_onednn_is_packed(monkeypatch) -> None:
+    monkeypatch.setattr(cpu, "available", lambda: False)
+    packed = pack_weight(torch.randn(8, 4).bfloat16())
+    assert packed.native is None and packed.onednn is not None

@@ -1,0 +1,87 @@
+"""Matmuls of few rows on CPU (``gemm.c``): ``x @ weight.T`` for decode steps, with the weight
+packed once in panels of 16 columns.
+
+Layouts (``N`` padded with zero columns to a multiple of 16, ``P = N / 16`` panels):
+float32 ``[P, K, 16]`` (panel ``p``, row ``k``: columns ``16p .. 16p + 15`` of row ``k`` of
+``weight.T``); bfloat16 ``[P, K / 2, 16, 2]`` (pairs of consecutive ``k`` per column, the
+operand layout of ``vdpbf16ps``; ``K`` even). Products are summed in float32 and the output
+rounded once to the storage type, as oneDNN and cuBLAS do. bfloat16 needs a CPU with
+AVX512-BF16 (:func:`supports`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from kvflow.kernels.cpu.native import function
+
+__all__ = ["PANEL", "gemm", "gemm_ref", "pack", "supports"]
+
+PANEL = 16
+_I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+_GEMM = [_PTR, _I64, _PTR, _I64, _I64, _I64, _PTR, _I64, _INT]
+
+
+@functools.cache
+def _caps() -> int:
+    return int(function("kvflow_gemm_caps", [], ctypes.c_int)())
+
+
+def supports(weight: torch.Tensor) -> bool:
+    """Whether :func:`pack` and :func:`gemm` take this weight ``[N, K]`` on this machine."""
+    if weight.device.type != "cpu" or weight.dim() != 2:
+        return False
+    if weight.dtype == torch.float32:
+        return bool(_caps() & 1)
+    return weight.dtype == torch.bfloat16 and weight.shape[1] % 2 == 0 and bool(_caps() & 2)
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` ``[N, K]`` in the kernel's panel layout (a new tensor)."""
+    if not supports(weight):
+        raise ValueError(f"cannot pack a {weight.dtype} weight of shape {tuple(weight.shape)}")
+    n, k = weight.shape
+    padded = torch.zeros(-(-n // PANEL) * PANEL, k, dtype=weight.dtype)
+    padded[:n] = weight
+    panels = padded.view(-1, PANEL, k)
+    if weight.dtype == torch.float32:
+        return panels.permute(0, 2, 1).contiguous()  # [P, K, 16]
+    return panels.view(-1, PANEL, k // 2, 2).permute(0, 2, 1, 3).contiguous()  # [P, K/2, 16, 2]
+
+
+def gemm(
+    x: torch.Tensor, packed: torch.Tensor, n: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x @ weight.T`` for ``x`` ``[M, K]`` and ``packed = pack(weight)`` (``n`` = the
+    weight's row count); ``out`` ``[M, n]`` (new if None) in ``x``'s dtype."""
+    m, k = x.shape
+    if x.dtype != packed.dtype or x.device.type != "cpu" or x.stride(1) != 1:
+        raise ValueError("x must be a CPU tensor of the packed weight's dtype, rows contiguous")
+    if packed.numel() != -(-n // PANEL) * PANEL * k:
+        raise ValueError(f"packed weight does not hold {n} columns of {k}")
+    if out is None:
+        out = torch.empty(m, n, dtype=x.dtype)
+    elif out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1:
+        raise ValueError(f"out must be [{m}, {n}] {x.dtype} with contiguous rows")
+    status = function("kvflow_gemm", _GEMM, ctypes.c_int)(
+        x.data_ptr(),
+        x.stride(0),
+        packed.data_ptr(),
+        m,
+        n,
+        k,
+        out.data_ptr(),
+        out.stride(0),
+        int(x.dtype == torch.bfloat16),
+    )
+    if status != 0:
+        raise ValueError(f"no native {x.dtype} matmul in this build")
+    return out
+
+
+def gemm_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Pure-torch :func:`gemm`: float32 products and sums, rounded once to ``x``'s dtype."""
+    return (x.float() @ weight.float().T).to(x.dtype)

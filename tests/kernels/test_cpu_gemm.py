@@ -1,0 +1,69 @@
+"""The native CPU matmul (``gemm.c``) against its torch reference: float32 and bfloat16, row
+counts around the 8-row tiles, column counts around the 16-column panels and panel pairs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvflow.kernels.cpu import available, gemm
+
+pytestmark = pytest.mark.skipif(not available(), reason="no C compiler for the native kernels")
+
+
+def _types() -> list[torch.dtype]:
+    bf16 = gemm.supports(torch.empty(1, 2, dtype=torch.bfloat16))
+    return [torch.float32, *([torch.bfloat16] if bf16 else [])]
+
+
+@pytest.mark.parametrize("dtype", _types())
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 32, 67, 300])
+@pytest.mark.parametrize(("n", "k"), [(16, 64), (1, 2), (33, 96), (48, 576), (250, 130)])
+def test_matches_reference(dtype, rows, n, k) -> None:
+    gen = torch.Generator().manual_seed(rows * 1000 + n)
+    weight = (torch.randn(n, k, generator=gen) * 0.1).to(dtype)
+    x = torch.randn(rows, k, generator=gen).to(dtype)
+    got = gemm.gemm(x, gemm.pack(weight), n)
+    want = gemm.gemm_ref(x, weight)
+    # float32: sums in another order; bfloat16: the same float32 sum rounded once (1 ulp)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+def test_strided_rows_and_an_output_view() -> None:
+    weight = torch.randn(20, 32)
+    storage = torch.randn(5, 48)
+    x = storage[:, 8:40]  # rows 48 apart
+    out_storage = torch.zeros(5, 30)
+    out = out_storage[:, 5:25]
+    gemm.gemm(x, gemm.pack(weight), 20, out=out)
+    torch.testing.assert_close(out, x @ weight.T, atol=1e-5, rtol=1e-5)
+    assert (
+        torch.count_nonzero(out_storage[:, :5]) == 0
+        and torch.count_nonzero(out_storage[:, 25:]) == 0
+    )
+
+
+def test_layout_is_panels_of_sixteen_columns() -> None:
+    weight = torch.arange(17 * 4, dtype=torch.float32).view(17, 4)
+    packed = gemm.pack(weight)
+    assert packed.shape == (2, 4, 16)  # 17 columns -> 2 panels, the second zero-padded
+    assert torch.equal(packed[0, 1], weight[:16, 1])
+    assert torch.equal(packed[1, :, 0], weight[16]) and torch.count_nonzero(packed[1, :, 1:]) == 0
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda w, p: gemm.gemm(torch.randn(2, 8).double(), p, 4), "dtype"),
+        (lambda w, p: gemm.gemm(torch.randn(8, 2).T, p, 4), "contiguous"),
+        (lambda w, p: gemm.gemm(torch.randn(2, 8), p, 40), "columns"),
+        (lambda w, p: gemm.gemm(torch.randn(2, 8), p, 4, out=torch.empty(2, 5)), "out"),
+        (lambda w, p: gemm.pack(w.half()), "cannot pack"),
+        (lambda w, p: gemm.pack(torch.randn(4, 7).bfloat16()), "cannot pack"),
+    ],
+)
+def test_bad_arguments_are_refused(call, message) -> None:
+    weight = torch.randn(4, 8)
+    with pytest.raises(ValueError, match=message):
+        call(weight, gemm.pack(weight))
