@@ -126,3 +126,19 @@ void kvflow_silu_and_mul(const void *x, int64_t x_st, void *out, int64_t o_st, i
             silu_row(row, dst, width, 0);
     }
 }
+
+/* Writes row i of k and v [n, heads, dim] (strides k_st/k_sh, v_st/v_sh) to slot loc[i] of
+ * k_buf and v_buf [slots, heads, dim] (strides kv_st, kv_sh); one storage type of `size`
+ * bytes throughout. A decode step's few rows copy on the calling thread (no fork/join). */
+void kvflow_store_kv(void *k_buf, void *v_buf, int64_t kv_st, int64_t kv_sh, const void *k,
+                     int64_t k_st, int64_t k_sh, const void *v, int64_t v_st, int64_t v_sh,
+                     const int64_t *loc, int64_t n, int heads, int dim, int size) {
+#pragma omp parallel for if (n * heads * dim >= KVF_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        for (int h = 0; h < heads; h++) {
+            int64_t dst = (loc[i] * kv_st + h * kv_sh) * size;
+            memcpy((char *)k_buf + dst, (const char *)k + (i * k_st + h * k_sh) * size, (size_t)dim * size);
+            memcpy((char *)v_buf + dst, (const char *)v + (i * v_st + h * v_sh) * size, (size_t)dim * size);
+        }
+    }
+}

@@ -11,7 +11,7 @@ import torch
 from kvflow.kernels.cpu.native import function
 from kvflow.kernels.rotary import heads_view
 
-__all__ = ["MAX_HIDDEN", "rmsnorm", "rotary_embedding", "silu_and_mul", "supports"]
+__all__ = ["MAX_HIDDEN", "rmsnorm", "rotary_embedding", "silu_and_mul", "store_kv", "supports"]
 
 MAX_HIDDEN = 8192  # the C kernel keeps one float32 row on the stack
 DTYPES = (torch.float32, torch.bfloat16)
@@ -20,6 +20,23 @@ _I64, _PTR, _INT, _F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c
 _RMSNORM = [_PTR, _I64, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _INT, _F32, _INT]
 _ROTARY = [_PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _INT, _INT, _INT, _INT]
 _SILU = [_PTR, _I64, _PTR, _I64, _I64, _INT, _INT]
+_STORE_KV = [
+    _PTR,
+    _PTR,
+    _I64,
+    _I64,
+    _PTR,
+    _I64,
+    _I64,
+    _PTR,
+    _I64,
+    _I64,
+    _PTR,
+    _I64,
+    _INT,
+    _INT,
+    _INT,
+]
 
 
 def supports(*tensors: torch.Tensor) -> bool:
@@ -111,3 +128,43 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         x.data_ptr(), x.stride(0), out.data_ptr(), width, n, width, is_bf16
     )
     return out
+
+
+def store_kv(
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    loc: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+) -> None:
+    """:func:`kvflow.kernels.store_kv_cache` on CPU: ``k``, ``v`` ``[tokens, kv_heads,
+    head_dim]`` into the buffers ``[slots, kv_heads, head_dim]`` at slots ``loc`` (distinct,
+    in range: not checked here), all one dtype."""
+    _check(k_buffer, v_buffer, k, v)
+    n, heads, dim = k.shape
+    if (
+        v.shape != k.shape
+        or k_buffer.shape[1:] != (heads, dim)
+        or k_buffer.stride() != v_buffer.stride()
+    ):
+        raise ValueError("k/v rows and the buffers must agree in heads and head_dim")
+    if loc.numel() != n:
+        raise ValueError(f"loc needs {n} slots")
+    loc = loc.to(torch.int64).contiguous()
+    function("kvflow_store_kv", _STORE_KV)(
+        k_buffer.data_ptr(),
+        v_buffer.data_ptr(),
+        k_buffer.stride(0),
+        k_buffer.stride(1),
+        k.data_ptr(),
+        k.stride(0),
+        k.stride(1),
+        v.data_ptr(),
+        v.stride(0),
+        v.stride(1),
+        loc.data_ptr(),
+        n,
+        heads,
+        dim,
+        k.element_size(),
+    )

@@ -2,9 +2,10 @@
  * in panels of 16 columns (see kvflow/kernels/cpu/gemm.py for the layouts), float32
  * accumulation, the output rounded once to the storage type.
  *
- * Each thread takes a contiguous run of panel pairs (32 columns), so it streams its share
- * of the packed weight front to back, and runs every block of up to 8 rows over a pair
- * before moving on: the pair is read from memory once and from cache for the other blocks.
+ * Threads take runs of 4 panel pairs (128 columns, contiguous in the packed weight) as they
+ * come free (a thread descheduled by another process does not hold up the rest of the
+ * matmul beyond its current run), and run every block of up to 8 rows over a pair before
+ * moving on: the pair is read from memory once and from cache for the other blocks.
  * A block x pair tile keeps 8 x 2 accumulators of 16 lanes in registers over the whole K:
  * float32 multiplies a broadcast x element into a panel row (FMA); bfloat16 multiplies a
  * broadcast pair of x elements into a panel row of column pairs (vdpbf16ps, AVX512-BF16
@@ -24,7 +25,8 @@
 
 #define KVF_NR 16 /* columns per panel */
 #define KVF_MR 8  /* rows per tile */
-#define KVF_MC 256 /* rows per pass over a thread's panels (kept in L2 meanwhile) */
+#define KVF_MC 256 /* rows per pass over the panels (kept in L2 meanwhile) */
+#define KVF_CHUNK 4 /* panel pairs a thread takes at a time */
 
 typedef float kvf_g16 __attribute__((vector_size(64)));
 
@@ -131,16 +133,14 @@ int kvflow_gemm(const void *x, int64_t x_st, const void *packed, int64_t m, int6
     int64_t panel = k * KVF_NR; /* elements per panel, either type */
     int64_t size = is_bf16 ? 2 : 4;
 #pragma omp parallel
-    {
-        int threads = omp_get_num_threads(), me = omp_get_thread_num();
-        int64_t lo = pairs * me / threads, hi = pairs * (me + 1) / threads;
-        for (int64_t m_lo = 0; m_lo < m; m_lo += KVF_MC) {
-            int64_t m_hi = m - m_lo < KVF_MC ? m : m_lo + KVF_MC;
-            for (int64_t pp = lo; pp < hi; pp++) {
+    for (int64_t m_lo = 0; m_lo < m; m_lo += KVF_MC) {
+        int64_t m_hi = m - m_lo < KVF_MC ? m : m_lo + KVF_MC;
+#pragma omp for schedule(dynamic, KVF_CHUNK) nowait
+        for (int64_t pp = 0; pp < pairs; pp++) {
                 int np = 2 * pp + 1 < panels ? 2 : 1;
                 int n_valid = (int)(n - pp * 2 * KVF_NR);
                 const char *b0 = (const char *)packed + pp * 2 * panel * size;
-                const char *ahead = pp + 1 < hi ? b0 + 2 * panel * size : NULL;
+                const char *ahead = pp + 1 < pairs ? b0 + 2 * panel * size : NULL;
                 for (int64_t m0 = m_lo; m0 < m_hi; m0 += KVF_MR) {
                     int mr = (int)(m_hi - m0 < KVF_MR ? m_hi - m0 : KVF_MR);
                     char *dst = (char *)out + (m0 * o_st + pp * 2 * KVF_NR) * size;
@@ -167,7 +167,6 @@ int kvflow_gemm(const void *x, int64_t x_st, const void *packed, int64_t m, int6
 #undef KVF_CALL
                     }
                 }
-            }
         }
     }
     return 0;

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kvflow.kernels import store_kv_cache, store_kv_cache_ref
+from kvflow.kernels import cpu, store_kv_cache, store_kv_cache_ref
 
 __all__ = ["KVPool"]
 
@@ -38,6 +38,17 @@ class KVPool:
         )
 
     def store(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write ``k``/``v`` ``[tokens, kv_heads, head_dim]`` at slots ``loc`` ``[tokens]``."""
-        write = store_kv_cache if k.is_cuda else store_kv_cache_ref
-        write(self.k_buffer[layer_id], self.v_buffer[layer_id], loc, k, v)
+        """Write ``k``/``v`` ``[tokens, kv_heads, head_dim]`` at slots ``loc`` ``[tokens]``:
+        the Triton kernel on CUDA, the native one on CPU (same dtype, kernels built), else
+        index assignment."""
+        k_buf, v_buf = self.k_buffer[layer_id], self.v_buffer[layer_id]
+        if k.is_cuda:
+            store_kv_cache(k_buf, v_buf, loc, k, v)
+        elif (
+            k.dtype == self.dtype
+            and cpu.elementwise.supports(k_buf, v_buf, k, v)
+            and cpu.available()
+        ):
+            cpu.elementwise.store_kv(k_buf, v_buf, loc, k, v)
+        else:
+            store_kv_cache_ref(k_buf, v_buf, loc, k, v)

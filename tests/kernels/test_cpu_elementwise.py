@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvflow.kernels import build_cos_sin_cache, rmsnorm_ref, rotary_embedding_ref, silu_and_mul_ref
+from kvflow.kernels import (
+    build_cos_sin_cache,
+    rmsnorm_ref,
+    rotary_embedding_ref,
+    silu_and_mul_ref,
+    store_kv_cache_ref,
+)
 from kvflow.kernels.cpu import available, elementwise
 
 pytestmark = pytest.mark.skipif(not available(), reason="no C compiler for the native kernels")
@@ -99,3 +105,34 @@ def test_rmsnorm_layer_falls_back_past_the_kernels_row_limit() -> None:
     torch.testing.assert_close(layer(x), rmsnorm_ref(x, layer.weight, 1e-6))
     with pytest.raises(ValueError, match="not supported"):
         elementwise.rmsnorm(x, layer.weight, 1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [1, 7, 300])  # 300 rows x 3 heads x 64: the parallel path
+@pytest.mark.parametrize("loc_dtype", [torch.int32, torch.int64])
+def test_store_kv_matches_reference(dtype, tokens, loc_dtype) -> None:
+    """K and V as the model produces them (column slices of the fused qkv projection)."""
+    gen = torch.Generator().manual_seed(tokens)
+    heads, dim = 3, 64
+    k_buf = torch.randn(512, heads, dim, generator=gen).to(dtype)
+    v_buf = torch.randn(512, heads, dim, generator=gen).to(dtype)
+    qkv = torch.randn(tokens, 5 * heads * dim, generator=gen).to(dtype)
+    k = qkv[:, 3 * heads * dim : 4 * heads * dim].view(tokens, heads, dim)
+    v = qkv[:, 4 * heads * dim :].view(tokens, heads, dim)
+    loc = torch.randperm(512, generator=gen)[:tokens].to(loc_dtype)
+    want_k, want_v = k_buf.clone(), v_buf.clone()
+    store_kv_cache_ref(want_k, want_v, loc, k, v)
+    elementwise.store_kv(k_buf, v_buf, loc, k, v)
+    assert torch.equal(k_buf, want_k) and torch.equal(v_buf, want_v)
+
+
+def test_store_kv_refuses_mismatched_shapes() -> None:
+    k_buf = torch.zeros(8, 2, 4)
+    with pytest.raises(ValueError, match="agree"):
+        elementwise.store_kv(
+            k_buf, k_buf.clone(), torch.arange(2), torch.zeros(2, 2, 8), torch.zeros(2, 2, 8)
+        )
+    with pytest.raises(ValueError, match="slots"):
+        elementwise.store_kv(
+            k_buf, k_buf.clone(), torch.arange(3), torch.zeros(2, 2, 4), torch.zeros(2, 2, 4)
+        )
