@@ -11,6 +11,7 @@
  * broadcast pair of x elements into a panel row of column pairs (vdpbf16ps, AVX512-BF16
  * only). The next pair's panels are prefetched into L2 while a pair runs.
  */
+#include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <string.h>
@@ -33,11 +34,35 @@ typedef float kvf_g16 __attribute__((vector_size(64)));
 /* What this build runs: bit 0 float32, bit 1 bfloat16. */
 int kvflow_gemm_caps(void) { return 1 | (KVF_GEMM_BF16 << 1); }
 
-/* Writes one tile's accumulators (rows < mr, the panel pair's columns below n_valid). */
+static inline float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+/* Writes one tile's accumulators (rows < mr, the panel pair's columns below n_valid); with
+ * `silu_mul` the pair is (gate, up) for the same 16 columns and 16 columns of
+ * silu(gate) * up are written, rounded as the unfused matmul then SiLU-and-mul would:
+ * matmul outputs, the activation and the product each to the storage type. */
 static inline __attribute__((always_inline)) void store_tile(kvf_g16 (*c)[2], const int mr,
                                                              const int np, void *out,
                                                              int64_t o_st, int n_valid,
+                                                             const int silu_mul,
                                                              const int is_bf16) {
+    if (silu_mul) {
+        for (int r = 0; r < mr; r++) {
+            float y[KVF_NR];
+            for (int j = 0; j < KVF_NR; j++) {
+                float gate = is_bf16 ? bf16_round(c[r][0][j]) : c[r][0][j];
+                float up = is_bf16 ? bf16_round(c[r][1][j]) : c[r][1][j];
+                float act = gate / (1.0f + expf(-gate));
+                y[j] = (is_bf16 ? bf16_round(act) : act) * up;
+            }
+            if (is_bf16) {
+                uint16_t *dst = (uint16_t *)out + r * o_st;
+                for (int j = 0; j < KVF_NR; j++) dst[j] = f32_to_bf16(y[j]);
+            } else {
+                memcpy((float *)out + r * o_st, y, sizeof y);
+            }
+        }
+        return;
+    }
     for (int r = 0; r < mr; r++)
         for (int p = 0; p < np; p++) {
             int cols = n_valid - p * KVF_NR;
@@ -59,7 +84,8 @@ static inline __attribute__((always_inline)) void tile_f32(const float *x, int64
                                                            const int mr, const float *b0,
                                                            int64_t panel, const int np, int k,
                                                            const char *ahead, void *out,
-                                                           int64_t o_st, int n_valid) {
+                                                           int64_t o_st, int n_valid,
+                                                           const int silu_mul) {
     kvf_g16 c[KVF_MR][2];
     for (int r = 0; r < mr; r++) c[r][0] = c[r][1] = (kvf_g16){0};
     for (int i = 0; i < k; i++) {
@@ -75,7 +101,7 @@ static inline __attribute__((always_inline)) void tile_f32(const float *x, int64
             if (np == 2) c[r][1] += a * w1;
         }
     }
-    store_tile(c, mr, np, out, o_st, n_valid, 0);
+    store_tile(c, mr, np, out, o_st, n_valid, silu_mul, 0);
 }
 
 #if KVF_GEMM_BF16
@@ -85,7 +111,8 @@ static inline __attribute__((always_inline)) void tile_bf16(const uint16_t *x, i
                                                             const int mr, const uint16_t *b0,
                                                             int64_t panel, const int np, int k,
                                                             const char *ahead, void *out,
-                                                            int64_t o_st, int n_valid) {
+                                                            int64_t o_st, int n_valid,
+                                                            const int silu_mul) {
     __m512 c[KVF_MR][2];
     for (int r = 0; r < mr; r++) c[r][0] = c[r][1] = _mm512_setzero_ps();
     for (int i = 0; i < k / 2; i++) {
@@ -105,7 +132,7 @@ static inline __attribute__((always_inline)) void tile_bf16(const uint16_t *x, i
     }
     kvf_g16 v[KVF_MR][2];
     memcpy(v, c, sizeof v);
-    store_tile(v, mr, np, out, o_st, n_valid, 1);
+    store_tile(v, mr, np, out, o_st, n_valid, silu_mul, 1);
 }
 #endif
 
@@ -124,9 +151,11 @@ static inline __attribute__((always_inline)) void tile_bf16(const uint16_t *x, i
 
 /* x [m, k] (row stride x_st), packed weight of n columns (padded to panels of 16), out
  * [m, n] (row stride o_st), the same storage type throughout (is_bf16). k is even for
- * bfloat16. Returns 0, or -1 where this build has no kernel for the type. */
+ * bfloat16. With silu_mul the panels alternate gate and up blocks of 16 columns (n a
+ * multiple of 32) and out is [m, n / 2] = silu(gate) * up. Returns 0, or -1 where this
+ * build has no kernel for the type. */
 int kvflow_gemm(const void *x, int64_t x_st, const void *packed, int64_t m, int64_t n,
-                int64_t k, void *out, int64_t o_st, int is_bf16) {
+                int64_t k, void *out, int64_t o_st, int silu_mul, int is_bf16) {
     if (is_bf16 && !KVF_GEMM_BF16) return -1;
     int64_t panels = (n + KVF_NR - 1) / KVF_NR;
     int64_t pairs = (panels + 1) / 2;
@@ -143,7 +172,8 @@ int kvflow_gemm(const void *x, int64_t x_st, const void *packed, int64_t m, int6
                 const char *ahead = pp + 1 < pairs ? b0 + 2 * panel * size : NULL;
                 for (int64_t m0 = m_lo; m0 < m_hi; m0 += KVF_MR) {
                     int mr = (int)(m_hi - m0 < KVF_MR ? m_hi - m0 : KVF_MR);
-                    char *dst = (char *)out + (m0 * o_st + pp * 2 * KVF_NR) * size;
+                    int64_t col = pp * (silu_mul ? 1 : 2) * KVF_NR;
+                    char *dst = (char *)out + (m0 * o_st + col) * size;
                     const char *src = (const char *)x + m0 * x_st * size;
                     /* the first block streams the pair in and fetches the next one */
                     const char *fetch = m0 == m_lo ? ahead : NULL;
@@ -151,18 +181,18 @@ int kvflow_gemm(const void *x, int64_t x_st, const void *packed, int64_t m, int6
 #if KVF_GEMM_BF16
 #define KVF_CALL(R)                                                                       \
     (np == 2 ? tile_bf16((const uint16_t *)src, x_st, R, (const uint16_t *)b0, panel, 2, \
-                         (int)k, fetch, dst, o_st, n_valid)                             \
+                         (int)k, fetch, dst, o_st, n_valid, silu_mul)                  \
              : tile_bf16((const uint16_t *)src, x_st, R, (const uint16_t *)b0, panel, 1, \
-                         (int)k, fetch, dst, o_st, n_valid))
+                         (int)k, fetch, dst, o_st, n_valid, silu_mul))
                         KVF_TILE_CASES(KVF_CALL)
 #undef KVF_CALL
 #endif
                     } else {
 #define KVF_CALL(R)                                                                         \
     (np == 2 ? tile_f32((const float *)src, x_st, R, (const float *)b0, panel, 2, (int)k, \
-                        fetch, dst, o_st, n_valid)                                        \
+                        fetch, dst, o_st, n_valid, silu_mul)                             \
              : tile_f32((const float *)src, x_st, R, (const float *)b0, panel, 1, (int)k, \
-                        fetch, dst, o_st, n_valid))
+                        fetch, dst, o_st, n_valid, silu_mul))
                         KVF_TILE_CASES(KVF_CALL)
 #undef KVF_CALL
                     }

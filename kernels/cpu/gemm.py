@@ -7,6 +7,11 @@ float32 ``[P, K, 16]`` (panel ``p``, row ``k``: columns ``16p .. 16p + 15`` of r
 operand layout of ``vdpbf16ps``; ``K`` even). Products are summed in float32 and the output
 rounded once to the storage type, as oneDNN and cuBLAS do. bfloat16 needs a CPU with
 AVX512-BF16 (:func:`supports`).
+
+A merged ``[gate; up]`` weight packed with ``silu_mul=True`` alternates 16-column blocks of
+gate and up, and :func:`gemm` with ``silu_mul=True`` writes ``silu(gate) * up`` straight from
+the accumulators (the SwiGLU activation fused into the matmul: the ``[M, 2 * width]``
+intermediate is never written), rounded step by step as the unfused pair would round.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ __all__ = ["PANEL", "gemm", "gemm_ref", "pack", "supports"]
 
 PANEL = 16
 _I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-_GEMM = [_PTR, _I64, _PTR, _I64, _I64, _I64, _PTR, _I64, _INT]
+_GEMM = [_PTR, _I64, _PTR, _I64, _I64, _I64, _PTR, _I64, _INT, _INT]
 
 
 @functools.cache
@@ -30,20 +35,26 @@ def _caps() -> int:
     return int(function("kvflow_gemm_caps", [], ctypes.c_int)())
 
 
-def supports(weight: torch.Tensor) -> bool:
-    """Whether :func:`pack` and :func:`gemm` take this weight ``[N, K]`` on this machine."""
+def supports(weight: torch.Tensor, silu_mul: bool = False) -> bool:
+    """Whether :func:`pack` and :func:`gemm` take this weight ``[N, K]`` on this machine
+    (with ``silu_mul``: a merged ``[gate; up]`` of two halves of a multiple of 16 rows)."""
     if weight.device.type != "cpu" or weight.dim() != 2:
+        return False
+    if silu_mul and weight.shape[0] % (2 * PANEL) != 0:
         return False
     if weight.dtype == torch.float32:
         return bool(_caps() & 1)
     return weight.dtype == torch.bfloat16 and weight.shape[1] % 2 == 0 and bool(_caps() & 2)
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` ``[N, K]`` in the kernel's panel layout (a new tensor)."""
-    if not supports(weight):
+def pack(weight: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
+    """``weight`` ``[N, K]`` in the kernel's panel layout (a new tensor); ``silu_mul``: a
+    merged ``[gate; up]`` with gate and up blocks alternating (see the module docstring)."""
+    if not supports(weight, silu_mul):
         raise ValueError(f"cannot pack a {weight.dtype} weight of shape {tuple(weight.shape)}")
     n, k = weight.shape
+    if silu_mul:  # [gate; up] -> gate block 0, up block 0, gate block 1, ...
+        weight = weight.view(2, n // (2 * PANEL), PANEL, k).transpose(0, 1).reshape(n, k)
     padded = torch.zeros(-(-n // PANEL) * PANEL, k, dtype=weight.dtype)
     padded[:n] = weight
     panels = padded.view(-1, PANEL, k)
@@ -53,19 +64,27 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 
 def gemm(
-    x: torch.Tensor, packed: torch.Tensor, n: int, out: torch.Tensor | None = None
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    n: int,
+    out: torch.Tensor | None = None,
+    silu_mul: bool = False,
 ) -> torch.Tensor:
-    """``x @ weight.T`` for ``x`` ``[M, K]`` and ``packed = pack(weight)`` (``n`` = the
-    weight's row count); ``out`` ``[M, n]`` (new if None) in ``x``'s dtype."""
+    """``x @ weight.T`` for ``x`` ``[M, K]`` and ``packed = pack(weight, silu_mul)`` (``n`` =
+    the weight's row count); ``out`` ``[M, n]`` (``[M, n / 2]``, ``silu(gate) * up``, with
+    ``silu_mul``; new if None) in ``x``'s dtype."""
     m, k = x.shape
+    width = n // 2 if silu_mul else n
     if x.dtype != packed.dtype or x.device.type != "cpu" or x.stride(1) != 1:
         raise ValueError("x must be a CPU tensor of the packed weight's dtype, rows contiguous")
     if packed.numel() != -(-n // PANEL) * PANEL * k:
         raise ValueError(f"packed weight does not hold {n} columns of {k}")
+    if silu_mul and n % (2 * PANEL) != 0:
+        raise ValueError(f"silu_mul needs gate and up halves of a multiple of {PANEL} columns")
     if out is None:
-        out = torch.empty(m, n, dtype=x.dtype)
-    elif out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1:
-        raise ValueError(f"out must be [{m}, {n}] {x.dtype} with contiguous rows")
+        out = torch.empty(m, width, dtype=x.dtype)
+    elif out.shape != (m, width) or out.dtype != x.dtype or out.stride(1) != 1:
+        raise ValueError(f"out must be [{m}, {width}] {x.dtype} with contiguous rows")
     status = function("kvflow_gemm", _GEMM, ctypes.c_int)(
         x.data_ptr(),
         x.stride(0),
@@ -75,6 +94,7 @@ def gemm(
         k,
         out.data_ptr(),
         out.stride(0),
+        int(silu_mul),
         int(x.dtype == torch.bfloat16),
     )
     if status != 0:

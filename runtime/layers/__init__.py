@@ -3,6 +3,7 @@
 from kvflow.runtime.layers.activation import silu_and_mul
 from kvflow.runtime.layers.linear import (
     PackedWeight,
+    gate_up_silu,
     linear,
     matmul_weight,
     pack_linears,
@@ -15,6 +16,7 @@ __all__ = [
     "PackedWeight",
     "RMSNorm",
     "RotaryEmbedding",
+    "gate_up_silu",
     "linear",
     "matmul_weight",
     "pack_linears",

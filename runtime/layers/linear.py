@@ -22,10 +22,12 @@ from torch import nn
 
 from kvflow import kernels
 from kvflow.kernels import cpu
+from kvflow.runtime.layers.activation import silu_and_mul
 
 __all__ = [
     "NATIVE_MAX_ROWS",
     "PackedWeight",
+    "gate_up_silu",
     "linear",
     "matmul_weight",
     "pack_linears",
@@ -43,59 +45,90 @@ _PACKED = "kvflow_packed_weight"
 @dataclass(frozen=True)
 class PackedWeight:
     """A CPU weight ``[out_features, K]`` packed for the matmuls that run it: the native
-    kernel's panels and/or oneDNN's blocked layout (at least one is set)."""
+    kernel's panels and/or oneDNN's blocked layout (at least one is set). ``silu_mul``: a
+    merged ``[gate; up]`` whose native panels interleave gate and up, so the native matmul
+    yields ``silu(gate) * up`` (:meth:`silu_mul_matmul`) and not the plain product."""
 
     out_features: int
     dtype: torch.dtype
     native: torch.Tensor | None
     onednn: torch.Tensor | None
+    silu_mul: bool = False
 
     def takes(self, x: torch.Tensor) -> bool:
         return x.dtype == self.dtype and x.device.type == "cpu"
 
+    def native_for(self, x: torch.Tensor) -> bool:
+        """Whether ``x``'s row count runs on the native matmul (else on oneDNN)."""
+        rows = x.numel() // x.shape[-1]
+        return self.native is not None and (self.onednn is None or rows <= NATIVE_MAX_ROWS)
+
+    def plain_for(self, x: torch.Tensor) -> bool:
+        """Whether :meth:`matmul` can run ``x`` (a ``silu_mul`` weight only on oneDNN)."""
+        return not self.native_for(x) if self.silu_mul else True
+
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """``x @ weight.T (+ bias)`` for ``x`` ``[..., K]`` of the packed dtype on CPU."""
+        """``x @ weight.T (+ bias)`` for ``x`` ``[..., K]`` of the packed dtype on CPU, where
+        :meth:`plain_for` says so."""
         rows = x.reshape(-1, x.shape[-1])
-        if self.native is not None and (self.onednn is None or rows.shape[0] <= NATIVE_MAX_ROWS):
-            out = cpu.gemm.gemm(
-                rows if rows.stride(1) == 1 else rows.contiguous(), self.native, self.out_features
-            )
+        if self.native_for(x) and not self.silu_mul:
+            out = cpu.gemm.gemm(_unit_stride(rows), self.native, self.out_features)
             if bias is not None:
                 out += bias
-        else:
+        elif self.onednn is not None:
             out = torch.ops.mkldnn._linear_pointwise(rows, self.onednn, bias, "none", [], "")
+        else:
+            raise ValueError("this weight is packed for the fused SwiGLU: use silu_mul_matmul")
         return out.view(*x.shape[:-1], self.out_features)
+
+    def silu_mul_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` of ``x @ [gate; up].T`` in one native matmul (``silu_mul``
+        weights, where :meth:`native_for` holds)."""
+        rows = x.reshape(-1, x.shape[-1])
+        out = cpu.gemm.gemm(_unit_stride(rows), self.native, self.out_features, silu_mul=True)
+        return out.view(*x.shape[:-1], self.out_features // 2)
+
+
+def _unit_stride(rows: torch.Tensor) -> torch.Tensor:
+    return rows if rows.stride(1) == 1 else rows.contiguous()
 
 
 def _one_row(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1
 
 
-def pack_weight(weight: torch.Tensor) -> PackedWeight | None:
+def pack_weight(weight: torch.Tensor, silu_mul: bool = False) -> PackedWeight | None:
     """``weight`` [N, K] packed for CPU matmuls (see the module docstring for which layouts),
     or None where neither applies (not on CPU, another dtype, no native kernels and torch
-    built without oneDNN)."""
+    built without oneDNN). ``silu_mul``: ``weight`` is a merged ``[gate; up]``; its native
+    panels are packed for the fused SwiGLU where the kernel takes them."""
     if weight.device.type != "cpu" or weight.dim() != 2:
         return None
     native = None
     if cpu.available() and cpu.gemm.supports(weight):
-        native = cpu.gemm.pack(weight.detach())
+        silu_mul = silu_mul and cpu.gemm.supports(weight, silu_mul=True)
+        native = cpu.gemm.pack(weight.detach(), silu_mul=silu_mul)
+    else:
+        silu_mul = False
     onednn = None
     wants_onednn = native is None or weight.dtype == torch.float32
     if wants_onednn and weight.dtype in ONEDNN_TYPES and torch.backends.mkldnn.is_available():
         onednn = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT)
     if native is None and onednn is None:
         return None
-    return PackedWeight(weight.shape[0], weight.dtype, native, onednn)
+    return PackedWeight(weight.shape[0], weight.dtype, native, onednn, silu_mul)
 
 
-def pack_linears(model: nn.Module) -> int:
+def pack_linears(model: nn.Module, gate_up: tuple[nn.Linear, ...] = ()) -> int:
     """Attach a packed weight to every packable ``nn.Linear`` of ``model``; returns how many.
-    Call after the weights are loaded (a packed weight is a copy)."""
+    Layers in ``gate_up`` (merged ``[gate; up]`` projections without bias, run through
+    :func:`gate_up_silu`) are packed for the fused SwiGLU. Call after the weights are loaded
+    (a packed weight is a copy)."""
     count = 0
     for module in model.modules():
         if isinstance(module, nn.Linear):
-            packed = pack_weight(module.weight)
+            fused = module.bias is None and any(module is layer for layer in gate_up)
+            packed = pack_weight(module.weight, silu_mul=fused)
             if packed is not None:
                 setattr(module, _PACKED, packed)
                 count += 1
@@ -120,9 +153,19 @@ def linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``layer(x)``: a single CUDA row through :func:`kvflow.kernels.gemv`, a CPU row block
     through the weight :func:`pack_linears` attached."""
     packed: PackedWeight | None = layer.__dict__.get(_PACKED)
-    if packed is not None and packed.takes(x):
+    if packed is not None and packed.takes(x) and packed.plain_for(x):
         return packed.matmul(x, layer.bias)
     if not _one_row(x):
         return layer(x)
     out = kernels.gemv(x, layer.weight)
     return out if layer.bias is None else out + layer.bias
+
+
+def gate_up_silu(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``silu_and_mul(linear(layer, x))`` for a merged ``[gate; up]`` projection: one native
+    matmul with the activation applied as it writes where :func:`pack_linears` packed the
+    layer for it (the ``[tokens, 2 * intermediate]`` product is never materialized)."""
+    packed: PackedWeight | None = layer.__dict__.get(_PACKED)
+    if packed is not None and packed.silu_mul and packed.takes(x) and packed.native_for(x):
+        return packed.silu_mul_matmul(x)
+    return silu_and_mul(linear(layer, x))

@@ -18,11 +18,11 @@ from kvflow.runtime.layers import (
     PackedWeight,
     RMSNorm,
     RotaryEmbedding,
+    gate_up_silu,
     linear,
     matmul_weight,
     pack_linears,
     pack_weight,
-    silu_and_mul,
 )
 
 __all__ = ["LlamaForCausalLM"]
@@ -68,7 +68,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return linear(self.down_proj, silu_and_mul(linear(self.gate_up_proj, hidden)))
+        return linear(self.down_proj, gate_up_silu(self.gate_up_proj, hidden))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -129,7 +129,8 @@ class LlamaForCausalLM(nn.Module):
         """Prepack the projections and the LM head for CPU matmuls (after loading weights);
         returns how many weights were packed."""
         self.packed_head = pack_weight(self._head_weight())
-        return pack_linears(self.layers) + (self.packed_head is not None)
+        gate_up = tuple(layer.mlp.gate_up_proj for layer in self.layers)
+        return pack_linears(self.layers, gate_up) + (self.packed_head is not None)
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

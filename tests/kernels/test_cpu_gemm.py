@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvflow.kernels.cpu import available, gemm
+from kvflow.kernels.cpu import available, elementwise, gemm
 
 pytestmark = pytest.mark.skipif(not available(), reason="no C compiler for the native kernels")
 
@@ -67,3 +67,24 @@ def test_bad_arguments_are_refused(call, message) -> None:
     weight = torch.randn(4, 8)
     with pytest.raises(ValueError, match=message):
         call(weight, gemm.pack(weight))
+
+
+@pytest.mark.parametrize("dtype", _types())
+@pytest.mark.parametrize("rows", [1, 9, 32, 300])
+@pytest.mark.parametrize("width", [16, 48, 1536])
+def test_silu_mul_is_the_unfused_pair(dtype, rows, width) -> None:
+    """The fused SwiGLU epilogue equals the matmul followed by the SiLU-and-mul kernel."""
+    gen = torch.Generator().manual_seed(width + rows)
+    weight = (torch.randn(2 * width, 64, generator=gen) * 0.3).to(dtype)
+    x = torch.randn(rows, 64, generator=gen).to(dtype)
+    got = gemm.gemm(x, gemm.pack(weight, silu_mul=True), 2 * width, silu_mul=True)
+    want = elementwise.silu_and_mul(gemm.gemm(x, gemm.pack(weight), 2 * width))
+    assert got.shape == (rows, width)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2  # expf vectorized differently: 1 ulp
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+def test_silu_mul_needs_halves_of_whole_panels() -> None:
+    assert not gemm.supports(torch.randn(40, 8), silu_mul=True)  # halves of 20 columns
+    with pytest.raises(ValueError, match="cannot pack"):
+        gemm.pack(torch.randn(40, 8), silu_mul=True)

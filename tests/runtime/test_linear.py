@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvflow.kernels import cpu
-from kvflow.runtime.layers import linear, matmul_weight, pack_linears, pack_weight
+from kvflow.kernels import cpu, silu_and_mul_ref
+from kvflow.runtime.layers import gate_up_silu, linear, matmul_weight, pack_linears, pack_weight
 from kvflow.runtime.layers.linear import NATIVE_MAX_ROWS
 
 pytestmark = pytest.mark.skipif(
@@ -88,3 +88,20 @@ def test_without_native_kernels_only_onednn_is_packed(monkeypatch) -> None:
     monkeypatch.setattr(cpu, "available", lambda: False)
     packed = pack_weight(torch.randn(8, 4).bfloat16())
     assert packed.native is None and packed.onednn is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 32, NATIVE_MAX_ROWS + 72])
+def test_gate_up_silu_matches_the_unfused_layers(dtype, rows) -> None:
+    """The merged [gate; up] projection packed for the fused SwiGLU gives silu(gate) * up,
+    and plain `linear` on the same layer still gives the plain product."""
+    torch.manual_seed(0)
+    layer = nn.Linear(64, 2 * 48, bias=False).to(dtype)
+    pack_linears(nn.Sequential(layer), gate_up=(layer,))
+    x = torch.randn(rows, 64).to(dtype)
+    product = F.linear(x, layer.weight)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(
+        gate_up_silu(layer, x), silu_and_mul_ref(product), atol=tol, rtol=tol
+    )
+    torch.testing.assert_close(linear(layer, x), product, atol=tol, rtol=tol)
