@@ -158,6 +158,56 @@ static inline void score_tile(const float *restrict qf, int ds, const int *vecs,
 }
 
 #if KVF_DPBF16
+/* A block's bf16 K rows of one KV head transposed in pairs: kt2[i * KVF_BLOCK + t] = elements
+ * 2i and 2i + 1 of row t (the vdpbf16ps operand layout, lanes over tokens); lanes past
+ * `count` are zero. */
+static inline void load_block_t_bf16(const uint16_t *pool, const int32_t *slots, int count,
+                                     int64_t kv_st, int64_t head_off, int dim,
+                                     uint32_t *restrict kt2) {
+    for (int t = 0; t < count; t++) {
+        const uint16_t *src = pool + (int64_t)slots[t] * kv_st + head_off;
+        for (int i = 0; i < dim / 2; i++) {
+            uint32_t pair;
+            memcpy(&pair, src + 2 * i, sizeof pair);
+            kt2[i * KVF_BLOCK + t] = pair;
+        }
+    }
+    for (int t = count; t < KVF_BLOCK; t++)
+        for (int i = 0; i < dim / 2; i++) kt2[i * KVF_BLOCK + t] = 0;
+}
+
+/* scores[vecs[u]][t] = scale * (q vector u . row t) for bf16 q rows `qs` and a pair-transposed
+ * block, products summed in float32 by vdpbf16ps (as the one-row path): four vectors at a
+ * time share each load of kt2. */
+static inline void score_tile_bf16(const uint16_t *const *qs, const int *vecs, int nv,
+                                   const uint32_t *restrict kt2, int dim, float scale,
+                                   float (*scores)[KVF_BLOCK]) {
+    for (int i = 0; i < nv; i += 4) {
+        const uint16_t *q[4];
+        for (int u = 0; u < 4; u++) q[u] = qs[i + u < nv ? i + u : i];
+        __m512 lo[4], hi[4];
+        for (int u = 0; u < 4; u++) lo[u] = hi[u] = _mm512_setzero_ps();
+        for (int p = 0; p < dim / 2; p++) {
+            __m512bh klo = (__m512bh)_mm512_load_si512(kt2 + p * KVF_BLOCK);
+            __m512bh khi = (__m512bh)_mm512_load_si512(kt2 + p * KVF_BLOCK + 16);
+            for (int u = 0; u < 4; u++) {
+                uint32_t pair;
+                memcpy(&pair, q[u] + 2 * p, sizeof pair);
+                __m512bh qp = (__m512bh)_mm512_set1_epi32((int32_t)pair);
+                lo[u] = _mm512_dpbf16_ps(lo[u], qp, klo);
+                hi[u] = _mm512_dpbf16_ps(hi[u], qp, khi);
+            }
+        }
+        __m512 sc = _mm512_set1_ps(scale);
+        for (int u = 0; u < 4 && i + u < nv; u++) {
+            _mm512_storeu_ps(scores[vecs[i + u]], _mm512_mul_ps(lo[u], sc));
+            _mm512_storeu_ps(scores[vecs[i + u]] + 16, _mm512_mul_ps(hi[u], sc));
+        }
+    }
+}
+#endif
+
+#if KVF_DPBF16
 /* scores[t] = scale * (q . row t) for bf16 q and pool rows, products summed in float32 by
  * vdpbf16ps (32 elements per instruction, no conversion of the rows); prefetches the rows
  * KVF_PREFETCH ahead (every KV head of them, K and V) when `fetch` is set. */
@@ -241,6 +291,18 @@ static inline __attribute__((always_inline)) void attend_tile(
                 for (int j = 0; j < nt; j++)
                     for (int vec = j * per_row + h * group; vec < j * per_row + (h + 1) * group; vec++)
                         if (seen[vec]) vecs[nv_h++] = vec;
+#if KVF_DPBF16
+                if (is_bf16) {
+                    const uint16_t *qs[KVF_MAX_VECS];
+                    for (int u = 0; u < nv_h; u++)
+                        qs[u] = (const uint16_t *)q + q_rows[vecs[u] / per_row] +
+                                (q_first + vecs[u] % per_row) * q_sh;
+                    load_block_t_bf16((const uint16_t *)k, block, count, kv_st,
+                                      first_off + (int64_t)h * kv_sh, dim, (uint32_t *)kt);
+                    score_tile_bf16(qs, vecs, nv_h, (const uint32_t *)kt, dim, scale, s);
+                    continue;
+                }
+#endif
                 load_block_t(k, block, count, kv_st, first_off + (int64_t)h * kv_sh, dim, kt,
                              is_bf16);
                 score_tile(qf, ds, vecs, nv_h, kt, dim, s);
