@@ -129,7 +129,7 @@ class LlamaForCausalLM(nn.Module):
         """Prepack the projections and the LM head for CPU matmuls (after loading weights);
         returns how many weights were packed."""
         self.packed_head = pack_weight(self._head_weight())
-        gate_up = tuple(layer.mlp.gate_up_proj for layer in self.layers)
+        gate_up = tuple(m.gate_up_proj for m in self.modules() if isinstance(m, LlamaMLP))
         return pack_linears(self.layers, gate_up) + (self.packed_head is not None)
 
     @torch.no_grad()

@@ -76,6 +76,25 @@ async def _guarded(stream: AsyncIterator[str]) -> AsyncIterator[str]:
         yield sse("[DONE]")
 
 
+class _ApiKeyGuard:
+    """ASGI middleware: every path but the open ones needs ``Authorization: Bearer <key>``
+    (401 otherwise). Plain ASGI rather than an ``@app.middleware("http")`` function, which
+    would relay every chunk of a streamed response through an extra task and queue."""
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and scope["path"] not in _OPEN_PATHS:
+            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if given != self.expected:
+                refusal = _error(401, "missing or wrong API key (Authorization: Bearer <key>)")
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def _cancel(handles: list[RequestHandle]) -> None:
     for handle in handles:
         handle.cancel()
@@ -85,14 +104,8 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     app = FastAPI(title="kvflow", version="0.1.0")
     api_key = tm.args.api_key
 
-    @app.middleware("http")
-    async def require_api_key(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        authorized = request.headers.get("authorization", "") == f"Bearer {api_key}"
-        if api_key and request.url.path not in _OPEN_PATHS and not authorized:
-            return _error(401, "missing or wrong API key (Authorization: Bearer <key>)")
-        return await call_next(request)
+    if api_key:
+        app.add_middleware(_ApiKeyGuard, api_key=api_key)
 
     @app.exception_handler(RequestError)
     async def on_request_error(_: Request, err: RequestError) -> JSONResponse:
