@@ -42,7 +42,7 @@ bench-offline: $(STAMP) ## offline throughput: Engine.generate vs transformers g
 	$(PY) benchmarks/bench_offline.py --num-prompts 64 --output-len 64
 
 .PHONY: bench-cpu-kernels
-bench-cpu-kernels: $(STAMP) ## native CPU kernels and prepacked projections vs torch, engine on/off (benchmarks/results/cpu-kernels.md)
+bench-cpu-kernels: $(STAMP) ## native CPU kernels vs torch and oneDNN, engine on/off (benchmarks/results/cpu-kernels.md)
 	$(PY) benchmarks/bench_cpu_kernels.py --out benchmarks/results/cpu-kernels.md
 
 .PHONY: bench-gpu

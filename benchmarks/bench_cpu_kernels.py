@@ -1,4 +1,4 @@
-"""CPU micro-benchmarks: kvflow's native CPU kernels and prepacked projections against the
+"""CPU micro-benchmarks: kvflow's native CPU kernels (attention, matmul, row-wise ops) against the
 torch code they replace, plus the offline engine with the native kernels on and off.
 
 SmolLM2-135M's shapes (9 query heads, 3 KV heads, head_dim 64, hidden 576, intermediate
