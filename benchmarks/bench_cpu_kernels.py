@@ -129,21 +129,37 @@ def _decode_batch(rows: ReqToTokenPool, contexts: list[int]) -> ForwardBatch:
     )
 
 
-def _decode_attention(dtype: torch.dtype, batch: int, context: int, reps: int) -> str:
-    pool = KVPool(batch * context + 2, LAYERS, KV_HEADS, DIM, dtype, "cpu")
+def _random_pool(slots: int, dtype: torch.dtype) -> KVPool:
+    pool = KVPool(slots, LAYERS, KV_HEADS, DIM, dtype, "cpu")
     for buf in (*pool.k_buffer, *pool.v_buffer):
         buf.normal_()
-    req_rows = ReqToTokenPool(batch + 1, context + 1, "cpu")
-    fb = _decode_batch(req_rows, [context] * batch)
-    q = torch.randn(batch, HEADS, DIM).to(dtype)
+    return pool
+
+
+def _backend_steps(
+    pool: KVPool,
+    req_rows: ReqToTokenPool,
+    fb: ForwardBatch,
+    layer: Callable[[TorchNativeBackend, ForwardBatch, int], object],
+) -> list[Callable[[], object]]:
+    """One step over every layer for the torch backend, then for the native one."""
     steps = []
     for cls in (TorchNativeBackend, CpuNativeBackend):
         backend = cls(pool, req_rows, HEADS, KV_HEADS, DIM, 1 / math.sqrt(DIM))
         own = copy.copy(fb)
         backend.init_forward_metadata(own)
-        steps.append(
-            lambda b=backend, f=own: [b.forward_decode(q, None, None, i, f) for i in range(LAYERS)]
-        )
+        steps.append(lambda b=backend, f=own: [layer(b, f, i) for i in range(LAYERS)])
+    return steps
+
+
+def _decode_attention(dtype: torch.dtype, batch: int, context: int, reps: int) -> str:
+    pool = _random_pool(batch * context + 2, dtype)
+    req_rows = ReqToTokenPool(batch + 1, context + 1, "cpu")
+    fb = _decode_batch(req_rows, [context] * batch)
+    q = torch.randn(batch, HEADS, DIM).to(dtype)
+    steps = _backend_steps(
+        pool, req_rows, fb, lambda b, f, i: b.forward_decode(q, None, None, i, f)
+    )
     base, ours = paired(steps[0], steps[1], reps)
     return row(f"{LAYERS} layers, batch {batch}, context {context}", base, ours)
 
@@ -155,9 +171,7 @@ def bench_decode_attention(dtype: torch.dtype, reps: int) -> list[str]:
 def bench_extend_attention(dtype: torch.dtype, reps: int) -> list[str]:
     """A 2040-token prefill chunk (12 prompts of 170 tokens, nothing cached) over 30 layers."""
     count, new = 12, 170
-    pool = KVPool(count * new + 2, LAYERS, KV_HEADS, DIM, dtype, "cpu")
-    for buf in (*pool.k_buffer, *pool.v_buffer):
-        buf.normal_()
+    pool = _random_pool(count * new + 2, dtype)
     req_rows = ReqToTokenPool(count + 1, new + 1, "cpu")
     reqs = []
     for i in range(count):
@@ -177,14 +191,7 @@ def bench_extend_attention(dtype: torch.dtype, reps: int) -> list[str]:
     )
     q = torch.randn(count * new, HEADS, DIM).to(dtype)
     kv = torch.randn(count * new, KV_HEADS, DIM).to(dtype)
-    steps = []
-    for cls in (TorchNativeBackend, CpuNativeBackend):
-        backend = cls(pool, req_rows, HEADS, KV_HEADS, DIM, 1 / math.sqrt(DIM))
-        own = copy.copy(fb)
-        backend.init_forward_metadata(own)
-        steps.append(
-            lambda b=backend, f=own: [b.forward_extend(q, kv, kv, i, f) for i in range(LAYERS)]
-        )
+    steps = _backend_steps(pool, req_rows, fb, lambda b, f, i: b.forward_extend(q, kv, kv, i, f))
     base, ours = paired(steps[0], steps[1], max(3, reps // 10))
     return [row(f"{LAYERS} layers, {count} prompts x {new} new tokens", base, ours)]
 
