@@ -3,11 +3,12 @@ weights packed once (:func:`pack_linears`) run through kvflow's native matmul
 (:mod:`kvflow.kernels.cpu.gemm`) and/or oneDNN's prepacked linear, skipping the per-call
 reorder that ``F.linear`` pays.
 
-Which CPU path runs (measured on the 2-core EPYC with SmolLM2-135M's projections, 30 layers
-plus the head, ``benchmarks/results/cpu-kernels.md``): bfloat16 takes the native kernel at
-every row count (1.2-1.3x oneDNN at 32 rows, a decode step; on par at 2048); float32 takes
-it up to :data:`NATIVE_MAX_ROWS` rows (1.1-1.4x at 32) and oneDNN above (~10% faster than
-the native kernel for prefill chunks), so a float32 weight keeps both packed copies. The
+Which CPU path runs (measured on the 2-core EPYC with SmolLM2-135M's projections,
+``benchmarks/results/cpu-kernels.md``): bfloat16 takes the native kernel at every row count
+(1.15-1.4x oneDNN at 32 rows, a decode step; 1.03-1.2x at 2048); float32 takes it up to
+:data:`NATIVE_MAX_ROWS` rows (1.1-1.25x at 32) and oneDNN above (0.95-1.2x per projection
+at 2048 there, and 10% ahead of the native kernel over 30 layers' weights in a sweep at
+128-2048 rows), so a float32 weight keeps both packed copies. The
 packed copies sit beside the weight (which loading, the embedding of tied heads and other
 devices still read): a CPU weight takes two (bfloat16) or three (float32) times its memory.
 """
