@@ -149,6 +149,31 @@ static inline __attribute__((always_inline)) void tile_bf16(const uint16_t *x, i
         default: CALL(8); break; \
     }
 
+/* One tile: the storage type's kernel, specialized for the row count and the pair's panels. */
+static void run_tile(const char *src, int64_t x_st, int mr, const char *b0, int64_t panel,
+                     int np, int k, const char *fetch, char *dst, int64_t o_st, int n_valid,
+                     int silu_mul, int is_bf16) {
+    if (is_bf16) {
+#if KVF_GEMM_BF16
+#define KVF_CALL(R)                                                                          \
+    (np == 2 ? tile_bf16((const uint16_t *)src, x_st, R, (const uint16_t *)b0, panel, 2, k, \
+                         fetch, dst, o_st, n_valid, silu_mul)                               \
+             : tile_bf16((const uint16_t *)src, x_st, R, (const uint16_t *)b0, panel, 1, k, \
+                         fetch, dst, o_st, n_valid, silu_mul))
+        KVF_TILE_CASES(KVF_CALL)
+#undef KVF_CALL
+#endif
+    } else {
+#define KVF_CALL(R)                                                                    \
+    (np == 2 ? tile_f32((const float *)src, x_st, R, (const float *)b0, panel, 2, k, \
+                        fetch, dst, o_st, n_valid, silu_mul)                          \
+             : tile_f32((const float *)src, x_st, R, (const float *)b0, panel, 1, k, \
+                        fetch, dst, o_st, n_valid, silu_mul))
+        KVF_TILE_CASES(KVF_CALL)
+#undef KVF_CALL
+    }
+}
+
 /* x [m, k] (row stride x_st), packed weight of n columns (padded to panels of 16), out
  * [m, n] (row stride o_st), the same storage type throughout (is_bf16). k is even for
  * bfloat16. With silu_mul the panels alternate gate and up blocks of 16 columns (n a
@@ -166,37 +191,20 @@ int kvflow_gemm(const void *x, int64_t x_st, const void *packed, int64_t m, int6
         int64_t m_hi = m - m_lo < KVF_MC ? m : m_lo + KVF_MC;
 #pragma omp for schedule(dynamic, KVF_CHUNK) nowait
         for (int64_t pp = 0; pp < pairs; pp++) {
-                int np = 2 * pp + 1 < panels ? 2 : 1;
-                int n_valid = (int)(n - pp * 2 * KVF_NR);
-                const char *b0 = (const char *)packed + pp * 2 * panel * size;
-                const char *ahead = pp + 1 < pairs ? b0 + 2 * panel * size : NULL;
-                for (int64_t m0 = m_lo; m0 < m_hi; m0 += KVF_MR) {
-                    int mr = (int)(m_hi - m0 < KVF_MR ? m_hi - m0 : KVF_MR);
-                    int64_t col = pp * (silu_mul ? 1 : 2) * KVF_NR;
-                    char *dst = (char *)out + (m0 * o_st + col) * size;
-                    const char *src = (const char *)x + m0 * x_st * size;
-                    /* the first block streams the pair in and fetches the next one */
-                    const char *fetch = m0 == m_lo ? ahead : NULL;
-                    if (is_bf16) {
-#if KVF_GEMM_BF16
-#define KVF_CALL(R)                                                                       \
-    (np == 2 ? tile_bf16((const uint16_t *)src, x_st, R, (const uint16_t *)b0, panel, 2, \
-                         (int)k, fetch, dst, o_st, n_valid, silu_mul)                  \
-             : tile_bf16((const uint16_t *)src, x_st, R, (const uint16_t *)b0, panel, 1, \
-                         (int)k, fetch, dst, o_st, n_valid, silu_mul))
-                        KVF_TILE_CASES(KVF_CALL)
-#undef KVF_CALL
-#endif
-                    } else {
-#define KVF_CALL(R)                                                                         \
-    (np == 2 ? tile_f32((const float *)src, x_st, R, (const float *)b0, panel, 2, (int)k, \
-                        fetch, dst, o_st, n_valid, silu_mul)                             \
-             : tile_f32((const float *)src, x_st, R, (const float *)b0, panel, 1, (int)k, \
-                        fetch, dst, o_st, n_valid, silu_mul))
-                        KVF_TILE_CASES(KVF_CALL)
-#undef KVF_CALL
-                    }
-                }
+            int np = 2 * pp + 1 < panels ? 2 : 1;
+            int n_valid = (int)(n - pp * 2 * KVF_NR);
+            const char *b0 = (const char *)packed + pp * 2 * panel * size;
+            const char *ahead = pp + 1 < pairs ? b0 + 2 * panel * size : NULL;
+            for (int64_t m0 = m_lo; m0 < m_hi; m0 += KVF_MR) {
+                int mr = (int)(m_hi - m0 < KVF_MR ? m_hi - m0 : KVF_MR);
+                int64_t col = pp * (silu_mul ? 1 : 2) * KVF_NR;
+                char *dst = (char *)out + (m0 * o_st + col) * size;
+                const char *src = (const char *)x + m0 * x_st * size;
+                /* the first block streams the pair in and fetches the next one */
+                const char *fetch = m0 == m_lo ? ahead : NULL;
+                run_tile(src, x_st, mr, b0, panel, np, (int)k, fetch, dst, o_st, n_valid, silu_mul,
+                         is_bf16);
+            }
         }
     }
     return 0;
