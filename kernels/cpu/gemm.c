@@ -85,9 +85,11 @@ static inline __attribute__((always_inline)) void tile_f32(const float *x, int64
                                                            int64_t panel, const int np, int k,
                                                            const char *ahead, void *out,
                                                            int64_t o_st, int n_valid,
-                                                           const int silu_mul) {
-    kvf_g16 c[KVF_MR][2];
-    for (int r = 0; r < mr; r++) c[r][0] = c[r][1] = (kvf_g16){0};
+                                                           const int silu_mul,
+                                                           const float *init) {
+    kvf_g16 c[KVF_MR][2], b_lo = {0}, b_hi = {0};
+    if (init) memcpy(&b_lo, init, sizeof b_lo), memcpy(&b_hi, init + KVF_NR, sizeof b_hi);
+    for (int r = 0; r < mr; r++) c[r][0] = b_lo, c[r][1] = b_hi;
     for (int i = 0; i < k; i++) {
         if (ahead) { /* two lines per step: the next pair is as long as this one */
             __builtin_prefetch(ahead + (int64_t)i * 128, 0, 1);
@@ -112,9 +114,12 @@ static inline __attribute__((always_inline)) void tile_bf16(const uint16_t *x, i
                                                             int64_t panel, const int np, int k,
                                                             const char *ahead, void *out,
                                                             int64_t o_st, int n_valid,
-                                                            const int silu_mul) {
+                                                            const int silu_mul,
+                                                            const float *init) {
     __m512 c[KVF_MR][2];
-    for (int r = 0; r < mr; r++) c[r][0] = c[r][1] = _mm512_setzero_ps();
+    __m512 b_lo = init ? _mm512_loadu_ps(init) : _mm512_setzero_ps();
+    __m512 b_hi = init ? _mm512_loadu_ps(init + KVF_NR) : _mm512_setzero_ps();
+    for (int r = 0; r < mr; r++) c[r][0] = b_lo, c[r][1] = b_hi;
     for (int i = 0; i < k / 2; i++) {
         if (ahead) {
             __builtin_prefetch(ahead + (int64_t)i * 128, 0, 1);
@@ -152,23 +157,23 @@ static inline __attribute__((always_inline)) void tile_bf16(const uint16_t *x, i
 /* One tile: the storage type's kernel, specialized for the row count and the pair's panels. */
 static void run_tile(const char *src, int64_t x_st, int mr, const char *b0, int64_t panel,
                      int np, int k, const char *fetch, char *dst, int64_t o_st, int n_valid,
-                     int silu_mul, int is_bf16) {
+                     int silu_mul, const float *init, int is_bf16) {
     if (is_bf16) {
 #if KVF_GEMM_BF16
 #define KVF_CALL(R)                                                                          \
     (np == 2 ? tile_bf16((const uint16_t *)src, x_st, R, (const uint16_t *)b0, panel, 2, k, \
-                         fetch, dst, o_st, n_valid, silu_mul)                               \
+                         fetch, dst, o_st, n_valid, silu_mul, init)                               \
              : tile_bf16((const uint16_t *)src, x_st, R, (const uint16_t *)b0, panel, 1, k, \
-                         fetch, dst, o_st, n_valid, silu_mul))
+                         fetch, dst, o_st, n_valid, silu_mul, init))
         KVF_TILE_CASES(KVF_CALL)
 #undef KVF_CALL
 #endif
     } else {
 #define KVF_CALL(R)                                                                    \
     (np == 2 ? tile_f32((const float *)src, x_st, R, (const float *)b0, panel, 2, k, \
-                        fetch, dst, o_st, n_valid, silu_mul)                          \
+                        fetch, dst, o_st, n_valid, silu_mul, init)                          \
              : tile_f32((const float *)src, x_st, R, (const float *)b0, panel, 1, k, \
-                        fetch, dst, o_st, n_valid, silu_mul))
+                        fetch, dst, o_st, n_valid, silu_mul, init))
         KVF_TILE_CASES(KVF_CALL)
 #undef KVF_CALL
     }
@@ -177,10 +182,11 @@ static void run_tile(const char *src, int64_t x_st, int mr, const char *b0, int6
 /* x [m, k] (row stride x_st), packed weight of n columns (padded to panels of 16), out
  * [m, n] (row stride o_st), the same storage type throughout (is_bf16). k is even for
  * bfloat16. With silu_mul the panels alternate gate and up blocks of 16 columns (n a
- * multiple of 32) and out is [m, n / 2] = silu(gate) * up. Returns 0, or -1 where this
- * build has no kernel for the type. */
-int kvflow_gemm(const void *x, int64_t x_st, const void *packed, int64_t m, int64_t n,
-                int64_t k, void *out, int64_t o_st, int silu_mul, int is_bf16) {
+ * multiple of 32) and out is [m, n / 2] = silu(gate) * up. bias: NULL, or float32 [n padded
+ * to panels], added before the rounding (the accumulators start from it). Returns 0, or -1
+ * where this build has no kernel for the type. */
+int kvflow_gemm(const void *x, int64_t x_st, const void *packed, const float *bias, int64_t m,
+                int64_t n, int64_t k, void *out, int64_t o_st, int silu_mul, int is_bf16) {
     if (is_bf16 && !KVF_GEMM_BF16) return -1;
     int64_t panels = (n + KVF_NR - 1) / KVF_NR;
     int64_t pairs = (panels + 1) / 2;
@@ -202,8 +208,9 @@ int kvflow_gemm(const void *x, int64_t x_st, const void *packed, int64_t m, int6
                 const char *src = (const char *)x + m0 * x_st * size;
                 /* the first block streams the pair in and fetches the next one */
                 const char *fetch = m0 == m_lo ? ahead : NULL;
+                const float *init = bias ? bias + pp * 2 * KVF_NR : NULL;
                 run_tile(src, x_st, mr, b0, panel, np, (int)k, fetch, dst, o_st, n_valid, silu_mul,
-                         is_bf16);
+                         init, is_bf16);
             }
         }
     }

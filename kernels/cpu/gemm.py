@@ -27,7 +27,7 @@ __all__ = ["PANEL", "gemm", "gemm_ref", "pack", "supports"]
 
 PANEL = 16
 _I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-_GEMM = [_PTR, _I64, _PTR, _I64, _I64, _I64, _PTR, _I64, _INT, _INT]
+_GEMM = [_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _PTR, _I64, _INT, _INT]
 
 
 @functools.cache
@@ -69,10 +69,12 @@ def gemm(
     n: int,
     out: torch.Tensor | None = None,
     silu_mul: bool = False,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``x @ weight.T`` for ``x`` ``[M, K]`` and ``packed = pack(weight, silu_mul)`` (``n`` =
-    the weight's row count); ``out`` ``[M, n]`` (``[M, n / 2]``, ``silu(gate) * up``, with
-    ``silu_mul``; new if None) in ``x``'s dtype."""
+    """``x @ weight.T (+ bias)`` for ``x`` ``[M, K]`` and ``packed = pack(weight, silu_mul)``
+    (``n`` = the weight's row count); ``out`` ``[M, n]`` (``[M, n / 2]``, ``silu(gate) * up``,
+    with ``silu_mul``; new if None) in ``x``'s dtype. ``bias`` ``[n]`` is added in float32
+    before the output is rounded (as a fused-bias matmul does)."""
     m, k = x.shape
     width = n // 2 if silu_mul else n
     if x.dtype != packed.dtype or x.device.type != "cpu" or x.stride(1) != 1:
@@ -81,6 +83,12 @@ def gemm(
         raise ValueError(f"packed weight does not hold {n} columns of {k}")
     if silu_mul and n % (2 * PANEL) != 0:
         raise ValueError(f"silu_mul needs gate and up halves of a multiple of {PANEL} columns")
+    lanes = None
+    if bias is not None:
+        if silu_mul or bias.shape != (n,):
+            raise ValueError(f"bias must be [{n}] (and is not taken with silu_mul)")
+        lanes = torch.zeros(-(-n // PANEL) * PANEL, dtype=torch.float32)
+        lanes[:n] = bias
     if out is None:
         out = torch.empty(m, width, dtype=x.dtype)
     elif out.shape != (m, width) or out.dtype != x.dtype or out.stride(1) != 1:
@@ -89,6 +97,7 @@ def gemm(
         x.data_ptr(),
         x.stride(0),
         packed.data_ptr(),
+        None if lanes is None else lanes.data_ptr(),
         m,
         n,
         k,
@@ -102,6 +111,10 @@ def gemm(
     return out
 
 
-def gemm_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Pure-torch :func:`gemm`: float32 products and sums, rounded once to ``x``'s dtype."""
-    return (x.float() @ weight.float().T).to(x.dtype)
+def gemm_ref(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Pure-torch :func:`gemm`: float32 products and sums (and bias), rounded once to
+    ``x``'s dtype."""
+    out = x.float() @ weight.float().T
+    return (out if bias is None else out + bias.float()).to(x.dtype)

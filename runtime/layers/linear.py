@@ -73,9 +73,7 @@ class PackedWeight:
         :meth:`plain_for` says so."""
         rows = x.reshape(-1, x.shape[-1])
         if self.native_for(x) and not self.silu_mul:
-            out = cpu.gemm.gemm(_unit_stride(rows), self.native, self.out_features)
-            if bias is not None:
-                out += bias
+            out = cpu.gemm.gemm(_unit_stride(rows), self.native, self.out_features, bias=bias)
         elif self.onednn is not None:
             out = torch.ops.mkldnn._linear_pointwise(rows, self.onednn, bias, "none", [], "")
         else:

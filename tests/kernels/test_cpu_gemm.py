@@ -88,3 +88,18 @@ def test_silu_mul_needs_halves_of_whole_panels() -> None:
     assert not gemm.supports(torch.randn(40, 8), silu_mul=True)  # halves of 20 columns
     with pytest.raises(ValueError, match="cannot pack"):
         gemm.pack(torch.randn(40, 8), silu_mul=True)
+
+
+@pytest.mark.parametrize("dtype", _types())
+def test_bias_is_added_before_rounding(dtype) -> None:
+    gen = torch.Generator().manual_seed(5)
+    weight = (torch.randn(40, 64, generator=gen) * 0.1).to(dtype)
+    bias = torch.randn(40, generator=gen).to(dtype)
+    x = torch.randn(9, 64, generator=gen).to(dtype)
+    got = gemm.gemm(x, gemm.pack(weight), 40, bias=bias)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(
+        got.float(), gemm.gemm_ref(x, weight, bias).float(), atol=tol, rtol=tol
+    )
+    with pytest.raises(ValueError, match="bias"):
+        gemm.gemm(x, gemm.pack(weight), 40, bias=bias[:5])
