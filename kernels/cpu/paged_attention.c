@@ -292,7 +292,7 @@ static inline __attribute__((always_inline)) void attend_tile(
                     for (int vec = j * per_row + h * group; vec < j * per_row + (h + 1) * group; vec++)
                         if (seen[vec]) vecs[nv_h++] = vec;
 #if KVF_DPBF16
-                if (is_bf16) {
+                if (is_bf16 && dim % 2 == 0) { /* whole pairs */
                     const uint16_t *qs[KVF_MAX_VECS];
                     for (int u = 0; u < nv_h; u++)
                         qs[u] = (const uint16_t *)q + q_rows[vecs[u] / per_row] +

@@ -4,7 +4,9 @@ Contract: query row ``i`` (``q[i]``, ``[heads, dim]``) attends, causally by cons
 the first ``visible[i]`` KV slots listed in row ``rows[i]`` of ``req_to_token``; K and V are
 read in place from one layer's pool (``[slots, kv_heads, dim]``), query head ``j`` reading
 KV head ``j // (heads // kv_heads)``. A row that sees no slot gets zeros. Decode is one row
-per request with ``visible`` = its sequence length.
+per request with ``visible`` = its sequence length; an extend is one row per new token, token
+``j`` of a request with ``p`` cached tokens seeing ``p + j + 1`` (the kernel attends such runs
+of rows in tiles that share each block of K/V).
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ class PackedWeight:
 
     def plain_for(self, x: torch.Tensor) -> bool:
         """Whether :meth:`matmul` can run ``x`` (a ``silu_mul`` weight only on oneDNN)."""
-        return not self.native_for(x) if self.silu_mul else True
+        return not (self.silu_mul and self.native_for(x))
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ weight.T (+ bias)`` for ``x`` ``[..., K]`` of the packed dtype on CPU, where

@@ -44,11 +44,7 @@ class KVPool:
         k_buf, v_buf = self.k_buffer[layer_id], self.v_buffer[layer_id]
         if k.is_cuda:
             store_kv_cache(k_buf, v_buf, loc, k, v)
-        elif (
-            k.dtype == self.dtype
-            and cpu.elementwise.supports(k_buf, v_buf, k, v)
-            and cpu.available()
-        ):
+        elif cpu.elementwise.supports(k_buf, v_buf, k, v) and cpu.available():  # one dtype
             cpu.elementwise.store_kv(k_buf, v_buf, loc, k, v)
         else:
             store_kv_cache_ref(k_buf, v_buf, loc, k, v)

@@ -55,7 +55,9 @@ def _extend_rows(spans: list[tuple[int, int, int]]) -> tuple[torch.Tensor, torch
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 1, 128), (6, 2, 72)])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 1, 128), (6, 2, 72), (4, 2, 33)]
+)
 def test_extend_tiles_match_reference(dtype, heads, kv_heads, dim) -> None:
     """Consecutive rows of one request (an extend) are attended as tiles that share each K/V
     block (scored from a transposed block); tiles are cut at the per-item cap, at request
