@@ -10,9 +10,9 @@ from typing import Any
 from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.detokenizer import TextStream
 from kvflow.runtime.model_runner import ModelRunner
-from kvflow.runtime.sampling import SamplingParams
-from kvflow.runtime.scheduler import FinishReason, Req, Scheduler, TokenOutput
+from kvflow.runtime.scheduler import Req, Scheduler
 from kvflow.runtime.tokenizer import load_tokenizer
+from kvflow.runtime.wire import FinishReason, SamplingParams, TokenOutput
 
 __all__ = ["Engine", "GenerateResult", "Usage"]
 

@@ -1,6 +1,6 @@
 """Per-request sampling parameters and the batched sampler."""
 
-from kvflow.runtime.sampling.params import SamplingParams
 from kvflow.runtime.sampling.sampler import PendingSample, SampleOutput, Sampler, SamplingBatch
+from kvflow.runtime.wire import SamplingParams
 
 __all__ = ["PendingSample", "SampleOutput", "Sampler", "SamplingBatch", "SamplingParams"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kvflow.runtime.sampling.params import SamplingParams
+from kvflow.runtime.wire import SamplingParams
 
 __all__ = ["apply_penalties"]
 

@@ -3,36 +3,14 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from kvflow.runtime.detokenizer import IncrementalDetokenizer, find_stop
-from kvflow.runtime.sampling import SamplingParams
+from kvflow.runtime.wire import FinishReason, SamplingParams
 
-__all__ = ["FinishReason", "Req"]
-
-
-@dataclass(frozen=True)
-class FinishReason:
-    """``stop`` (``matched`` = the stop token id or stop string that ended it),
-    ``length`` (max_new_tokens or context reached) or ``abort`` (``message`` says why).
-
-    For EOS, ``matched`` is the EOS token id, as for any stop token.
-    """
-
-    type: str
-    matched: int | str | None = None
-    message: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": self.type}
-        if self.matched is not None:
-            out["matched"] = self.matched
-        if self.message:
-            out["message"] = self.message
-        return out
+__all__ = ["Req"]
 
 
 class Req:

@@ -22,10 +22,10 @@ from kvflow.runtime.sampling import PendingSample, SampleOutput, SamplingBatch
 from kvflow.runtime.scheduler.batch import build_decode_batch, build_extend_batch
 from kvflow.runtime.scheduler.budget import RESERVE_CLIP, PrefillBudget
 from kvflow.runtime.scheduler.kv import DecodeGrowth, KVManager
-from kvflow.runtime.scheduler.output import TokenOutput
 from kvflow.runtime.scheduler.policy import order_waiting
-from kvflow.runtime.scheduler.req import FinishReason, Req
+from kvflow.runtime.scheduler.req import Req
 from kvflow.runtime.scheduler.sharing import BatchPrefixes
+from kvflow.runtime.wire import FinishReason, TokenOutput
 
 __all__ = ["Scheduler"]
 logger = logging.getLogger(__name__)

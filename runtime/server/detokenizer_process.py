@@ -10,8 +10,8 @@ import zmq
 
 from kvflow.runtime.detokenizer import TextStream
 from kvflow.runtime.server.ipc import IpcPaths, Puller, Pusher
-from kvflow.runtime.server.messages import StreamStart, TextBatch, TextOutput, TokenBatch
 from kvflow.runtime.tokenizer import load_tokenizer
+from kvflow.runtime.wire.messages import StreamStart, TextBatch, TextOutput, TokenBatch
 
 __all__ = ["DetokenizerState", "run_detokenizer_process"]
 logger = logging.getLogger("kvflow.detokenizer")

@@ -13,8 +13,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kvflow import contract
-from kvflow.runtime.sampling import SamplingParams
-from kvflow.runtime.server.errors import RequestError
 from kvflow.runtime.server.native import native_generate, prepare_native
 from kvflow.runtime.server.openai.chat import chat_completion, prepare_chat
 from kvflow.runtime.server.openai.common import sse
@@ -25,6 +23,7 @@ from kvflow.runtime.server.openai.protocol import (
     GenerateRequestBody,
 )
 from kvflow.runtime.server.tokenizer_manager import GenerateInput, RequestHandle, TokenizerManager
+from kvflow.runtime.wire import RequestError, SamplingParams, error_body
 
 __all__ = ["create_app"]
 
@@ -33,11 +32,8 @@ _DISCONNECT_POLL_S = 0.5
 _HEALTH_GENERATE_TIMEOUT_S = 60.0
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse(
-        {"error": {"message": message, "type": kind, "code": status}}, status_code=status
-    )
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message), status_code=status, headers=headers)
 
 
 async def _respond(
@@ -109,7 +105,7 @@ def create_app(tm: TokenizerManager) -> FastAPI:
 
     @app.exception_handler(RequestError)
     async def on_request_error(_: Request, err: RequestError) -> JSONResponse:
-        return _error(err.status, err.message)
+        return _error(err.status, err.message, err.headers)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(_: Request, err: RequestValidationError) -> JSONResponse:

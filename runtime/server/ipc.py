@@ -10,7 +10,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from kvflow.runtime.server.messages import dumps, loads
+from kvflow.runtime.wire.messages import dumps, loads
 
 __all__ = ["IpcPaths", "Puller", "Pusher", "make_ipc_paths"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from kvflow.runtime.server.messages import SchedulerStats
+from kvflow.runtime.wire.messages import SchedulerStats
 
 __all__ = ["METRIC_NAMES", "RuntimeMetrics"]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from kvflow.runtime.sampling import SamplingParams
-from kvflow.runtime.server.errors import RequestError
 from kvflow.runtime.server.openai.common import SampleResult, collect, merge_streams, sse
 from kvflow.runtime.server.openai.protocol import GenerateRequestBody
 from kvflow.runtime.server.tokenizer_manager import GenerateInput, RequestHandle, TokenizerManager
+from kvflow.runtime.wire import SamplingParams
+from kvflow.runtime.wire.errors import RequestError
 
 __all__ = ["native_generate", "prepare_native"]
 

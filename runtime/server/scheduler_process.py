@@ -13,11 +13,12 @@ from typing import Any
 import zmq
 
 from kvflow.runtime.model_runner import ModelRunner
-from kvflow.runtime.scheduler import Req, Scheduler, TokenOutput
-from kvflow.runtime.scheduler.req import FinishReason
+from kvflow.runtime.scheduler import Req, Scheduler
 from kvflow.runtime.server.args import ServerArgs
 from kvflow.runtime.server.ipc import IpcPaths, Puller, Pusher
-from kvflow.runtime.server.messages import (
+from kvflow.runtime.tokenizer import load_tokenizer
+from kvflow.runtime.wire import FinishReason, TokenOutput
+from kvflow.runtime.wire.messages import (
     AbortRequest,
     ControlReply,
     ControlRequest,
@@ -26,7 +27,6 @@ from kvflow.runtime.server.messages import (
     StreamStart,
     TokenBatch,
 )
-from kvflow.runtime.tokenizer import load_tokenizer
 
 __all__ = ["run_scheduler_process"]
 logger = logging.getLogger("kvflow.scheduler")

@@ -18,11 +18,13 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from kvflow.runtime.sampling import SamplingParams
 from kvflow.runtime.server.args import ServerArgs
-from kvflow.runtime.server.errors import RequestError
 from kvflow.runtime.server.ipc import IpcPaths, Puller, Pusher
-from kvflow.runtime.server.messages import (
+from kvflow.runtime.server.metrics import RuntimeMetrics
+from kvflow.runtime.tokenizer import apply_chat_template
+from kvflow.runtime.wire import SamplingParams
+from kvflow.runtime.wire.errors import RequestError
+from kvflow.runtime.wire.messages import (
     AbortRequest,
     ControlReply,
     ControlRequest,
@@ -31,8 +33,6 @@ from kvflow.runtime.server.messages import (
     TextBatch,
     TextOutput,
 )
-from kvflow.runtime.server.metrics import RuntimeMetrics
-from kvflow.runtime.tokenizer import apply_chat_template
 
 __all__ = ["GenerateInput", "RequestHandle", "TokenizerManager"]
 logger = logging.getLogger("kvflow.tokenizer_manager")

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvflow.runtime.server.messages import TextOutput
 from kvflow.runtime.server.tokenizer_manager import RequestHandle
+from kvflow.runtime.wire.messages import TextOutput
 
 __all__ = ["SampleResult", "collect", "merge_streams", "new_id", "sse", "usage_dict"]
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from kvflow.runtime.sampling import SamplingParams
-from kvflow.runtime.server.errors import RequestError
 from kvflow.runtime.server.openai.common import (
     SampleResult,
     TokenText,
@@ -19,6 +17,8 @@ from kvflow.runtime.server.openai.common import (
 )
 from kvflow.runtime.server.openai.protocol import CompletionRequest
 from kvflow.runtime.server.tokenizer_manager import GenerateInput, RequestHandle, TokenizerManager
+from kvflow.runtime.wire import SamplingParams
+from kvflow.runtime.wire.errors import RequestError
 
 __all__ = ["completion", "prepare_completion"]
 

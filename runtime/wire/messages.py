@@ -13,9 +13,8 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvflow.runtime.sampling import SamplingParams
-from kvflow.runtime.scheduler.output import TokenOutput
-from kvflow.runtime.scheduler.req import FinishReason
+from kvflow.runtime.wire.outputs import FinishReason, TokenOutput
+from kvflow.runtime.wire.sampling import SamplingParams
 
 __all__ = [
     "AbortRequest",

@@ -1,12 +1,23 @@
-"""What the scheduler reports per request per step."""
+"""What the scheduler reports per request per step, and how a request ended."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvflow.runtime.scheduler.req import FinishReason
+__all__ = ["FinishReason", "TokenOutput"]
 
-__all__ = ["TokenOutput"]
+
+@dataclass(frozen=True)
+class FinishReason:
+    """``stop`` (``matched`` = the stop token id or stop string that ended it),
+    ``length`` (max_new_tokens or context reached) or ``abort`` (``message`` says why).
+
+    For EOS, ``matched`` is the EOS token id, as for any stop token.
+    """
+
+    type: str
+    matched: int | str | None = None
+    message: str = ""
 
 
 @dataclass(frozen=True)
