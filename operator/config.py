@@ -1,7 +1,9 @@
 """The runtime ConfigMap: resolved per-role settings and the Mooncake store client config.
 
-Pods mount it at :data:`contract.RUNTIME_CONFIG_DIR`; its hash goes into the pod template
-(``kvflow.dev/config-hash``) so that a configuration change rolls the pods.
+Worker pods mount it at :data:`contract.RUNTIME_CONFIG_DIR`; a hash of what they read goes
+into their pod template (``kvflow.dev/config-hash``) so that a configuration change rolls
+them. The router reads nothing from it (its settings are all in its argv), so the router
+section stays out of that hash: a router-only edit rolls only the router's pods.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ def mooncake_client_config(md: ModelDeployment) -> dict[str, Any]:
     }
 
 
-def runtime_config(md: ModelDeployment) -> dict[str, Any]:
-    """What each role runs, resolved: the document ``kvflow up`` and humans read.
+def worker_config(md: ModelDeployment) -> dict[str, Any]:
+    """What the worker roles run, resolved: ``runtime.json`` less the router section.
 
     Replica counts stay out: scaling must not change the hash and roll every pod.
     """
@@ -49,7 +51,6 @@ def runtime_config(md: ModelDeployment) -> dict[str, Any]:
             worker.role: {"argv": contract.serve_argv(serve_options(md, worker, model_path))}
             for worker in md.workers
         },
-        "router": {"policy": md.router.policy},
         "kvTransfer": {
             "backend": md.kv_transfer.backend,
             "protocol": md.kv_transfer.protocol,
@@ -64,9 +65,14 @@ def runtime_config(md: ModelDeployment) -> dict[str, Any]:
     }
 
 
-def config_data(md: ModelDeployment) -> dict[str, str]:
-    """The ConfigMap's ``data``: JSON documents with sorted keys (stable hashes)."""
-    data = {RUNTIME_CONFIG_FILE: json.dumps(runtime_config(md), indent=2, sort_keys=True)}
+def runtime_config(md: ModelDeployment) -> dict[str, Any]:
+    """What each role runs, router included: the document ``kvflow up`` and humans read."""
+    return {**worker_config(md), "router": {"policy": md.router.policy}}
+
+
+def _documents(md: ModelDeployment, runtime: dict[str, Any]) -> dict[str, str]:
+    # Sorted keys: the same spec gives the same bytes, hence the same hash.
+    data = {RUNTIME_CONFIG_FILE: json.dumps(runtime, indent=2, sort_keys=True)}
     if md.hicache.store == "mooncake":
         data[MOONCAKE_CONFIG_FILE] = json.dumps(
             mooncake_client_config(md), indent=2, sort_keys=True
@@ -74,8 +80,14 @@ def config_data(md: ModelDeployment) -> dict[str, str]:
     return data
 
 
-def config_hash(data: dict[str, str]) -> str:
-    """Short content hash of the ConfigMap data."""
+def config_data(md: ModelDeployment) -> dict[str, str]:
+    """The ConfigMap's ``data``: JSON documents with sorted keys."""
+    return _documents(md, runtime_config(md))
+
+
+def worker_config_hash(md: ModelDeployment) -> str:
+    """Short content hash of what worker pods read from the ConfigMap (router fields out)."""
+    data = _documents(md, worker_config(md))
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
     return digest[:16]
 

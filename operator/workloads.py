@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import names
-from .config import config_data, config_hash
+from .config import worker_config_hash
 from .pods import router_pod_template, worker_pod_template
 from .spec import ModelDeployment, WorkerRole
 
@@ -50,7 +50,7 @@ def worker_deployment(md: ModelDeployment, worker: WorkerRole) -> dict[str, Any]
         rolling = {"maxSurge": 0, "maxUnavailable": 1}
     else:
         rolling = {"maxSurge": 1, "maxUnavailable": 0}
-    template = worker_pod_template(md, worker, config_hash(config_data(md)))
+    template = worker_pod_template(md, worker, worker_config_hash(md))
     deadline = worker.startup_timeout_seconds + 600
     return _deployment(md, worker.role, worker.desired_replicas, template, rolling, deadline)
 

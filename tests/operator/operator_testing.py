@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / "kvflow.dev_modeldeployments.yaml"
+CHART = REPO / "charts" / "kvflow-operator"
 SPECS = {
     "unified-embedded": REPO / "examples" / "unified-embedded.yaml",
     "disaggregated-hicache": REPO / "examples" / "disaggregated-hicache.yaml",
@@ -52,3 +54,14 @@ def apply_defaults(value: Any, schema: dict[str, Any]) -> Any:
     elif isinstance(value, list) and isinstance(schema.get("items"), dict):
         value = [apply_defaults(item, schema["items"]) for item in value]
     return value
+
+
+def chart_namespaced_rules() -> list[dict[str, Any]]:
+    """The RBAC rules the chart gives the operator in each namespace it serves."""
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    block = re.search(
+        r'define "kvflow-operator.namespacedRules" -}}\n(.*?)\n{{- end -}}', helpers, re.S
+    )
+    assert block is not None, "namespacedRules not found in _helpers.tpl"
+    rules: list[dict[str, Any]] = yaml.safe_load(block.group(1))
+    return rules

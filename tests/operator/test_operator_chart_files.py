@@ -7,11 +7,9 @@ import re
 from typing import Any
 
 import yaml
-from operator_testing import CRD_PATH, REPO
+from operator_testing import CHART, CRD_PATH, REPO, chart_namespaced_rules
 
 from kvflow.operator import CHILD_KINDS
-
-CHART = REPO / "charts" / "kvflow-operator"
 
 
 def test_chart_crd_is_a_byte_copy_of_crds() -> None:
@@ -83,12 +81,7 @@ def test_templates_are_named_kind_component() -> None:
 
 
 def test_rbac_covers_exactly_what_the_operator_applies() -> None:
-    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
-    block = re.search(
-        r'define "kvflow-operator.namespacedRules" -}}\n(.*?)\n{{- end -}}', helpers, re.S
-    )
-    assert block is not None
-    rules = yaml.safe_load(block.group(1))
+    rules = chart_namespaced_rules()
     granted = {
         (group, resource): set(rule["verbs"])
         for rule in rules
