@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "API_KEY_ENV",
+    "API_PORT_NAME",
+    "BOOTSTRAP_PORT_ANNOTATION",
+    "BOOTSTRAP_PORT_NAME",
     "DEFAULT_API_PORT",
     "DEFAULT_BOOTSTRAP_PORT",
     "HEALTH_GENERATE_PATH",
@@ -28,6 +31,7 @@ __all__ = [
     "OPERATOR_HEALTH_PORT",
     "POD_IP_ENV",
     "ROLES",
+    "ROLE_LABEL",
     "ROUTER_FLAGS",
     "RUNTIME_CONFIG_DIR",
     "SERVE_FLAGS",
@@ -70,6 +74,13 @@ MOONCAKE_CONFIG_ENV = "KVFLOW_MOONCAKE_CONFIG"
 RUNTIME_CONFIG_DIR = "/etc/kvflow"
 
 ROLES = ("unified", "prefill", "decode")
+
+# Worker pod metadata, as the operator renders it and the router's Kubernetes discovery
+# reads it: the role label, the named container ports, the prefill's bootstrap port.
+ROLE_LABEL = "kvflow.dev/role"  # a ROLES value on worker pods; other components differ
+API_PORT_NAME = "http"  # container port carrying DEFAULT_API_PORT's traffic
+BOOTSTRAP_PORT_NAME = "bootstrap"  # prefill pods' KV bootstrap container port
+BOOTSTRAP_PORT_ANNOTATION = "kvflow.dev/bootstrap-port"  # prefill pods, decimal
 
 # Flag name -> help text. The runtime's parser adds exactly these (plus runtime-only tuning
 # flags); the operator only ever emits these.

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from kvflow import contract
+
 GROUP = "kvflow.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -26,12 +28,12 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_PART_OF = "app.kubernetes.io/part-of"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_DEPLOYMENT = f"{GROUP}/deployment"
-LABEL_ROLE = f"{GROUP}/role"
+LABEL_ROLE = contract.ROLE_LABEL
 
 # Annotations the operator writes on children.
 ANNOTATION_GENERATION = f"{GROUP}/generation"  # ModelDeployment generation a child renders
 ANNOTATION_CONFIG_HASH = f"{GROUP}/config-hash"  # pod template: rolls pods on config change
-ANNOTATION_BOOTSTRAP_PORT = f"{GROUP}/bootstrap-port"  # prefill pods: KV bootstrap port
+ANNOTATION_BOOTSTRAP_PORT = contract.BOOTSTRAP_PORT_ANNOTATION  # prefill pods: KV bootstrap port
 
 # Component names; the runtime roles come from kvflow.contract.ROLES.
 ROUTER = "router"

@@ -17,8 +17,8 @@ from .quantity import format_bytes, parse_quantity
 from .spec import SecretKeyRef
 
 RUN_AS_ID = 1000
-API_PORT_NAME = "http"
-BOOTSTRAP_PORT_NAME = "bootstrap"
+API_PORT_NAME = contract.API_PORT_NAME
+BOOTSTRAP_PORT_NAME = contract.BOOTSTRAP_PORT_NAME
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
