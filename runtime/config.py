@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -134,8 +134,6 @@ class EngineConfig:
     # on 2 cores with one busy process: 2 threads ran at 0.6x the speed of 1 thread, while
     # on idle cores 2 threads ran 1.7x faster). On shared machines pass --cpu-threads.
     cpu_threads: int = 0
-
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def resolved(self) -> EngineConfig:
         """Resolve every "auto" value once, for the machine this runs on."""

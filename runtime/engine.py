@@ -10,7 +10,7 @@ from typing import Any
 from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.detokenizer import TextStream
 from kvflow.runtime.model_runner import ModelRunner
-from kvflow.runtime.scheduler import Req, Scheduler
+from kvflow.runtime.scheduler import Req, ReqFactory, Scheduler
 from kvflow.runtime.tokenizer import load_tokenizer
 from kvflow.runtime.wire import FinishReason, SamplingParams, TokenOutput
 
@@ -57,6 +57,9 @@ class Engine:
         self.scheduler = Scheduler(self.config, self.runner)
         self.tokenizer = (
             None if self.config.skip_tokenizer_init else load_tokenizer(self.runner.model_path)
+        )
+        self.reqs = ReqFactory(
+            self.config, self.runner.model_config, self.tokenizer, self.runner.device
         )
         self._rids = itertools.count()
 
@@ -142,19 +145,13 @@ class Engine:
         return [self._req(ids, s, return_logprob, top_logprobs_num, extra_key) for s in samples]
 
     def _req(self, ids, params, return_logprob, top_logprobs_num, extra_key) -> Req:
-        index = next(self._rids)
-        rid = f"req-{index}"
-        return Req(
-            rid,
+        return self.reqs.make(
+            f"req-{next(self._rids)}",
             ids,
             params,
-            eos_token_ids=self.runner.model_config.eos_token_ids,
             extra_key=extra_key,
             return_logprob=return_logprob,
             top_logprobs_num=top_logprobs_num,
-            tokenizer=self.tokenizer,
-            device=self.runner.device,
-            seed=self.config.seed * 1_000_003 + index,
         )
 
     def _run(self, reqs: list[Req]) -> dict[str, GenerateResult]:

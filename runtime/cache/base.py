@@ -50,10 +50,12 @@ class PrefixCache(ABC):
         """On finish: insert the request's KV, free duplicates and its tail, unlock, free its row."""
 
     def release_req(self, req: Req) -> None:
-        """On retract/abort: free the request's own KV (not the shared prefix), unlock, free its row."""
-        if req.kv_len > len(req.prefix_indices):
+        """On retract/abort: free the request's own KV (not the shared prefix), including
+        slots taken for a step that did not complete; unlock, free its row."""
+        end = max(req.kv_len, req.kv_reserved_len)
+        if end > len(req.prefix_indices):
             self.allocator.free(
-                self.req_to_token.read(req.req_pool_idx, req.kv_len, len(req.prefix_indices))
+                self.req_to_token.read(req.req_pool_idx, end, len(req.prefix_indices))
             )
         self.dec_lock_ref(req.last_node)
         self.req_to_token.free(req.req_pool_idx)

@@ -1,6 +1,7 @@
 """Scheduling: requests, the prefill adder's budgets, policies and the scheduler loop body."""
 
+from kvflow.runtime.scheduler.factory import ReqFactory
 from kvflow.runtime.scheduler.req import Req
 from kvflow.runtime.scheduler.scheduler import Scheduler
 
-__all__ = ["Req", "Scheduler"]
+__all__ = ["Req", "ReqFactory", "Scheduler"]

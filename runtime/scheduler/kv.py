@@ -92,6 +92,7 @@ class KVManager:
             return None
         on_device = host_to_device(slots, str(self.req_to_token.req_to_token.device))
         self.req_to_token.write(req.req_pool_idx, req.kv_len, on_device)
+        req.kv_reserved_len = req.kv_len + num_new
         return on_device
 
     def grow_decode(self, reqs: list[Req]) -> torch.Tensor:
@@ -137,6 +138,7 @@ class KVManager:
             if new_page_slot is not None:
                 self.allocator.free(torch.tensor([new_page_slot]))
             req.last_loc = last_loc
+            req.kv_reserved_len = req.kv_len
 
     def _record_decode(self, reqs: list[Req], slots: list[int]) -> torch.Tensor:
         """Write each request's new slot at position ``kv_len`` of its row (one copy and
@@ -144,6 +146,8 @@ class KVManager:
         table = self.req_to_token.req_to_token
         row_len = table.shape[1]
         flat = [r.req_pool_idx * row_len + r.kv_len for r in reqs]
+        for req in reqs:
+            req.kv_reserved_len = req.kv_len + 1
         slots_dev, flat_dev = host_to_device([slots, flat], str(table.device))
         table.view(-1).index_copy_(0, flat_dev, slots_dev.to(table.dtype))
         return slots_dev

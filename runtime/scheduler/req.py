@@ -58,6 +58,9 @@ class Req:
 
         self.req_pool_idx: int = -1
         self.kv_len = 0
+        # Positions with a slot recorded in the row: kv_len, or more while a step that
+        # grew the request has not advanced kv_len yet (freed with the request if it fails).
+        self.kv_reserved_len = 0
         self.prefix_indices = torch.empty(0, dtype=torch.int64)
         self.last_node: Any = None
         self.last_loc: int | None = None  # slot of position kv_len - 1, when known on the host
@@ -89,6 +92,7 @@ class Req:
         """Forget all KV state (after release): the request owns nothing any more."""
         self.req_pool_idx = -1
         self.kv_len = 0
+        self.kv_reserved_len = 0
         self.prefix_indices = torch.empty(0, dtype=torch.int64)
         self.last_node = None
         self.last_loc = None

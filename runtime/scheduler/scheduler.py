@@ -78,6 +78,7 @@ class Scheduler:
         self.prepare_next_decode = True
         self.launch_ahead = runner.device.startswith("cuda")  # on CPU it would only reorder
         self._next: _NextDecode | None = None
+        self._batch: list[Req] = []  # the requests of the step being run (for _fail_batch)
 
     # -- requests in and out ---------------------------------------------------------------
     def add_request(self, req: Req) -> None:
@@ -129,6 +130,40 @@ class Scheduler:
 
     # -- one step --------------------------------------------------------------------------
     def step(self) -> list[TokenOutput]:
+        """Run one forward pass and return what each request in it produced.
+
+        A step that raises does not take the scheduler down: the requests of the failed
+        batch end with an ``abort`` naming the error, their KV (taken slots included) is
+        freed, and every other request goes on (see :meth:`_fail_batch`).
+        """
+        self._batch = []
+        try:
+            return self._step()
+        except Exception as err:
+            logger.exception("a step failed; aborting its %d request(s)", len(self._batch))
+            return self._fail_batch(err)
+
+    def _fail_batch(self, err: Exception) -> list[TokenOutput]:
+        """End every request of the failed step with an error and give back its memory."""
+        try:
+            self._drop_next()
+        except Exception:  # the step ahead may be half built; its requests are freed below
+            self._next = None
+        outputs = []
+        failed = {id(r) for r in self._batch}
+        self.running = [r for r in self.running if id(r) not in failed]
+        if self.chunked is not None and id(self.chunked) in failed:
+            self.chunked = None
+        for req in self._batch:
+            if req.req_pool_idx >= 0:
+                self.cache.release_req(req)
+            if not req.finished:
+                req.abort(f"internal error while running the batch: {type(err).__name__}: {err}")
+            outputs.append(self.make_output(req, []))
+        self._batch = []
+        return outputs
+
+    def _step(self) -> list[TokenOutput]:
         if self.waiting or self.chunked is not None:
             self._drop_next()  # a prefill may be planned: its budget sees all free memory
         plan = self._plan_prefill()
@@ -201,6 +236,7 @@ class Scheduler:
                 self.waiting.insert(0, req)
                 continue
             kept.append((req, take))
+        self._batch = [req for req, _ in kept]
         return kept
 
     def _run_extend(self, plan: list[tuple[Req, int]]) -> list[TokenOutput]:
@@ -238,6 +274,7 @@ class Scheduler:
         built, self._next = self._next, None
         if built is not None and built.reqs == self.running:
             reqs, outputs = built.reqs, []
+            self._batch = reqs
             logits = self.runner.forward(built.fb) if built.logits is None else built.logits
         else:
             if built is not None:
@@ -246,6 +283,7 @@ class Scheduler:
             if not self.running:
                 return outputs
             reqs = list(self.running)
+            self._batch = reqs
             fb = build_decode_batch(reqs, self.kv.grow_decode(reqs), self.runner.device)
             logits = self.runner.forward(fb)
         self.forward_steps += 1
@@ -325,7 +363,11 @@ class Scheduler:
         running = {id(r) for r in self.running}
         for row, req in enumerate(reqs):
             token = sampled.next_token_ids[row]
-            req.append_token(token, self.runner.context_len)
+            try:
+                req.append_token(token, self.runner.context_len)
+            except Exception as err:  # isolated: this request fails, the batch goes on
+                logger.exception("request %s failed on token %d", req.rid, token)
+                req.abort(f"internal error: {type(err).__name__}: {err}")
             if req.return_logprob:
                 req.output_logprobs.append(sampled.logprobs[row])
                 req.output_top_logprobs.append(sampled.top_logprobs[row])

@@ -13,7 +13,7 @@ from typing import Any
 import zmq
 
 from kvflow.runtime.model_runner import ModelRunner
-from kvflow.runtime.scheduler import Req, Scheduler
+from kvflow.runtime.scheduler import ReqFactory, Scheduler
 from kvflow.runtime.server.args import ServerArgs
 from kvflow.runtime.server.ipc import IpcPaths, Puller, Pusher
 from kvflow.runtime.tokenizer import load_tokenizer
@@ -68,9 +68,10 @@ class SchedulerLoop:
         self.runner = ModelRunner(args.engine)
         self.scheduler = Scheduler(args.engine, self.runner)
         # Stop strings are matched on text, so the scheduler decodes the requests that have them.
-        self.tokenizer = (
+        tokenizer = (
             None if args.engine.skip_tokenizer_init else load_tokenizer(self.runner.model_path)
         )
+        self.reqs = ReqFactory(args.engine, self.runner.model_config, tokenizer, self.runner.device)
         ctx = zmq.Context()
         self.inbox = Puller(ctx, paths.to_scheduler)
         self.to_detokenizer = Pusher(ctx, paths.to_detokenizer)
@@ -94,37 +95,47 @@ class SchedulerLoop:
 
     def _handle(self, message: Any) -> list[TokenOutput]:
         if isinstance(message, GenerateRequest):
-            mc = self.runner.model_config
-            req = Req(
-                message.rid,
-                message.input_ids,
-                message.sampling,
-                eos_token_ids=mc.eos_token_ids,
-                extra_key=message.extra_key,
-                return_logprob=message.return_logprob,
-                top_logprobs_num=message.top_logprobs_num,
-                tokenizer=self.tokenizer,
-                device=self.runner.device,
-                seed=hash(message.rid) % (1 << 31),
-            )
-            self.to_detokenizer.send(
-                StreamStart(
-                    req.rid,
-                    req.origin_input_ids,
-                    req.sampling.stop,
-                    req.sampling.skip_special_tokens,
-                )
-            )
-            try:
-                self.scheduler.add_request(req)
-            except ValueError as err:
-                req.finished_reason = FinishReason("abort", message=str(err))
-                return [self.scheduler.make_output(req, [])]
+            return self._add(message)
         elif isinstance(message, AbortRequest):
             out = self.scheduler.abort_request(message.rid, message.message)
             return [out] if out else []
         elif isinstance(message, ControlRequest):
             self.to_tokenizer.send(self._control(message))
+        return []
+
+    def _add(self, message: GenerateRequest) -> list[TokenOutput]:
+        """Queue a request; one that cannot be built or queued ends with an abort (the
+        detokenizer hears of it first, so its stream opens and closes in order)."""
+        self.to_detokenizer.send(
+            StreamStart(
+                message.rid,
+                message.input_ids,
+                message.sampling.stop,
+                message.sampling.skip_special_tokens,
+            )
+        )
+        try:
+            req = self.reqs.make(
+                message.rid,
+                message.input_ids,
+                message.sampling,
+                extra_key=message.extra_key,
+                return_logprob=message.return_logprob,
+                top_logprobs_num=message.top_logprobs_num,
+            )
+            self.scheduler.add_request(req)
+        except Exception as err:  # isolated: this request fails, the loop goes on
+            logger.exception("request %s refused", message.rid)
+            return [
+                TokenOutput(
+                    message.rid,
+                    [],
+                    FinishReason("abort", message=f"request refused: {err}"),
+                    len(message.input_ids),
+                    0,
+                    0,
+                )
+            ]
         return []
 
     def _control(self, message: ControlRequest) -> ControlReply:

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SamplingParams"]
+__all__ = ["SEED_RANGE", "TEMPERATURE_FLOOR", "SamplingParams"]
+
+# Below this temperature sampling is greedy (dividing logits by it would overflow softmax).
+TEMPERATURE_FLOOR = 1e-5
+# Seeds are 64-bit integers, signed or unsigned, as torch and OpenAI clients use them.
+SEED_RANGE = (-(1 << 63), 1 << 64)
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "max_new_tokens": (int,),
@@ -32,7 +38,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
 class SamplingParams:
     """How to pick each next token and when to stop.
 
-    ``temperature == 0`` (or ``top_k == 1``) is greedy. ``top_k == -1`` disables top-k.
+    A temperature below :data:`TEMPERATURE_FLOOR` (or ``top_k == 1``) is greedy. ``top_k == -1`` disables top-k.
     Penalties follow OpenAI (frequency/presence, on generated tokens) and Hugging Face
     (repetition, on prompt and generated tokens). ``min_new_tokens`` suppresses EOS,
     stop tokens and stop strings until that many tokens exist. ``seed`` makes sampling
@@ -70,6 +76,8 @@ class SamplingParams:
                 raise ValueError(f"{key} must be a number, got a boolean")
             if not isinstance(value, _TYPES[key]):
                 raise ValueError(f"{key} has the wrong type {type(value).__name__}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{key} must be a finite number, got {value}")
             values[key] = value
         if isinstance(values.get("stop"), str):
             values["stop"] = (values["stop"],)
@@ -82,12 +90,28 @@ class SamplingParams:
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ``ValueError`` naming the first invalid field."""
+        floats = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "min_p": self.min_p,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
+            "repetition_penalty": self.repetition_penalty,
+        }
+        for key, value in floats.items():
+            if not math.isfinite(value):
+                raise ValueError(f"{key} must be a finite number, got {value}")
+        low, high = SEED_RANGE
         checks = [
+            (self.seed is None or low <= self.seed < high, "seed must be a 64-bit integer"),
             (self.max_new_tokens >= 0, "max_new_tokens must be >= 0"),
-            (self.min_new_tokens >= 0, "min_new_tokens must be >= 0"),
+            (0 <= self.min_new_tokens < 1 << 31, "min_new_tokens must be in [0, 2**31)"),
             (self.temperature >= 0, "temperature must be >= 0"),
             (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
-            (self.top_k == -1 or self.top_k >= 1, "top_k must be -1 (disabled) or >= 1"),
+            (
+                self.top_k == -1 or 1 <= self.top_k < 1 << 31,
+                "top_k must be -1 (disabled) or in [1, 2**31)",
+            ),
             (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
             (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
@@ -108,7 +132,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature < TEMPERATURE_FLOOR or self.top_k == 1
 
     @property
     def has_penalties(self) -> bool:
@@ -117,11 +141,12 @@ class SamplingParams:
         )
 
     def expand_n(self) -> list[SamplingParams]:
-        """The ``n`` single samples of this request; sample ``i`` uses ``seed + i``."""
+        """The ``n`` single samples of this request; sample ``i`` uses ``seed + i`` (modulo
+        2**64, so it stays a valid seed)."""
         if self.n == 1:
             return [self]
         return [
-            self.replace(n=1, seed=None if self.seed is None else self.seed + i)
+            self.replace(n=1, seed=None if self.seed is None else (self.seed + i) % (1 << 64))
             for i in range(self.n)
         ]
 

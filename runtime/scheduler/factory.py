@@ -1,0 +1,56 @@
+"""Turning an accepted request into :class:`Req` objects: one factory for the in-process
+engine and the server's scheduler process, so a request behaves the same on both paths."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from kvflow.runtime.config import EngineConfig, ModelConfig
+from kvflow.runtime.scheduler.req import Req
+from kvflow.runtime.wire import SamplingParams
+
+__all__ = ["ReqFactory", "default_seed"]
+
+
+def default_seed(engine_seed: int, rid: str) -> int:
+    """The seed of a sampled request that names none: stable across processes and runs
+    (Python's ``hash`` of a string is not), distinct per request id, 63 bits."""
+    digest = hashlib.blake2b(f"{engine_seed}:{rid}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class ReqFactory:
+    """Builds the scheduler's requests with the model's stop tokens, the tokenizer used for
+    stop strings, and the seed rule of :func:`default_seed`."""
+
+    def __init__(
+        self, config: EngineConfig, model_config: ModelConfig, tokenizer: Any, device: str
+    ) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.device = device
+
+    def make(
+        self,
+        rid: str,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        extra_key: str | None = None,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+    ) -> Req:
+        return Req(
+            rid,
+            input_ids,
+            sampling,
+            eos_token_ids=self.model_config.eos_token_ids,
+            extra_key=extra_key,
+            return_logprob=return_logprob,
+            top_logprobs_num=top_logprobs_num,
+            tokenizer=self.tokenizer,
+            device=self.device,
+            seed=default_seed(self.config.seed, rid),
+        )
