@@ -75,6 +75,7 @@ class Scheduler:
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.num_retractions = 0
         self.forward_steps = 0
+        self.generated_tokens = 0
         self.prepare_next_decode = True
         self.launch_ahead = runner.device.startswith("cuda")  # on CPU it would only reorder
         self._next: _NextDecode | None = None
@@ -360,6 +361,7 @@ class Scheduler:
         """Record one sampled token per request; finished requests leave (and release their
         KV), unfinished ones not yet running join the running batch."""
         outputs = []
+        self.generated_tokens += len(reqs)
         running = {id(r) for r in self.running}
         for row, req in enumerate(reqs):
             token = sampled.next_token_ids[row]

@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
 
 from kvflow import contract
 from kvflow.runtime.server.native import native_generate, prepare_native
@@ -107,6 +108,11 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     async def on_request_error(_: Request, err: RequestError) -> JSONResponse:
         return _error(err.status, err.message, err.headers)
 
+    @app.exception_handler(HTTPException)
+    async def on_http_error(_: Request, err: HTTPException) -> JSONResponse:
+        # Unknown routes (404), wrong methods (405): OpenAI's error shape, not {"detail"}.
+        return _error(err.status_code, str(err.detail), dict(err.headers or {}))
+
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(_: Request, err: RequestValidationError) -> JSONResponse:
         problems = "; ".join(
@@ -139,20 +145,27 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(tm.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    def model_card() -> dict[str, Any]:
+        return {
+            "id": tm.args.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "kvflow",
+            "max_model_len": tm.context_len,
+        }
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": tm.args.model_name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "kvflow",
-                    "max_model_len": tm.context_len,
-                }
-            ],
-        }
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> Response:
+        if model_id != tm.args.model_name:
+            return _error(
+                404,
+                f"the model {model_id!r} does not exist; this server serves {tm.args.model_name!r}",
+            )
+        return JSONResponse(model_card())
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:

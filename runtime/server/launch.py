@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import logging
 import multiprocessing as mp
+import os
 import signal
 import time
 from multiprocessing.process import BaseProcess
@@ -23,6 +24,7 @@ from kvflow.runtime.server.args import ServerArgs
 from kvflow.runtime.server.detokenizer_process import run_detokenizer_process
 from kvflow.runtime.server.http_server import create_app
 from kvflow.runtime.server.ipc import IpcPaths, make_ipc_paths
+from kvflow.runtime.server.lifeline import run_tied_to_parent
 from kvflow.runtime.server.scheduler_process import run_scheduler_process
 from kvflow.runtime.server.tokenizer_manager import TokenizerManager
 from kvflow.runtime.tokenizer import load_tokenizer
@@ -48,7 +50,11 @@ def _start_children(args: ServerArgs, paths: IpcPaths) -> tuple[list[BaseProcess
     pipes = []
     for name, target, target_args in specs:
         reader, writer = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=target, args=(*target_args, writer), name=f"kvflow-{name}")
+        proc = ctx.Process(
+            target=run_tied_to_parent,
+            args=(os.getpid(), target, *target_args, writer),
+            name=f"kvflow-{name}",
+        )
         proc.start()
         procs.append(proc)
         pipes.append((name, reader))

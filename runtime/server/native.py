@@ -40,7 +40,13 @@ def prepare_native(
             raise RequestError(400, str(err)) from err
         inputs.append(
             GenerateInput(
-                ids, sampling, body.return_logprob, body.top_logprobs_num, body.extra_key, body.rid
+                ids,
+                sampling,
+                body.return_logprob,
+                body.top_logprobs_num,
+                body.extra_key,
+                body.rid,
+                body.stream,
             )
         )
     return single, inputs

@@ -159,6 +159,8 @@ class SchedulerLoop:
             kv_used_tokens=used,
             kv_request_tokens=used - cached,
             cached_tokens=cached,
+            evictable_tokens=sched.cache.evictable_size(),
+            generated_tokens=sched.generated_tokens,
             free_request_rows=rows.available_size(),
             total_request_rows=rows.size,
             forward_steps=sched.forward_steps,

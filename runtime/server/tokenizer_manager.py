@@ -37,6 +37,7 @@ from kvflow.runtime.wire.messages import (
 __all__ = ["GenerateInput", "RequestHandle", "TokenizerManager"]
 logger = logging.getLogger("kvflow.tokenizer_manager")
 _CONTROL_TIMEOUT_S = 30.0
+_QUEUE_FULL_RETRY_AFTER_S = 1
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class GenerateInput:
     top_logprobs_num: int = 0
     extra_key: str | None = None
     rid: str | None = None  # client-chosen id (for /abort_request); one sample only
+    stream: bool = False  # the client reads tokens as they come (labels the TTFT metric)
 
 
 @dataclass
@@ -57,6 +59,7 @@ class _ReqState:
     created: float = field(default_factory=time.monotonic)
     last_token_at: float | None = None
     finished: bool = False
+    streaming: bool = False
 
 
 class TokenizerManager:
@@ -120,7 +123,7 @@ class TokenizerManager:
         now = time.monotonic()
         if out.new_token_ids:
             if state.last_token_at is None:
-                self.metrics.on_first_token(now - state.created)
+                self.metrics.on_first_token(now - state.created, state.streaming)
             else:
                 self.metrics.on_token_gap(now - state.last_token_at, len(out.new_token_ids))
             state.last_token_at = now
@@ -138,19 +141,24 @@ class TokenizerManager:
 
     # -- requests -------------------------------------------------------------------------
     def check_accepting(self) -> None:
+        """Refuse new work (503, counted by reason) when unhealthy, draining or full."""
         if self.dead_reason:
+            self.metrics.on_rejected("unhealthy")
             raise RequestError(503, f"server unhealthy: {self.dead_reason}")
         if self.draining:
+            self.metrics.on_rejected("draining")
             raise RequestError(503, "server is shutting down")
         limit = self.args.engine.max_queued_requests
         if (
             limit is not None
             and self.num_in_flight >= self.args.engine.max_running_requests + limit
         ):
+            self.metrics.on_rejected("queue_full")
             raise RequestError(
                 503,
                 f"too many requests: {self.num_in_flight} in flight, "
                 f"queue limit {limit} reached; retry later",
+                headers={"Retry-After": str(_QUEUE_FULL_RETRY_AFTER_S)},
             )
 
     def tokenize(self, text: str) -> list[int]:
@@ -172,15 +180,19 @@ class TokenizerManager:
     def token_text(self, token_id: int) -> str:
         return "" if self.tokenizer is None else self.tokenizer.decode([token_id])
 
-    def validate(self, inp: GenerateInput) -> None:
-        ids = inp.input_ids
-        if not ids:
-            raise RequestError(400, "the prompt is empty")
+    def check_token_ids(self, ids: list[int]) -> None:
+        """400 unless every id is a token of this model's vocabulary."""
         bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise RequestError(
                 400, f"token id {bad} is outside the vocabulary [0, {self.vocab_size})"
             )
+
+    def validate(self, inp: GenerateInput) -> None:
+        ids = inp.input_ids
+        if not ids:
+            raise RequestError(400, "the prompt is empty")
+        self.check_token_ids(ids)
         try:
             inp.sampling.validate(self.vocab_size)
         except ValueError as err:
@@ -210,7 +222,7 @@ class TokenizerManager:
         return max(self.context_len - prompt_len, 0)
 
     def _submit(self, inp: GenerateInput, rid: str) -> _ReqState:
-        state = _ReqState()
+        state = _ReqState(streaming=inp.stream)
         self.states[rid] = state
         self.to_scheduler.send(
             GenerateRequest(
@@ -255,6 +267,7 @@ class TokenizerManager:
                     inp.top_logprobs_num,
                     inp.extra_key,
                     inp.rid,
+                    inp.stream,
                 )
                 streams.append(self._start(sample_inp))
         return streams

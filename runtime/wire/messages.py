@@ -70,8 +70,10 @@ class SchedulerStats:
     num_queue_reqs: int
     kv_total_tokens: int
     kv_used_tokens: int  # held by requests or by the prefix cache
-    kv_request_tokens: int  # held by requests (0 when idle: the leak check)
+    kv_request_tokens: int  # held by requests only (0 when idle: the leak check)
     cached_tokens: int  # held by the prefix cache
+    evictable_tokens: int  # prefix cache entries no request locks
+    generated_tokens: int  # sampled since start (for the throughput gauge)
     free_request_rows: int
     total_request_rows: int
     forward_steps: int
@@ -79,7 +81,9 @@ class SchedulerStats:
 
     @property
     def token_usage(self) -> float:
-        return self.kv_used_tokens / max(self.kv_total_tokens, 1)
+        """SGLang's ``token_usage``: slots that cannot be reclaimed without stopping a
+        request (what requests hold, plus cached prefixes they lock) over all slots."""
+        return (self.kv_used_tokens - self.evictable_tokens) / max(self.kv_total_tokens, 1)
 
 
 @dataclass(frozen=True)

@@ -165,7 +165,7 @@ def test_metrics_exposed(server):
         "sglang:time_to_first_token_seconds_bucket",
         "sglang:inter_token_latency_seconds_bucket",
         "sglang:e2e_request_latency_seconds_bucket",
-        'sglang:cache_config_info{num_pages="6000",page_size="1"}',
+        'num_pages="6000",page_size="1"}',
     ]:
         assert name in text, name
 

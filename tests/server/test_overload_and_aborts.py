@@ -57,6 +57,9 @@ def test_over_the_queue_limit_gets_503_at_once(tight):
             async def one() -> tuple[int, float]:
                 start = time.monotonic()
                 response = await client.post("/v1/chat/completions", json=LONG)
+                if response.status_code == 503:
+                    assert response.headers["retry-after"] == "1"
+                    assert "queue limit" in response.json()["error"]["message"]
                 return response.status_code, time.monotonic() - start
 
             return await asyncio.gather(*(one() for _ in range(8)))

@@ -47,7 +47,7 @@ def prepare_chat(tm: TokenizerManager, body: ChatCompletionRequest) -> GenerateI
     except ValueError as err:
         raise RequestError(400, str(err)) from err
     want_logprobs = body.logprobs or bool(body.top_logprobs)
-    return GenerateInput(ids, sampling, want_logprobs, body.top_logprobs or 0)
+    return GenerateInput(ids, sampling, want_logprobs, body.top_logprobs or 0, stream=body.stream)
 
 
 def _logprobs(result_ids, logprobs, tops, token_text: TokenText) -> dict[str, Any]:

@@ -31,9 +31,10 @@ def _prompts(tm: TokenizerManager, prompt: Any) -> tuple[list[list[int]], list[s
         raise RequestError(400, "the prompt is empty")
     if isinstance(prompt[0], str):
         return [tm.tokenize(p) for p in prompt], list(prompt)
-    if isinstance(prompt[0], int):
-        return [list(prompt)], [tm.decode(list(prompt))]
-    return [list(p) for p in prompt], [tm.decode(list(p)) for p in prompt]
+    ids_list = [list(prompt)] if isinstance(prompt[0], int) else [list(p) for p in prompt]
+    for ids in ids_list:
+        tm.check_token_ids(ids)  # before decoding them for echo
+    return ids_list, [tm.decode(ids) for ids in ids_list]
 
 
 def prepare_completion(
@@ -51,7 +52,11 @@ def prepare_completion(
             sampling = SamplingParams.from_dict(body.sampling_dict(max_tokens))
         except ValueError as err:
             raise RequestError(400, str(err)) from err
-        inputs.append(GenerateInput(ids, sampling, body.logprobs is not None, body.logprobs or 0))
+        inputs.append(
+            GenerateInput(
+                ids, sampling, body.logprobs is not None, body.logprobs or 0, stream=body.stream
+            )
+        )
     return inputs, texts
 
 

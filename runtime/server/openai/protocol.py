@@ -3,6 +3,8 @@
 Fields beyond OpenAI's (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``,
 ``min_tokens``, ``stop_token_ids``, ``skip_special_tokens``) follow SGLang and vLLM.
 Unknown fields are ignored, as OpenAI clients add their own; wrongly typed ones are 400.
+Types are strict, as OpenAI's are: numbers given as strings, floats where integers go,
+booleans where numbers go and non-finite floats (``NaN``, ``Infinity``) are refused.
 """
 
 from __future__ import annotations
@@ -14,12 +16,17 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 __all__ = ["ChatCompletionRequest", "CompletionRequest", "GenerateRequestBody", "StreamOptions"]
 
 
+_STRICT = ConfigDict(strict=True, allow_inf_nan=False)
+
+
 class StreamOptions(BaseModel):
+    model_config = _STRICT
+
     include_usage: StrictBool = False
 
 
 class _SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", **_STRICT)
 
     model: str | None = None
     n: int = 1
@@ -63,7 +70,7 @@ class _SamplingFields(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", **_STRICT)
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
@@ -87,7 +94,7 @@ class CompletionRequest(_SamplingFields):
 class GenerateRequestBody(BaseModel):
     """SGLang's native ``/generate`` body."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", **_STRICT)
 
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
