@@ -21,6 +21,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "generate_main",
         "generate offline with the in-process engine",
     ),
+    "router": (
+        "kvflow.runtime.router.cli",
+        "main",
+        "route requests over workers (cache-aware, PD pairing)",
+    ),
     "operator": ("kvflow.operator.main", "main", "run the Kubernetes operator"),
 }
 

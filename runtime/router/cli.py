@@ -1,0 +1,109 @@
+"""``kvflow router``: parse flags, start discovery and health checks, serve until a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import signal
+import sys
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from kvflow.runtime.router.app import create_app
+from kvflow.runtime.router.args import parse_args, static_specs
+from kvflow.runtime.router.config import RouterConfig
+from kvflow.runtime.router.health import HealthChecker
+from kvflow.runtime.router.metrics import RouterMetrics
+from kvflow.runtime.router.policies import POLICIES
+from kvflow.runtime.router.proxy import Forwarder
+from kvflow.runtime.router.registry import WorkerRegistry
+
+__all__ = ["main", "serve"]
+
+log = logging.getLogger("kvflow.router")
+
+_KUBE_DISCOVERY = "kvflow.runtime.router.discovery.kube"
+
+
+def _new_session(config: RouterConfig) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=None, connect=config.connect_timeout_s),
+        auto_decompress=False,
+    )
+
+
+async def serve(config: RouterConfig, stop: asyncio.Event | None = None) -> None:
+    """Run the router until ``stop`` is set (or SIGTERM/SIGINT when not given)."""
+    metrics = RouterMetrics()
+    registry = WorkerRegistry(config.breaker, metrics)
+    for spec in static_specs(config):
+        registry.upsert(spec)
+    session = _new_session(config)
+    forwarder = Forwarder(config, registry, POLICIES.get(config.policy)(config), metrics, session)
+    health = HealthChecker(registry, config.health, session)
+    discovery: Any = None
+    if config.discovers:
+        kube = importlib.import_module(_KUBE_DISCOVERY)
+        discovery = kube.KubeDiscovery(
+            namespace=config.discover_namespace or "default",
+            selector=config.discover_selector or "",
+            sink=registry,
+        )
+    # handler_cancellation: a client that disconnects cancels its handler, which closes
+    # the upstream connection, so the worker aborts the request.
+    runner = web.AppRunner(
+        create_app(forwarder, config.api_key), handler_cancellation=True, access_log=None
+    )
+    await runner.setup()
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        if discovery is not None:
+            await discovery.start()
+        health.start()
+        await web.TCPSite(runner, config.host, config.port, backlog=4096).start()
+        log.info(
+            "kvflow router on http://%s:%d, policy %s, %d static workers%s",
+            config.host,
+            config.port,
+            config.policy,
+            len(registry.all()),
+            f", discovering in {config.discover_namespace}" if discovery is not None else "",
+        )
+        await stop.wait()
+    finally:
+        await health.stop()
+        if discovery is not None:
+            with contextlib.suppress(Exception):
+                await discovery.stop()
+        await runner.cleanup()
+        await session.close()
+
+
+def _run(coro: Any) -> None:
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(coro)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(coro)
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(sys.argv[1:] if argv is None else list(argv))
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    _run(serve(config))
+    return 0

@@ -1,0 +1,122 @@
+"""Active health checks and load scrapes, one timer for every worker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvflow import contract
+from kvflow.runtime.router.config import HealthConfig
+from kvflow.runtime.router.registry import WorkerRegistry
+from kvflow.runtime.router.worker import Worker
+
+__all__ = ["LOAD_METRICS", "HealthChecker", "parse_load"]
+
+log = logging.getLogger("kvflow.router")
+
+# The worker's own queue figures (SGLang's names, which kvflow workers export).
+LOAD_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
+
+
+def parse_load(text: str) -> int | None:
+    """Running + queued requests from a worker's Prometheus text; ``None`` if absent."""
+    total, seen = 0.0, False
+    for family in text_string_to_metric_families(text):
+        if family.name in LOAD_METRICS:
+            for sample in family.samples:
+                total += sample.value
+                seen = True
+    return int(total) if seen else None
+
+
+class HealthChecker:
+    """Every ``interval_s``: ``GET /health`` on each worker; on success ``GET /metrics``.
+
+    ``failure_threshold`` failed checks in a row mark a worker unhealthy,
+    ``success_threshold`` passed ones healthy again. A passed check also counts as the
+    half-open probe of an open breaker whose cooldown is over, so a restarted worker
+    rejoins without a client request having to risk it.
+    """
+
+    def __init__(
+        self, registry: WorkerRegistry, config: HealthConfig, session: aiohttp.ClientSession
+    ) -> None:
+        self.registry = registry
+        self.config = config
+        self.session = session
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="router-health")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            await self.check_all()
+            await asyncio.sleep(self.config.interval_s)
+
+    async def check_all(self) -> None:
+        workers = list(self.registry.all())
+        if workers:
+            await asyncio.gather(*(self.check(w) for w in workers))
+
+    async def check(self, worker: Worker) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.config.timeout_s)
+        error = ""
+        try:
+            async with self.session.get(worker.url + contract.HEALTH_PATH, timeout=timeout) as r:
+                await r.read()
+                if r.status != 200:
+                    error = f"/health answered {r.status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as err:
+            error = f"/health failed: {type(err).__name__} {err}".strip()
+        if error:
+            self._failed(worker, error)
+            return
+        self._passed(worker)
+        await self._scrape_load(worker, timeout)
+
+    def _failed(self, worker: Worker, error: str) -> None:
+        worker.passed_checks = 0
+        worker.failed_checks += 1
+        worker.last_error = error
+        if worker.healthy and worker.failed_checks >= self.config.failure_threshold:
+            worker.healthy = False
+            self.registry.metrics.healthy.labels(worker.url).set(0)
+            log.warning("worker %s unhealthy: %s", worker.url, error)
+
+    def _passed(self, worker: Worker) -> None:
+        worker.failed_checks = 0
+        worker.passed_checks += 1
+        if not worker.healthy and worker.passed_checks >= self.config.success_threshold:
+            worker.healthy = True
+            worker.last_error = ""
+            self.registry.metrics.healthy.labels(worker.url).set(1)
+            log.info("worker %s healthy again", worker.url)
+        if worker.healthy and worker.breaker.state.value != "closed" and worker.breaker.allows():
+            worker.breaker.record_success()
+
+    async def _scrape_load(self, worker: Worker, timeout: aiohttp.ClientTimeout) -> None:
+        try:
+            async with self.session.get(worker.url + contract.METRICS_PATH, timeout=timeout) as r:
+                if r.status != 200:
+                    return
+                text = await r.text()
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return  # load is a refinement: a failed scrape keeps the last figure
+        try:
+            load = parse_load(text)
+        except ValueError:
+            return
+        if load is not None:
+            worker.report_load(load)
+            self.registry.metrics.load.labels(worker.url).set(worker.load)

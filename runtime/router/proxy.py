@@ -1,0 +1,316 @@
+"""Forwarding one client request: choose, send, retry before the first byte, relay.
+
+::
+
+    admission slot -> [parse body if a policy or PD needs it] -> loop:
+        plan (policy over available workers not yet tried) -> open_attempt
+        connect error / 5xx  -> breaker failure, backoff, next worker (budget permitting)
+        anything else        -> relay: JSON read whole, SSE passed chunk by chunk
+
+Once relaying began the status is sent: an upstream break mid-stream becomes an SSE error
+event and ``[DONE]``. The upstream connection is closed whenever the relay ends early
+(client gone, timeout), so the worker aborts the request and frees its KV memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+import aiohttp
+from aiohttp import web
+
+from kvflow.runtime.router.admission import Admission
+from kvflow.runtime.router.backoff import RetryBudget
+from kvflow.runtime.router.config import RouterConfig
+from kvflow.runtime.router.metrics import RouterMetrics
+from kvflow.runtime.router.pd import least_loaded, pd_body
+from kvflow.runtime.router.policies import Policy
+from kvflow.runtime.router.prompt import parse_body, routing_key
+from kvflow.runtime.router.registry import WorkerRegistry
+from kvflow.runtime.router.upstream import Opened, Plan, UpstreamFailure, open_attempt
+from kvflow.runtime.wire import RequestError, error_body
+
+__all__ = ["REQUEST_ID", "Forwarder"]
+
+log = logging.getLogger("kvflow.router")
+
+REQUEST_ID = "X-Request-Id"
+_PASS_HEADERS = ("Authorization", "Content-Type", "Accept")
+_ANSWER_HEADERS = ("Content-Type", "Content-Encoding", "Retry-After")
+_SIMPLE_ROLES = ("unified", "decode", "prefill")
+
+
+def _sse_error(message: str, status: int = 502) -> bytes:
+    event = {"error": {"message": message, "type": "server_error", "code": status}}
+    return b"data: " + json.dumps(event).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+class Forwarder:
+    """Everything a request needs on its way through; one per router process."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        registry: WorkerRegistry,
+        policy: Policy,
+        metrics: RouterMetrics,
+        session: aiohttp.ClientSession,
+    ) -> None:
+        self.config = config
+        self.registry = registry
+        self.policy = policy
+        self.metrics = metrics
+        self.session = session
+        self.admission = Admission(config.admission, metrics)
+        registry.on_remove(policy.forget)
+
+    async def forward(self, request: web.Request, route: str, pairable: bool) -> web.StreamResponse:
+        """Answer ``request`` from a worker; ``pairable`` routes may go through PD pairing."""
+        async with self.admission.slot():
+            body = await request.read() if request.can_read_body else None
+            return await self._forward(request, route, body, pairable)
+
+    def _plan(
+        self, route: str, body: bytes | None, payload: dict | None, key: str, tried: set[str]
+    ) -> Plan | None:
+        """The next attempt's workers, or ``None`` when every candidate was tried."""
+        exclude = frozenset(tried)
+        if payload is not None and self.registry.has_pd():
+            prefills = self.registry.available("prefill", exclude)
+            decodes = self.registry.available("decode", exclude)
+            if not prefills or not decodes:
+                if tried:
+                    return None
+                cause = self.registry.why_none("prefill" if not prefills else "decode")
+                raise RequestError(503, cause)
+            prefill = self._select(prefills, key)
+            decode = least_loaded(decodes)
+            data = pd_body(route, payload, prefill, self.config.bootstrap_port)
+            return Plan(decode, data, prefill)
+        role = next(
+            (r for r in _SIMPLE_ROLES if any(w.role == r for w in self.registry.all())),
+            "unified",
+        )
+        candidates = self.registry.available(role, exclude)
+        if not candidates:
+            if tried:
+                return None
+            raise RequestError(503, self.registry.why_none(role))
+        return Plan(self._select(candidates, key), body)
+
+    def _select(self, candidates: list, key: str):  # type: ignore[no-untyped-def]
+        selection = self.policy.select(candidates, key)
+        if selection.match_ratio is not None:
+            self.metrics.match_ratio.observe(selection.match_ratio)
+        # a half-open breaker hands out one probe at a time: take it now
+        selection.worker.breaker.allows()
+        return selection.worker
+
+    async def _forward(
+        self, request: web.Request, route: str, body: bytes | None, pairable: bool
+    ) -> web.StreamResponse:
+        payload: dict | None = None
+        key = ""
+        if body is not None and pairable and (self.policy.needs_key or self.registry.has_pd()):
+            payload = parse_body(body)
+            key = routing_key(route, payload)
+        rid = request[REQUEST_ID]
+        headers = {h: request.headers[h] for h in _PASS_HEADERS if h in request.headers}
+        headers[REQUEST_ID] = rid
+        deadline = time.monotonic() + self.config.admission.request_timeout_s
+        budget = RetryBudget(self.config.retry)
+        tried: set[str] = set()
+        last: UpstreamFailure | None = None
+        while (plan := self._plan(route, body, payload, key, tried)) is not None:
+            plan.worker.begin()
+            try:
+                try:
+                    async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                        opened = await open_attempt(
+                            self.session, request.method, request.path, plan, headers
+                        )
+                except TimeoutError:
+                    raise RequestError(
+                        504, f"request timeout ({self.config.admission.request_timeout_s:g}s)"
+                    ) from None
+                if opened.response.status >= 500:
+                    raise await _status_failure(plan, opened)
+                return await self._relay(request, route, plan, opened, deadline, len(tried))
+            except UpstreamFailure as failure:
+                last = failure
+                self._count(route, failure.worker.url, failure.status)
+                if not failure.retryable:
+                    return _failure_response(failure, rid)
+                failure.worker.breaker.record_failure()
+                failure.worker.last_error = failure.message
+                tried.add(failure.worker.url)
+                if failure.worker is not plan.worker:
+                    tried.add(plan.worker.url)  # PD: a pair is retried whole
+                log.warning("rid=%s %s: %s; retrying elsewhere", rid, route, failure.message)
+                delay = budget.next_delay()
+                if delay is None:
+                    break
+                self.metrics.retries.labels(route).inc()
+                await asyncio.sleep(delay)
+            finally:
+                plan.worker.end()
+        assert last is not None
+        log.warning("rid=%s %s failed after %d attempts: %s", rid, route, len(tried), last.message)
+        return _failure_response(last, rid, attempts=len(tried))
+
+    async def _relay(
+        self,
+        request: web.Request,
+        route: str,
+        plan: Plan,
+        opened: Opened,
+        deadline: float,
+        retries: int,
+    ) -> web.StreamResponse:
+        upstream, worker = opened.response, plan.worker
+        answer = {h: upstream.headers[h] for h in _ANSWER_HEADERS if h in upstream.headers}
+        answer[REQUEST_ID] = request[REQUEST_ID]
+        sse = answer.get("Content-Type", "").startswith("text/event-stream")
+        out: web.StreamResponse | None = None
+        error = ""
+        try:
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                if not sse and upstream.content_length is not None:
+                    data = await upstream.read()
+                    self.metrics.ttfb.labels(worker.url).observe(time.monotonic() - opened.sent_at)
+                    self._done(request, route, plan, upstream.status, opened, retries)
+                    return web.Response(status=upstream.status, body=data, headers=answer)
+                out = web.StreamResponse(status=upstream.status, headers=answer)
+                await out.prepare(request)
+                error = await self._pump(worker.url, upstream, out, opened)
+        except TimeoutError:
+            if out is None:
+                raise RequestError(504, "request timeout") from None
+            error = f"request timeout ({self.config.admission.request_timeout_s:g}s)"
+        except ConnectionResetError:  # the client went away (aiohttp's error is both kinds)
+            self._done(request, route, plan, 499, opened, retries, ok=False)
+            return out or web.Response(status=499)
+        except aiohttp.ClientError as err:  # the whole-body read broke off: nothing sent yet
+            raise _prefill_failure(opened) or UpstreamFailure(
+                worker, f"{worker.url} broke off: {err}"
+            ) from err
+        finally:
+            upstream.close()
+            if opened.prefill is not None and not opened.prefill.done():
+                opened.prefill.cancel()
+        assert out is not None
+        if error:
+            worker.breaker.record_failure()
+            worker.last_error = error
+            log.warning(
+                "rid=%s %s: stream from %s broke off: %s",
+                request[REQUEST_ID],
+                route,
+                worker.url,
+                error,
+            )
+            if sse:
+                await out.write(_sse_error(error))
+            self._done(request, route, plan, upstream.status, opened, retries, ok=False)
+        else:
+            self._done(request, route, plan, upstream.status, opened, retries)
+        await out.write_eof()
+        return out
+
+    async def _pump(
+        self, url: str, upstream: aiohttp.ClientResponse, out: web.StreamResponse, opened: Opened
+    ) -> str:
+        """Copy the body chunk by chunk; the error text if the upstream broke off.
+
+        Only reads are guarded here: a failed write (client gone) propagates.
+        """
+        chunks = upstream.content.iter_any().__aiter__()
+        first = True
+        while True:
+            try:
+                chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                return ""
+            except aiohttp.ClientError as err:
+                failure = _prefill_failure(opened)
+                if failure is not None:
+                    return failure.message
+                return f"upstream broke off: {type(err).__name__} {err}".strip()
+            if first:
+                self.metrics.ttfb.labels(url).observe(time.monotonic() - opened.sent_at)
+                first = False
+            await out.write(chunk)
+
+    def _done(
+        self,
+        request: web.Request,
+        route: str,
+        plan: Plan,
+        status: int,
+        opened: Opened,
+        retries: int,
+        ok: bool = True,
+    ) -> None:
+        worker = plan.worker
+        if ok and status < 500:
+            worker.breaker.record_success()
+        elapsed = time.monotonic() - opened.sent_at
+        self.metrics.latency.labels(worker.url).observe(elapsed)
+        self._count(route, worker.url, status)
+        log.info(
+            "rid=%s %s -> %s%s status=%d %.1fms retries=%d",
+            request[REQUEST_ID],
+            route,
+            worker.url,
+            f" (prefill {plan.prefill.url})" if plan.prefill else "",
+            status,
+            elapsed * 1e3,
+            retries,
+        )
+
+    def _count(self, route: str, worker: str, status: int) -> None:
+        self.metrics.requests.labels(route, worker, str(status)).inc()
+
+
+def _prefill_failure(opened: Opened) -> UpstreamFailure | None:
+    """PD: the prefill's failure, when that is why the decode's stream was closed."""
+    task = opened.prefill
+    if task is None or not task.done() or task.cancelled():
+        return None
+    err = task.exception()
+    return err if isinstance(err, UpstreamFailure) else None
+
+
+async def _status_failure(plan: Plan, opened: Opened) -> UpstreamFailure:
+    response = opened.response
+    try:
+        body = await response.read()
+    except aiohttp.ClientError:
+        body = None
+    finally:
+        response.close()
+        if opened.prefill is not None:
+            opened.prefill.cancel()
+    return UpstreamFailure(
+        plan.worker,
+        f"{plan.worker.url} answered {response.status}",
+        status=response.status,
+        body=body,
+        content_type=response.headers.get("Content-Type", "application/json"),
+    )
+
+
+def _failure_response(failure: UpstreamFailure, rid: str, attempts: int = 1) -> web.Response:
+    headers = {REQUEST_ID: rid}
+    if failure.body is not None:
+        headers["Content-Type"] = failure.content_type
+        return web.Response(status=failure.status, body=failure.body, headers=headers)
+    message = (
+        failure.message if attempts <= 1 else f"{attempts} attempts failed; last: {failure.message}"
+    )
+    return web.json_response(
+        error_body(failure.status, message), status=failure.status, headers=headers
+    )

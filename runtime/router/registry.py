@@ -1,0 +1,99 @@
+"""The router's worker set: the :class:`WorkerSink` every discovery source feeds."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from kvflow.runtime.router.breaker import BreakerState, CircuitBreaker
+from kvflow.runtime.router.config import BreakerConfig
+from kvflow.runtime.router.discovery import WorkerSpec
+from kvflow.runtime.router.metrics import RouterMetrics
+from kvflow.runtime.router.worker import Worker
+
+__all__ = ["WorkerRegistry"]
+
+log = logging.getLogger("kvflow.router")
+
+
+class WorkerRegistry:
+    """Workers by URL, with their breakers wired to the metrics.
+
+    Implements :class:`~kvflow.runtime.router.discovery.WorkerSink`. Listeners added with
+    :meth:`on_remove` hear of removed URLs (a policy drops that worker's prefix tree).
+    """
+
+    def __init__(self, breaker: BreakerConfig, metrics: RouterMetrics) -> None:
+        self._breaker_config = breaker
+        self.metrics = metrics
+        self._workers: dict[str, Worker] = {}
+        self._sorted: list[Worker] = []
+        self._remove_listeners: list[Callable[[str], None]] = []
+
+    # -- WorkerSink --------------------------------------------------------------------
+    def upsert(self, spec: WorkerSpec) -> None:
+        known = self._workers.get(spec.url)
+        if known is not None:
+            if known.spec != spec:
+                log.info(
+                    "worker %s updated: role %s, bootstrap port %s",
+                    spec.url,
+                    spec.role,
+                    spec.bootstrap_port,
+                )
+                known.spec = spec
+            return
+        url = spec.url
+
+        def on_transition(old: BreakerState, new: BreakerState) -> None:
+            log.warning("worker %s breaker %s -> %s", url, old.value, new.value)
+            self.metrics.breaker_state.labels(url).set(new.level)
+            self.metrics.breaker_transitions.labels(url, new.value).inc()
+
+        worker = Worker(spec, CircuitBreaker(self._breaker_config, on_transition=on_transition))
+        self._workers[url] = worker
+        self._sorted = sorted(self._workers.values(), key=lambda w: w.url)
+        self.metrics.breaker_state.labels(url).set(0)
+        self.metrics.healthy.labels(url).set(1)
+        worker.in_flight_gauge = self.metrics.in_flight.labels(url)
+        worker.in_flight_gauge.set(0)
+        log.info("worker %s added (role %s)", url, spec.role)
+
+    def remove(self, url: str) -> None:
+        if self._workers.pop(url, None) is None:
+            return
+        self._sorted = sorted(self._workers.values(), key=lambda w: w.url)
+        self.metrics.forget_worker(url)
+        for listener in self._remove_listeners:
+            listener(url)
+        log.info("worker %s removed", url)
+
+    # -- queries -----------------------------------------------------------------------
+    def on_remove(self, listener: Callable[[str], None]) -> None:
+        self._remove_listeners.append(listener)
+
+    def get(self, url: str) -> Worker | None:
+        return self._workers.get(url)
+
+    def all(self) -> list[Worker]:
+        """Every worker, sorted by URL (a stable order for round robin)."""
+        return self._sorted
+
+    def has_pd(self) -> bool:
+        """Whether any prefill or decode worker is known: requests then go through PD pairing."""
+        return any(w.role != "unified" for w in self._sorted)
+
+    def available(self, role: str, exclude: frozenset[str] = frozenset()) -> list[Worker]:
+        return [w for w in self._sorted if w.role == role and w.available and w.url not in exclude]
+
+    def why_none(self, role: str) -> str:
+        """Names the cause when :meth:`available` is empty: the 503's message."""
+        workers = [w for w in self._sorted if w.role == role]
+        if not workers:
+            return f"no {role} worker is registered"
+        unhealthy = sum(not w.healthy for w in workers)
+        open_ = sum(w.healthy and not w.breaker.peek() for w in workers)
+        return (
+            f"no healthy {role} worker: {len(workers)} known, {unhealthy} failing health "
+            f"checks, {open_} with an open circuit breaker"
+        )

@@ -1,0 +1,86 @@
+"""One model server as the router tracks it: health, breaker and load."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from kvflow.runtime.router.breaker import CircuitBreaker
+from kvflow.runtime.router.discovery import WorkerSpec
+
+__all__ = ["Worker"]
+
+
+class Worker:
+    """Mutable state of one worker, owned by the :class:`WorkerRegistry`, event loop only.
+
+    ``load`` is the router's own in-flight count, refined by what the worker last reported
+    in ``/metrics`` (running + queued requests): the part of the reported load that the
+    router did not send itself (other routers, direct clients) is added to the count.
+    """
+
+    def __init__(self, spec: WorkerSpec, breaker: CircuitBreaker) -> None:
+        self.spec = spec
+        self.breaker = breaker
+        self.healthy = True  # optimistic: discovery only hands over Ready pods
+        self.passed_checks = 0
+        self.failed_checks = 0
+        self.last_error = ""
+        self.in_flight = 0
+        self.reported_load: int | None = None
+        self._external_load = 0
+        self.in_flight_gauge: Any = None  # a prometheus child, set by the registry
+
+    def begin(self) -> None:
+        """A request to this worker went out."""
+        self.in_flight += 1
+        if self.in_flight_gauge is not None:
+            self.in_flight_gauge.inc()
+
+    def end(self) -> None:
+        """That request is over (answered, failed or abandoned)."""
+        self.in_flight -= 1
+        if self.in_flight_gauge is not None:
+            self.in_flight_gauge.dec()
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    @property
+    def role(self) -> str:
+        return self.spec.role
+
+    @property
+    def host(self) -> str:
+        """The worker's host name or IP (what PD's ``bootstrap_host`` carries)."""
+        return urlsplit(self.spec.url).hostname or ""
+
+    @property
+    def load(self) -> int:
+        return self.in_flight + self._external_load
+
+    @property
+    def available(self) -> bool:
+        """Healthy and its breaker would let a request through (without taking a probe)."""
+        return self.healthy and self.breaker.peek()
+
+    def report_load(self, running_and_queued: int) -> None:
+        """Take the worker's own figure, scraped while ``in_flight`` was current."""
+        self.reported_load = running_and_queued
+        self._external_load = max(0, running_and_queued - self.in_flight)
+
+    def describe(self) -> dict[str, Any]:
+        """The ``GET /workers`` entry."""
+        return {
+            "url": self.url,
+            "role": self.role,
+            "bootstrap_port": self.spec.bootstrap_port,
+            "healthy": self.healthy,
+            "breaker": self.breaker.state.value,
+            "consecutive_failures": self.breaker.consecutive_failures,
+            "in_flight": self.in_flight,
+            "reported_load": self.reported_load,
+            "load": self.load,
+            "last_error": self.last_error,
+        }

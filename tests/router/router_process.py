@@ -1,0 +1,96 @@
+"""A real ``kvflow router`` process for tests, and a ``kvflow serve`` worker on a fixed port."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+import httpx
+import server_process
+from server_process import ServerProcess, free_port
+
+# Fast health checks and short cooldowns, so faults show within a test's patience.
+FAST_FAULTS = (
+    "--health-interval-s",
+    "0.3",
+    "--health-timeout-s",
+    "1",
+    "--breaker-cooldown-s",
+    "2",
+    "--retry-initial-backoff-s",
+    "0.01",
+)
+
+
+class RouterProcess:
+    """``kvflow router --port <free> <flags>``; ``url`` is its base URL."""
+
+    def __init__(self, *flags: str, log: Path, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        full_env.pop("KVFLOW_API_KEY", None)
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-P",
+                "-m",
+                "kvflow",
+                "router",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                *flags,
+            ],
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            env=full_env,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"router exited: {log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"router did not start: {log.read_text()[-3000:]}")
+
+    def workers(self, headers: dict[str, str] | None = None) -> dict[str, dict]:
+        listing = httpx.get(f"{self.url}/workers", headers=headers, timeout=10).json()
+        return {w["url"]: w for w in listing["workers"]}
+
+    def wait_for(self, predicate, what: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate(self.workers()):
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"router never saw {what}: {self.workers()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_worker(*flags: str, log: Path, port: int | None = None) -> ServerProcess:
+    """A ``kvflow serve`` worker (the server tests' helper); ``port`` pins its port (restarts)."""
+    if port is None:
+        return ServerProcess(*flags, log=log)
+    with mock.patch.object(server_process, "free_port", lambda: port):
+        return ServerProcess(*flags, log=log)
