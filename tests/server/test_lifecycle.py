@@ -69,3 +69,15 @@ def test_dead_scheduler_makes_the_server_fail_fast_and_exit(embedded_ready, tmp_
     finally:
         server.stop()
     assert "exited with code" in (tmp_path / "server.log").read_text()
+
+
+def test_kill_9_of_the_server_leaves_no_orphans(embedded_ready, tmp_path):
+    server = ServerProcess(log=tmp_path / "server.log")
+    children = psutil.Process(server.proc.pid).children()
+    assert len(children) >= 2  # scheduler + detokenizer
+    server.proc.kill()
+    server.proc.wait(30)
+    gone, alive = psutil.wait_procs(children, timeout=20)
+    for child in alive:
+        child.kill()
+    assert not alive, f"children outlived the server: {[c.pid for c in alive]}"
