@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -27,6 +28,7 @@ from kvflow.runtime.server.tokenizer_manager import GenerateInput, RequestHandle
 from kvflow.runtime.wire import RequestError, SamplingParams, error_body
 
 __all__ = ["create_app"]
+logger = logging.getLogger("kvflow.http")
 
 _OPEN_PATHS = {contract.HEALTH_PATH, contract.HEALTH_GENERATE_PATH, contract.METRICS_PATH}
 _DISCONNECT_POLL_S = 0.5
@@ -107,6 +109,12 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     @app.exception_handler(RequestError)
     async def on_request_error(_: Request, err: RequestError) -> JSONResponse:
         return _error(err.status, err.message, err.headers)
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(_: Request, err: Exception) -> JSONResponse:
+        # A bug, not the client's fault: still OpenAI's shape, and the server keeps serving.
+        logger.exception("unhandled error in a request handler")
+        return _error(500, f"internal error: {type(err).__name__}")
 
     @app.exception_handler(HTTPException)
     async def on_http_error(_: Request, err: HTTPException) -> JSONResponse:
