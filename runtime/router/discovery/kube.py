@@ -65,7 +65,8 @@ class KubeDiscovery:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._failures = 0
-        self.relists = 0  # how many full lists were taken (first one included)
+        self.relists = 0  # full lists taken, the first one included
+        self.watches = 0  # watch requests made (each list's first one included)
 
     async def start(self) -> None:
         """Load the client configuration (errors surface here) and start watching.
@@ -136,6 +137,7 @@ class KubeDiscovery:
 
     def _watch(self, source: PodSource, version: str) -> str:
         """Follow one watch until the server ends it; return the last resourceVersion."""
+        self.watches += 1
         events: Iterator[Mapping[str, Any]] = source.watch(version)
         for event in events:
             kind, pod = event.get("type"), event.get("object") or {}
