@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["apply_chat_template", "load_tokenizer"]
+__all__ = ["TokenBytes", "apply_chat_template", "load_tokenizer"]
 
 
 def load_tokenizer(model_path: Path) -> Any:
@@ -25,3 +27,40 @@ def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]], **kwargs
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet: the printable character standing for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+_BYTE_LEVEL = _byte_level_alphabet()
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece byte fallback
+
+
+class TokenBytes:
+    """The bytes a token stands for, also when they are only part of a UTF-8 character
+    (decoding such a token alone gives the replacement character, whose bytes are wrong)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.of = lru_cache(maxsize=65536)(self._bytes)
+
+    def _bytes(self, token_id: int) -> bytes:
+        text = self.tokenizer.decode([token_id])
+        if "\ufffd" not in text:
+            return text.encode()
+        piece = self.tokenizer.convert_ids_to_tokens(token_id)
+        if match := _BYTE_PIECE.fullmatch(piece):
+            return bytes([int(match.group(1), 16)])
+        if all(char in _BYTE_LEVEL for char in piece):
+            return bytes(_BYTE_LEVEL[char] for char in piece)
+        return text.encode()  # a token that really decodes to U+FFFD

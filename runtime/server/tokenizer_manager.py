@@ -21,7 +21,7 @@ import zmq.asyncio
 from kvflow.runtime.server.args import ServerArgs
 from kvflow.runtime.server.ipc import IpcPaths, Puller, Pusher
 from kvflow.runtime.server.metrics import RuntimeMetrics
-from kvflow.runtime.tokenizer import apply_chat_template
+from kvflow.runtime.tokenizer import TokenBytes, apply_chat_template
 from kvflow.runtime.wire import SamplingParams
 from kvflow.runtime.wire.errors import RequestError
 from kvflow.runtime.wire.messages import (
@@ -69,6 +69,7 @@ class TokenizerManager:
         self.args = args
         self.info = info
         self.tokenizer = tokenizer
+        self._token_bytes = None if tokenizer is None else TokenBytes(tokenizer)
         self.context_len: int = info["context_len"]
         self.vocab_size: int = info["vocab_size"]
         self.max_total_tokens: int = info["max_total_tokens"]
@@ -179,6 +180,9 @@ class TokenizerManager:
 
     def token_text(self, token_id: int) -> str:
         return "" if self.tokenizer is None else self.tokenizer.decode([token_id])
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return b"" if self._token_bytes is None else self._token_bytes.of(token_id)
 
     def check_token_ids(self, ids: list[int]) -> None:
         """400 unless every id is a token of this model's vocabulary."""

@@ -7,7 +7,6 @@ from typing import Any
 
 from kvflow.runtime.server.openai.common import (
     SampleResult,
-    TokenText,
     collect,
     merge_streams,
     new_id,
@@ -50,31 +49,32 @@ def prepare_chat(tm: TokenizerManager, body: ChatCompletionRequest) -> GenerateI
     return GenerateInput(ids, sampling, want_logprobs, body.top_logprobs or 0, stream=body.stream)
 
 
-def _logprobs(result_ids, logprobs, tops, token_text: TokenText) -> dict[str, Any]:
+def _logprobs(result_ids, logprobs, tops, tm: TokenizerManager) -> dict[str, Any]:
+    """OpenAI's chat logprobs; ``bytes`` are the token's own bytes, also where they are only
+    part of a UTF-8 character (``token`` then shows the replacement character)."""
+
+    def entry(token_id: int, logprob: float | None) -> dict[str, Any]:
+        return {
+            "token": tm.token_text(token_id),
+            "logprob": logprob,
+            "bytes": list(tm.token_bytes(token_id)),
+        }
+
     content = []
     for token_id, logprob, top in zip(result_ids, logprobs, tops, strict=False):
-        text = token_text(token_id)
-        content.append(
-            {
-                "token": text,
-                "logprob": logprob,
-                "bytes": list(text.encode()),
-                "top_logprobs": [
-                    {"token": token_text(t), "logprob": lp, "bytes": list(token_text(t).encode())}
-                    for t, lp in (top or [])
-                ],
-            }
-        )
+        item = entry(token_id, logprob)
+        item["top_logprobs"] = [entry(t, lp) for t, lp in (top or [])]
+        content.append(item)
     return {"content": content}
 
 
 def _choice(
-    index: int, result: SampleResult, want_logprobs: bool, token_text: TokenText
+    index: int, result: SampleResult, want_logprobs: bool, tm: TokenizerManager
 ) -> dict[str, Any]:
     return {
         "index": index,
         "message": {"role": "assistant", "content": result.text},
-        "logprobs": _logprobs(result.token_ids, result.logprobs, result.top_logprobs, token_text)
+        "logprobs": _logprobs(result.token_ids, result.logprobs, result.top_logprobs, tm)
         if want_logprobs
         else None,
         "finish_reason": result.finish_reason,
@@ -97,9 +97,7 @@ async def chat_completion(
         "object": "chat.completion",
         "created": now(),
         "model": model,
-        "choices": [
-            _choice(i, r, inp.return_logprob, tm.token_text) for i, r in enumerate(results)
-        ],
+        "choices": [_choice(i, r, inp.return_logprob, tm) for i, r in enumerate(results)],
         "usage": usage_dict(results, len(handles)),
     }
 
@@ -132,7 +130,7 @@ async def _stream(
     async for index, out in merge_streams(handles):
         results[index].add(out)
         logprobs = (
-            _logprobs(out.new_token_ids, out.new_logprobs, out.new_top_logprobs, tm.token_text)
+            _logprobs(out.new_token_ids, out.new_logprobs, out.new_top_logprobs, tm)
             if inp.return_logprob and out.new_token_ids
             else None
         )
