@@ -180,6 +180,10 @@ class Forwarder:
             async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                 if not sse and upstream.content_length is not None:
                     data = await upstream.read()
+                    if opened.prefill is not None:  # PD: a failed prefill fails the request
+                        await asyncio.wait([opened.prefill])
+                        if (failure := _prefill_failure(opened)) is not None:
+                            raise failure
                     self.metrics.ttfb.labels(worker.url).observe(time.monotonic() - opened.sent_at)
                     self._done(request, route, plan, upstream.status, opened, retries)
                     return web.Response(status=upstream.status, body=data, headers=answer)

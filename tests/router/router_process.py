@@ -11,7 +11,11 @@ from unittest import mock
 
 import httpx
 import server_process
+from prometheus_client.parser import text_string_to_metric_families
 from server_process import ServerProcess, free_port
+
+# Every worker of the router tests (the server tests' settings).
+WORKER_FLAGS = ("--max-total-tokens", "6000", "--context-length", "2048")
 
 # Fast health checks and short cooldowns, so faults show within a test's patience.
 FAST_FAULTS = (
@@ -94,3 +98,14 @@ def start_worker(*flags: str, log: Path, port: int | None = None) -> ServerProce
         return ServerProcess(*flags, log=log)
     with mock.patch.object(server_process, "free_port", lambda: port):
         return ServerProcess(*flags, log=log)
+
+
+def worker_counter(url: str, name: str) -> float:
+    """A counter summed over its labels, from the worker's own /metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    )

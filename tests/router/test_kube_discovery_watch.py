@@ -9,10 +9,11 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
 from discovery_testing import RecordingSink, pod
 
 from kvflow.runtime.router.discovery import KubeDiscovery, WorkerSpec
-from kvflow.runtime.router.discovery.kube_client import WatchExpired
+from kvflow.runtime.router.discovery.kube_client import WatchExpired, kube_pod_source
 
 Step = list[dict[str, Any]] | Exception
 
@@ -126,3 +127,25 @@ def test_stop_interrupts_a_blocked_watch_and_drops_later_events() -> None:
         assert sink.calls == calls
 
     asyncio.run(run())
+
+
+def test_client_config_is_in_cluster_only_without_a_kubeconfig(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kubernetes import config
+
+    loaded: list[str | None] = []
+    monkeypatch.setattr(
+        config, "load_incluster_config", lambda client_configuration: loaded.append("in-cluster")
+    )
+    monkeypatch.setattr(
+        config,
+        "load_kube_config",
+        lambda config_file, client_configuration: loaded.append(config_file),
+    )
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    kube_pod_source("ns", "x=y", None, 5).close()
+    kube_pod_source("ns", "x=y", "/tmp/kc", 5).close()
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
+    kube_pod_source("ns", "x=y", None, 5).close()  # $KUBECONFIG, then ~/.kube/config
+    assert loaded == ["in-cluster", "/tmp/kc", None]

@@ -32,7 +32,9 @@ class WorkerSpec:
         if self.role not in contract.ROLES:
             raise ValueError(f"role must be one of {contract.ROLES}, got {self.role!r}")
         if not self.url.startswith(("http://", "https://")) or self.url.endswith("/"):
-            raise ValueError(f"worker URL must be http(s)://host:port without a slash: {self.url!r}")
+            raise ValueError(
+                f"worker URL must be http(s)://host:port without a slash: {self.url!r}"
+            )
 
 
 class WorkerSink(Protocol):

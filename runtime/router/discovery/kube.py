@@ -2,16 +2,17 @@
 
 A daemon thread runs the blocking client::
 
-    list (resourceVersion v) -> watch from v -> the server ends it -> watch from the last v
-           ^                      | 410 Gone: the server forgot v    |
-           |   at once            v                                   | any other error
-           +------------------ relist <---- backoff (0.5 s doubling to 30 s, jittered) <--+
+    list -> version v -> watch from v -> (the server ends it) -> watch from the last v seen
+     ^                       |
+     +------ at once <------ + 410 Gone: the server no longer has v
+     +-- after a backoff <-- + any other error (0.5 s, doubling to 30 s, jittered)
 
 and hands each change to :class:`~.pods.PodWorkers` on the router's event loop through
 ``loop.call_soon_threadsafe``, so the sink is only ever called on that loop. Pods become
 workers by :func:`~.pods.worker_spec_from_pod`; a relist drops the pods that vanished
-while nobody was watching. The router needs ``get``, ``list`` and ``watch`` on pods in the
-namespace (the operator's Role for it grants exactly that).
+while nobody was watching. While the API server is unreachable the sink keeps what it
+has: an API outage must not empty the router. The router needs ``get``, ``list`` and
+``watch`` on pods in the namespace (the operator's Role for it grants exactly that).
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ class KubeDiscovery:
         self._failures = 0
         self.relists = 0  # full lists taken, the first one included
         self.watches = 0  # watch requests made (each list's first one included)
+
+    @property
+    def running(self) -> bool:
+        """Whether the watch thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
 
     async def start(self) -> None:
         """Load the client configuration (errors surface here) and start watching.

@@ -1,0 +1,120 @@
+"""The official ``openai`` client through ``kvflow router`` over two real workers."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from router_process import RouterProcess, worker_counter
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+KEY = "router-s3cret"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def router(workers, tmp_path_factory):
+    urls = ",".join(w.url for w in workers)
+    proc = RouterProcess(
+        "--worker-urls",
+        urls,
+        "--policy",
+        "round_robin",
+        log=tmp_path_factory.mktemp("router") / "router.log",
+    )
+    yield proc
+    proc.stop()
+
+
+def client(router: RouterProcess, key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{router.url}/v1", api_key=key, max_retries=0, timeout=300)
+
+
+def test_chat_streaming_completions_and_n(router):
+    api = client(router)
+    model = api.models.list().data[0].id
+    chat = api.chat.completions.create(model=model, messages=QUESTION, max_tokens=12, temperature=0)
+    assert "Paris" in chat.choices[0].message.content
+    stream = api.chat.completions.create(
+        model=model,
+        messages=QUESTION,
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "Paris" in text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    done = api.completions.create(
+        model=model, prompt="The capital of France is", max_tokens=4, n=2, temperature=0.8, seed=1
+    )
+    assert len(done.choices) == 2 and {c.index for c in done.choices} == {0, 1}
+
+
+def test_round_robin_spreads_requests_over_workers(router, workers):
+    before = [worker_counter(w.url, "sglang:num_requests_total") for w in workers]
+    api = client(router)
+    for i in range(4):
+        api.completions.create(model="m", prompt=f"Count to {i}:", max_tokens=2, temperature=0)
+    after = [worker_counter(w.url, "sglang:num_requests_total") for w in workers]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [2, 2]
+
+
+def test_request_id_worker_listing_and_metrics(router, workers):
+    response = httpx.post(
+        f"{router.url}/v1/completions",
+        json={"prompt": "Hi", "max_tokens": 1},
+        headers={"X-Request-Id": "trace-me-42"},
+        timeout=120,
+    )
+    assert response.status_code == 200 and response.headers["X-Request-Id"] == "trace-me-42"
+    assert httpx.post(
+        f"{router.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, timeout=120
+    ).headers["X-Request-Id"]
+    listing = router.workers()
+    assert set(listing) == {w.url for w in workers}
+    assert all(
+        w["healthy"] and w["breaker"] == "closed" and w["role"] == "unified"
+        for w in listing.values()
+    )
+    metrics = httpx.get(f"{router.url}/metrics").text
+    assert 'kvflow_router_requests_total{route="/v1/completions"' in metrics
+    assert "kvflow_router_upstream_ttfb_seconds_bucket" in metrics
+    assert httpx.get(f"{router.url}/health_generate", timeout=120).status_code == 200
+
+
+def test_worker_4xx_is_forwarded_unchanged(router, workers):
+    bad = {"messages": QUESTION, "max_tokens": -5}
+    direct = httpx.post(f"{workers[0].url}/v1/chat/completions", json=bad, timeout=60)
+    routed = httpx.post(f"{router.url}/v1/chat/completions", json=bad, timeout=60)
+    assert direct.status_code == routed.status_code == 400
+    assert routed.json() == direct.json()
+
+
+def test_api_key_is_enforced(workers, tmp_path):
+    keyed = RouterProcess(
+        "--worker-urls",
+        workers[0].url,
+        "--policy",
+        "round_robin",
+        log=tmp_path / "router.log",
+        env={"KVFLOW_API_KEY": KEY},
+    )
+    try:
+        assert httpx.get(f"{keyed.url}/v1/models").status_code == 401
+        wrong = httpx.get(f"{keyed.url}/v1/models", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["code"] == 401
+        assert httpx.get(f"{keyed.url}/workers").status_code == 401
+        assert httpx.get(f"{keyed.url}/health").status_code == 200
+        assert httpx.get(f"{keyed.url}/metrics").status_code == 200
+        with pytest.raises(openai.AuthenticationError):
+            client(keyed, "nope").models.list()
+        chat = client(keyed, KEY).chat.completions.create(
+            model="m", messages=QUESTION, max_tokens=2
+        )
+        assert chat.choices[0].message.content
+    finally:
+        keyed.stop()
