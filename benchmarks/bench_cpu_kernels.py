@@ -31,8 +31,8 @@ import torch.nn.functional as F
 
 from kvflow.kernels import build_cos_sin_cache, rmsnorm_ref, rotary_embedding_ref, silu_and_mul_ref
 from kvflow.kernels import cpu as native
-from kvflow.runtime.attention.cpu_native import CpuNativeBackend
-from kvflow.runtime.attention.torch_native import TorchNativeBackend
+from kvflow.runtime.attention.cpu_backend import CpuKernelBackend
+from kvflow.runtime.attention.torch_backend import TorchBackend
 from kvflow.runtime.forward_batch import ForwardBatch, ForwardMode
 from kvflow.runtime.layers import pack_weight
 from kvflow.runtime.mem import KVPool, ReqToTokenPool
@@ -140,11 +140,11 @@ def _backend_steps(
     pool: KVPool,
     req_rows: ReqToTokenPool,
     fb: ForwardBatch,
-    layer: Callable[[TorchNativeBackend, ForwardBatch, int], object],
+    layer: Callable[[TorchBackend, ForwardBatch, int], object],
 ) -> list[Callable[[], object]]:
     """One step over every layer for the torch backend, then for the native one."""
     steps = []
-    for cls in (TorchNativeBackend, CpuNativeBackend):
+    for cls in (TorchBackend, CpuKernelBackend):
         backend = cls(pool, req_rows, HEADS, KV_HEADS, DIM, 1 / math.sqrt(DIM))
         own = copy.copy(fb)
         backend.init_forward_metadata(own)

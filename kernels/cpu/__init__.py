@@ -7,7 +7,7 @@ import logging
 import os
 
 from kvflow.kernels.cpu import elementwise, gemm
-from kvflow.kernels.cpu.native import NativeBuildError, load_library
+from kvflow.kernels.cpu.build import NativeBuildError, load_library
 from kvflow.kernels.cpu.paged_attention import paged_attention, paged_attention_ref, supports
 
 log = logging.getLogger(__name__)

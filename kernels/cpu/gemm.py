@@ -21,7 +21,7 @@ import functools
 
 import torch
 
-from kvflow.kernels.cpu.native import function
+from kvflow.kernels.cpu.build import function
 
 __all__ = ["PANEL", "gemm", "gemm_ref", "pack", "supports"]
 

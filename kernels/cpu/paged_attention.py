@@ -15,7 +15,7 @@ import ctypes
 
 import torch
 
-from kvflow.kernels.cpu.native import function
+from kvflow.kernels.cpu.build import function
 
 __all__ = ["MAX_GROUP", "MAX_HEAD_DIM", "paged_attention", "paged_attention_ref", "supports"]
 

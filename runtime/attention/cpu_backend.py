@@ -4,7 +4,7 @@ The kernel reads each request's KV slots in place from the paged pool (no per-la
 of the contexts into padded tensors, which cost more than the attention itself); every KV
 head is read once for the query heads that share it, and for an extend once for a tile of
 its new tokens (each new token sees its prefix and the new tokens up to itself). Needs a C
-compiler on first use (:mod:`kvflow.kernels.cpu.native`); ``attention_backend`` "auto" picks
+compiler on first use (:mod:`kvflow.kernels.cpu.build`); ``attention_backend`` "auto" picks
 this backend on CPU only when the kernels build. Shapes or dtypes the kernel does not take
 (float16, head_dim > 256, ...) run on the torch backend, with a warning.
 """
@@ -18,10 +18,10 @@ import torch
 
 from kvflow.kernels.cpu import paged_attention, supports
 from kvflow.kernels.cpu.paged_attention import MAX_GROUP, MAX_HEAD_DIM
-from kvflow.runtime.attention.torch_native import TorchNativeBackend
+from kvflow.runtime.attention.torch_backend import TorchBackend
 from kvflow.runtime.forward_batch import ForwardBatch
 
-__all__ = ["CpuNativeBackend"]
+__all__ = ["CpuKernelBackend"]
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +43,9 @@ def _extend_rows(fb: ForwardBatch) -> _RowsMetadata:
     )
 
 
-class CpuNativeBackend(TorchNativeBackend):
+class CpuKernelBackend(TorchBackend):
     """Native kernel for decode and extend; the torch backend's paths where it does not
-    apply (inherited from :class:`TorchNativeBackend`)."""
+    apply (inherited from :class:`TorchBackend`)."""
 
     def __init__(self, kv_pool, req_to_token, num_heads, num_kv_heads, head_dim, scale) -> None:
         super().__init__(kv_pool, req_to_token, num_heads, num_kv_heads, head_dim, scale)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from kvflow.runtime.attention.base import AttentionBackend
 from kvflow.runtime.forward_batch import ForwardBatch
 
-__all__ = ["PADDED_SCORE_BYTES", "SDPA_MIN_NEW_TOKENS", "TorchNativeBackend"]
+__all__ = ["PADDED_SCORE_BYTES", "SDPA_MIN_NEW_TOKENS", "TorchBackend"]
 
 # Largest float32 score tensor ([requests, new tokens, heads, context]) one padded part builds.
 PADDED_SCORE_BYTES = 64 << 20
@@ -73,7 +73,7 @@ class _Request:
         return self.prefix + self.new
 
 
-class TorchNativeBackend(AttentionBackend):
+class TorchBackend(AttentionBackend):
     """Padded grouped matmuls for decode and short extends, SDPA for long prompts."""
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:

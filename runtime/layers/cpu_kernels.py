@@ -6,9 +6,9 @@ import torch
 
 from kvflow.kernels import cpu
 
-__all__ = ["native_cpu"]
+__all__ = ["cpu_kernels_take"]
 
 
-def native_cpu(*operands: torch.Tensor) -> bool:
+def cpu_kernels_take(*operands: torch.Tensor) -> bool:
     """The native kernels are on (built here, not switched off) and take these operands."""
     return cpu.elementwise.supports(*operands) and cpu.available()

@@ -7,7 +7,7 @@ from torch import nn
 
 from kvflow import kernels
 from kvflow.kernels import cpu
-from kvflow.runtime.layers.native import native_cpu
+from kvflow.runtime.layers.cpu_kernels import cpu_kernels_take
 
 __all__ = ["RMSNorm"]
 
@@ -31,6 +31,10 @@ class RMSNorm(nn.Module):
         if x.is_cuda:
             return kernels.rmsnorm(x, self.weight, self.eps, residual)
         operands = (x, self.weight) if residual is None else (x, self.weight, residual)
-        if x.dim() == 2 and x.shape[1] <= cpu.elementwise.MAX_HIDDEN and native_cpu(*operands):
+        if (
+            x.dim() == 2
+            and x.shape[1] <= cpu.elementwise.MAX_HIDDEN
+            and cpu_kernels_take(*operands)
+        ):
             return cpu.elementwise.rmsnorm(x, self.weight, self.eps, residual)
         return kernels.rmsnorm_ref(x, self.weight, self.eps, residual)

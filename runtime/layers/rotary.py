@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from kvflow.kernels import build_cos_sin_cache, cpu, rotary_embedding, rotary_embedding_ref
-from kvflow.runtime.layers.native import native_cpu
+from kvflow.runtime.layers.cpu_kernels import cpu_kernels_take
 
 __all__ = ["RotaryEmbedding"]
 
@@ -47,7 +47,7 @@ class RotaryEmbedding(nn.Module):
         table: torch.Tensor = self.cos_sin_cache  # type: ignore[assignment]
         if q.is_cuda:
             rotate = rotary_embedding
-        elif native_cpu(q, k):
+        elif cpu_kernels_take(q, k):
             rotate = cpu.elementwise.rotary_embedding
         else:
             rotate = rotary_embedding_ref

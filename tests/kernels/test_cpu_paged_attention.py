@@ -137,14 +137,14 @@ def test_bad_arguments_are_refused(change, message) -> None:
 
 def test_an_unwritable_cache_is_a_build_error(tmp_path, monkeypatch) -> None:
     """No usable cache folder means no native kernels (the torch paths run), not a crash."""
-    from kvflow.kernels.cpu import native
+    from kvflow.kernels.cpu import build
 
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setenv("KVFLOW_CACHE_DIR", str(blocker))  # a file: mkdir under it fails
-    native.load_library.cache_clear()
+    build.load_library.cache_clear()
     try:
-        with pytest.raises(native.NativeBuildError, match="cannot build"):
-            native.load_library()
+        with pytest.raises(build.NativeBuildError, match="cannot build"):
+            build.load_library()
     finally:
-        native.load_library.cache_clear()
+        build.load_library.cache_clear()

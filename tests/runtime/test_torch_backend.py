@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from kvflow.kernels import cpu as cpu_kernels
-from kvflow.runtime.attention import torch_native
-from kvflow.runtime.attention.cpu_native import CpuNativeBackend
-from kvflow.runtime.attention.torch_native import TorchNativeBackend
+from kvflow.runtime.attention import torch_backend
+from kvflow.runtime.attention.cpu_backend import CpuKernelBackend
+from kvflow.runtime.attention.torch_backend import TorchBackend
 from kvflow.runtime.forward_batch import ForwardBatch, ForwardMode
 from kvflow.runtime.mem import KVPool, ReqToTokenPool
 
@@ -34,7 +34,7 @@ def naive_attention(q, keys, values, prefix_len):
     return torch.einsum("hnk,khd->nhd", scores.softmax(-1), values)
 
 
-def make_backend(dtype, backend_cls=TorchNativeBackend):
+def make_backend(dtype, backend_cls=TorchBackend):
     pool = KVPool(SLOTS, 1, KV_HEADS, DIM, dtype, "cpu")
     rows = ReqToTokenPool(8, 512, "cpu")
     backend = backend_cls(pool, rows, HEADS, KV_HEADS, DIM, 1 / math.sqrt(DIM))
@@ -88,7 +88,7 @@ def run_batch(backend, rows, prefix_lens, new_lens, dtype, mode):
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
 EXTEND_CASES = [([0, 0, 0], [5, 9, 1]), ([0, 7, 3], [4, 2, 6]), ([12], [5]), ([0], [11])]
-LONG = torch_native.SDPA_MIN_NEW_TOKENS
+LONG = torch_backend.SDPA_MIN_NEW_TOKENS
 
 
 def part_kinds(backend) -> list[str]:
@@ -100,7 +100,7 @@ def part_kinds(backend) -> list[str]:
 @pytest.mark.parametrize(("prefix_lens", "new_lens"), EXTEND_CASES)
 def test_extend_matches_naive(monkeypatch, dtype, padded, prefix_lens, new_lens):
     if not padded:
-        monkeypatch.setattr(torch_native, "PADDED_SCORE_BYTES", 0)
+        monkeypatch.setattr(torch_backend, "PADDED_SCORE_BYTES", 0)
     backend, _, rows = make_backend(dtype)
     out, expected = run_batch(backend, rows, prefix_lens, new_lens, dtype, ForwardMode.EXTEND)
     kind = "_PaddedPart" if padded else "_SdpaPart"
@@ -113,7 +113,7 @@ def test_extend_mixes_sdpa_and_padded_parts(monkeypatch, dtype):
     """A long uncached prompt goes through SDPA; the others are packed within the budget."""
     heads_bytes = 4 * HEADS
     # room for the two short requests (<= 6 new x 40 context) together, not for the third
-    monkeypatch.setattr(torch_native, "PADDED_SCORE_BYTES", 2 * 6 * 40 * heads_bytes)
+    monkeypatch.setattr(torch_backend, "PADDED_SCORE_BYTES", 2 * 6 * 40 * heads_bytes)
     backend, _, rows = make_backend(dtype)
     prefix_lens, new_lens = [30, 0, 34, 100], [6, LONG, 4, 20]
     out, expected = run_batch(backend, rows, prefix_lens, new_lens, dtype, ForwardMode.EXTEND)
@@ -134,7 +134,7 @@ needs_native = pytest.mark.skipif(not cpu_kernels.available(), reason="no C comp
 @needs_native
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cpu_backend_decodes_with_the_native_kernel(dtype):
-    backend, _, rows = make_backend(dtype, CpuNativeBackend)
+    backend, _, rows = make_backend(dtype, CpuKernelBackend)
     lens = [0, 9, 30, 4, 300]
     out, expected = run_batch(backend, rows, lens, [1] * len(lens), dtype, ForwardMode.DECODE)
     torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype], rtol=0)
@@ -144,7 +144,7 @@ def test_cpu_backend_decodes_with_the_native_kernel(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("prefix_lens", "new_lens"), [*EXTEND_CASES, ([5, 7, 0], [4, 2, LONG])])
 def test_cpu_backend_extends_with_the_native_kernel(dtype, prefix_lens, new_lens):
-    backend, _, rows = make_backend(dtype, CpuNativeBackend)
+    backend, _, rows = make_backend(dtype, CpuKernelBackend)
     out, expected = run_batch(backend, rows, prefix_lens, new_lens, dtype, ForwardMode.EXTEND)
     assert not hasattr(backend, "last_plan")  # the torch parts were never planned
     torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype], rtol=0)
@@ -152,7 +152,7 @@ def test_cpu_backend_extends_with_the_native_kernel(dtype, prefix_lens, new_lens
 
 def test_cpu_backend_runs_on_torch_what_its_kernel_cannot(caplog):
     with caplog.at_level("WARNING"):
-        backend, _, rows = make_backend(torch.float16, CpuNativeBackend)
+        backend, _, rows = make_backend(torch.float16, CpuKernelBackend)
     assert not backend.native and "runs on torch" in caplog.text
     out, expected = run_batch(backend, rows, [3, 20], [1, 1], torch.float16, ForwardMode.DECODE)
     assert part_kinds(backend) == ["_PaddedPart"]
@@ -165,10 +165,10 @@ def test_cpu_backend_runs_on_torch_what_its_kernel_cannot(caplog):
 @pytest.fixture(autouse=True)
 def _remember_plan(monkeypatch):
     """Record the plan each ``init_forward_metadata`` builds, to check which path ran."""
-    original = TorchNativeBackend.init_forward_metadata
+    original = TorchBackend.init_forward_metadata
 
     def recording(self, fb):
         original(self, fb)
         self.last_plan = fb.attn_metadata
 
-    monkeypatch.setattr(TorchNativeBackend, "init_forward_metadata", recording)
+    monkeypatch.setattr(TorchBackend, "init_forward_metadata", recording)
