@@ -184,3 +184,15 @@ def test_discovery_follows_pod_readiness_and_deletion(
         running.run(discovery.stop())
         assert set(workers()) == {unified, late}
         assert sink.removed == [unified, prefill]
+
+
+def test_stop_interrupts_a_long_watch(kube: Kube, kube_namespace: str, tmp_path: Path) -> None:
+    kubeconfig = router_kubeconfig(kube, kube_namespace, tmp_path / "router.kubeconfig")
+    sink = RecordingSink()
+    discovery = KubeDiscovery(
+        kube_namespace, SELECTOR, sink, kubeconfig=str(kubeconfig), watch_timeout_seconds=600
+    )
+    with RunningDiscovery(discovery, sink) as running:
+        kube.wait_for(lambda: discovery.watches == 1, 60, 0.2, "the watch to start")
+        running.run(discovery.stop())  # joins for at most 5 s; the watch would run 600 s
+        assert not discovery.running
