@@ -12,10 +12,12 @@ COPY pyproject.toml setup.py README.md ./
 COPY kvflow/ kvflow/
 # The router lives in the runtime package; only its torch-free modules are imported.
 COPY runtime/ runtime/
-# The router discovers workers through the Kubernetes API.
+# Only the router extra (it carries the Kubernetes client for worker discovery). The check:
+# the command runs, and no heavy package came along.
 RUN /opt/kvflow/bin/pip install --upgrade pip setuptools wheel \
  && /opt/kvflow/bin/pip install ".[router]" "kubernetes>=29" \
- && /opt/kvflow/bin/python -c "import importlib.util as u, kvflow.cli; assert u.find_spec('torch') is None"
+ && /opt/kvflow/bin/kvflow router --help >/dev/null \
+ && /opt/kvflow/bin/python -c "import importlib.util as u; heavy = [m for m in ('torch', 'numpy', 'triton', 'transformers') if u.find_spec(m)]; assert not heavy, heavy"
 
 FROM python:${PYTHON_VERSION}-slim
 LABEL org.opencontainers.image.title="kvflow-router" \

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import httpx
 import openai
 import pytest
-from router_process import RouterProcess, worker_counter
+from router_process import FAST_FAULTS, RouterProcess, worker_counter
+from server_process import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -118,3 +121,35 @@ def test_api_key_is_enforced(workers, tmp_path):
         assert chat.choices[0].message.content
     finally:
         keyed.stop()
+
+
+def test_no_healthy_worker_is_a_503_and_the_admin_api_adds_one(workers, tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    router = RouterProcess("--worker-urls", dead, *FAST_FAULTS, log=tmp_path / "router.log")
+    body = {"messages": QUESTION, "max_tokens": 2}
+    try:
+        refused = httpx.post(f"{router.url}/v1/chat/completions", json=body, timeout=60)
+        assert refused.status_code in (502, 503), refused.text
+        router.wait_for(lambda ws: not ws[dead]["healthy"], "the dead worker unhealthy", 30)
+        refused = httpx.post(f"{router.url}/v1/chat/completions", json=body, timeout=60)
+        assert refused.status_code == 503
+        assert "no healthy unified worker" in refused.json()["error"]["message"]
+
+        added = httpx.post(f"{router.url}/workers", json={"url": workers[0].url}, timeout=10)
+        assert added.status_code == 201 and added.json()["role"] == "unified"
+        assert (
+            httpx.post(f"{router.url}/v1/chat/completions", json=body, timeout=120).status_code
+            == 200
+        )
+        gone = httpx.delete(f"{router.url}/workers/{quote(dead, safe='')}", timeout=10)
+        assert gone.status_code == 200
+        assert set(router.workers()) == {workers[0].url}
+        assert (
+            httpx.delete(f"{router.url}/workers/{quote(dead, safe='')}", timeout=10).status_code
+            == 404
+        )
+        assert (
+            httpx.post(f"{router.url}/workers", json={"role": "x"}, timeout=10).status_code == 400
+        )
+    finally:
+        router.stop()

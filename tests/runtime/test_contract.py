@@ -44,3 +44,52 @@ def test_unimplemented_contract_features_are_refused_clearly(capsys):
     assert "not implemented" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_args(contract.serve_argv(contract.ServeOptions(role="prefill"))[2:])
+
+
+def _router_option_strings() -> set[str]:
+    from kvflow.runtime.router.args import build_parser as build_router_parser
+
+    return {opt for action in build_router_parser()._actions for opt in action.option_strings}
+
+
+def test_every_router_contract_flag_is_a_router_flag():
+    assert set(contract.ROUTER_FLAGS) <= _router_option_strings()
+
+
+def test_rendered_router_commands_parse():
+    from kvflow.runtime.router.args import parse_args as parse_router_args
+    from kvflow.runtime.router.args import static_specs
+
+    argv = contract.router_argv(
+        contract.RouterOptions(
+            policy="power_of_two",
+            port=8100,
+            worker_urls=("http://10.0.0.1:8000", "http://10.0.0.2:8000"),
+            extra_args=("--max-concurrent", "64"),
+        )
+    )
+    assert argv[:2] == ["kvflow", "router"]
+    config = parse_router_args(argv[2:])
+    assert (config.policy, config.port, config.admission.max_concurrent) == (
+        "power_of_two",
+        8100,
+        64,
+    )
+    assert config.worker_urls == ("http://10.0.0.1:8000", "http://10.0.0.2:8000")
+    pd = parse_router_args(
+        contract.router_argv(
+            contract.RouterOptions(
+                prefill_urls=("http://p:8000#9000",), decode_urls=("http://d:8000",)
+            )
+        )[2:]
+    )
+    assert [(s.url, s.role, s.bootstrap_port) for s in static_specs(pd)] == [
+        ("http://p:8000", "prefill", 9000),
+        ("http://d:8000", "decode", None),
+    ]
+    discovered = parse_router_args(
+        contract.router_argv(
+            contract.RouterOptions(discover_namespace="ns", discover_selector="app=m")
+        )[2:]
+    )
+    assert discovered.discovers and not static_specs(discovered)
