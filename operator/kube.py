@@ -39,8 +39,8 @@ PLURALS: Mapping[tuple[str, str], str] = {
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     (names.API_VERSION, names.KIND): names.PLURAL,
 }
-TRANSIENT_STATUS = {409, 429, 500, 502, 503, 504}
-PERMANENT_REASONS = {400: "ApplyRejected", 403: "Forbidden", 404: "NotFound", 422: "ApplyRejected"}
+# HTTP status of a failed call -> the condition reason of a failure that retrying cannot fix.
+PERMANENT_FAILURES = {400: "ApplyRejected", 403: "Forbidden", 404: "NotFound", 422: "ApplyRejected"}
 
 
 class ApiFailure(Exception):
@@ -82,8 +82,8 @@ def _failure(exc: Exception) -> ApiFailure:
             message = json.loads(body).get("message", message)
         except (ValueError, AttributeError):
             message = str(body)
-    if status in PERMANENT_REASONS:
-        return ApiFailure(PERMANENT_REASONS[status], message, True, status)
+    if status in PERMANENT_FAILURES:
+        return ApiFailure(PERMANENT_FAILURES[status], message, True, status)
     reason = "Conflict" if status == 409 else "ApiUnavailable"
     return ApiFailure(reason, message or type(exc).__name__, False, status)
 

@@ -28,7 +28,6 @@ _SUFFIXES = {
     "E": Decimal("1e18"),
 }
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
-GIB = 2**30
 
 
 class QuantityError(ValueError):
@@ -56,8 +55,3 @@ def format_bytes(amount: Decimal | int) -> str:
         if whole and whole % unit == 0:
             return f"{whole // unit}{suffix}"
     return str(whole)
-
-
-def to_gib(value: str | int | float) -> float:
-    """A memory quantity in GiB, the unit of the runtime's ``--hicache-*-gb`` flags."""
-    return float(parse_quantity(value) / GIB)

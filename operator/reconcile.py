@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from . import names
-from .kube import ApiFailure, Cluster
+from .kube import PERMANENT_FAILURES, ApiFailure, Cluster
 from .parse import parse_model_deployment
 from .render import CHILD_KINDS, child_key, render_children
 from .spec import ModelDeployment, SpecError
@@ -202,7 +202,7 @@ class Reconciler:
         return status
 
 
-PERMANENT_REASONS = ("InvalidSpec", "ApplyRejected", "Forbidden", "NotFound")
+PERMANENT_REASONS = frozenset({"InvalidSpec", *PERMANENT_FAILURES.values()})
 
 
 def _previous_failure(body: Mapping[str, Any]) -> Failure | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .config import runtime_config_map
+from .configmap import runtime_config_map
 from .mooncake import master_deployment, master_service
 from .policies import disruption_budgets, network_policies
 from .services import endpoint_service, headless_service

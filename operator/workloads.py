@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import names
-from .config import worker_config_hash
+from .configmap import worker_config_hash
 from .pods import router_pod_template, worker_pod_template
 from .spec import ModelDeployment, WorkerRole
 
