@@ -22,7 +22,7 @@ from kvflow.runtime.router.policies import POLICIES
 from kvflow.runtime.router.proxy import Forwarder
 from kvflow.runtime.router.registry import WorkerRegistry
 
-__all__ = ["main", "serve"]
+__all__ = ["StartupError", "main", "serve"]
 
 log = logging.getLogger("kvflow.router")
 
@@ -68,7 +68,12 @@ async def serve(config: RouterConfig, stop: asyncio.Event | None = None) -> None
             loop.add_signal_handler(sig, stop.set)
     try:
         if discovery is not None:
-            await discovery.start()
+            try:
+                await discovery.start()
+            except Exception as err:  # a missing or wrong client configuration, say
+                raise StartupError(
+                    f"worker discovery did not start: {type(err).__name__}: {err}"
+                ) from err
         health.start()
         await web.TCPSite(runner, config.host, config.port, backlog=4096).start()
         log.info(
@@ -89,6 +94,10 @@ async def serve(config: RouterConfig, stop: asyncio.Event | None = None) -> None
         await session.close()
 
 
+class StartupError(RuntimeError):
+    """The router cannot start (reported as one line, exit status 1)."""
+
+
 def _run(coro: Any) -> None:
     try:
         import uvloop
@@ -105,5 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    _run(serve(config))
+    try:
+        _run(serve(config))
+    except StartupError as err:
+        log.error("%s", err)
+        return 1
     return 0
