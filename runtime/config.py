@@ -124,6 +124,11 @@ class EngineConfig:
     max_prefill_tokens: int = 16384
     chunked_prefill_size: int = 0  # 0: auto (2048 on CPU, 8192 on CUDA); -1 disables
     schedule_policy: str = "lpm"
+    # Mixed chunked prefill (SGLang's --enable-mixed-chunk): while requests are decoding, a
+    # prefill step also runs one decode token of each of them, and takes at most
+    # mixed_chunk_size prompt tokens, so running streams keep their pace under arrivals.
+    enable_mixed_chunk: bool = False
+    mixed_chunk_size: int = 0  # 0: auto (256 on CPU, chunked_prefill_size on CUDA)
     # auto: triton on CUDA; on CPU the native kernels (cpu) where they build, else torch
     attention_backend: str = "auto"
     disable_cuda_graph: bool = False
@@ -145,6 +150,7 @@ class EngineConfig:
         on_cuda = device.startswith("cuda")
         page_size = self.page_size or (16 if on_cuda else 1)
         chunk = self.chunked_prefill_size or (8192 if on_cuda else 2048)
+        mixed_chunk = self.mixed_chunk_size or (max(chunk, 1) if on_cuda else 256)
         threads = self.cpu_threads or _usable_cores()
         backend = self.attention_backend
         if backend == "auto":
@@ -154,6 +160,7 @@ class EngineConfig:
             device=device,
             page_size=page_size,
             chunked_prefill_size=chunk,
+            mixed_chunk_size=mixed_chunk,
             attention_backend=backend,
             disable_cuda_graph=self.disable_cuda_graph or not on_cuda,
             cpu_threads=threads,

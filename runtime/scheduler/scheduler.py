@@ -182,10 +182,15 @@ class Scheduler:
         if not self.waiting and self.chunked is None:
             return []
         cfg = self.config
+        mixing = cfg.enable_mixed_chunk and bool(self.running)
+        chunk = cfg.mixed_chunk_size if mixing else cfg.chunked_prefill_size
+        kv_tokens = self.kv.available_tokens() - sum(self._reserve(r) for r in self.running)
+        if mixing:  # the running requests' next tokens run in the same step
+            kv_tokens -= sum(self.kv.tokens_to_grow(r, 1) for r in self.running)
         budget = PrefillBudget(
-            input_tokens=cfg.max_prefill_tokens,
-            chunk_tokens=cfg.chunked_prefill_size if cfg.chunked_prefill_size > 0 else None,
-            kv_tokens=self.kv.available_tokens() - sum(self._reserve(r) for r in self.running),
+            input_tokens=min(cfg.max_prefill_tokens, chunk) if mixing else cfg.max_prefill_tokens,
+            chunk_tokens=chunk if chunk > 0 else None,
+            kv_tokens=kv_tokens,
             requests=cfg.max_running_requests - len(self.running),
             page_size=self.kv.page_size,
         )
@@ -237,15 +242,29 @@ class Scheduler:
                 self.waiting.insert(0, req)
                 continue
             kept.append((req, take))
-        self._batch = [req for req, _ in kept]
+        self._batch = [req for req, _ in kept]  # until the step's batch is complete
         return kept
 
+    def _mixed_decodes(self) -> tuple[list[Req], torch.Tensor | None]:
+        """The running requests whose next token joins this prefill step (mixed chunked
+        prefill), with their new KV slots; none when mixing is off or memory is short."""
+        if not self.config.enable_mixed_chunk or not self.running:
+            return [], None
+        reqs = list(self.running)
+        if sum(self.kv.tokens_to_grow(r, 1) for r in reqs) > self.kv.available_tokens():
+            return [], None  # they decode on their own once memory is made
+        return reqs, self.kv.grow_decode(reqs)
+
     def _run_extend(self, plan: list[tuple[Req, int]]) -> list[TokenOutput]:
-        reqs = [req for req, _ in plan]
-        extend_lens = [take for _, take in plan]
+        decodes, decode_slots = self._mixed_decodes()
+        self._batch = [req for req, _ in plan] + decodes
+        reqs = self._batch
+        extend_lens = [take for _, take in plan] + [1] * len(decodes)
         slots = [
             self.runner.req_to_token.read(r.req_pool_idx, r.kv_len + n, r.kv_len) for r, n in plan
         ]
+        if decode_slots is not None:
+            slots.append(decode_slots.to(torch.int64))
         fb = build_extend_batch(reqs, extend_lens, torch.cat(slots), self.runner.device)
         logits = self.runner.forward(fb)
         self.forward_steps += 1
@@ -265,6 +284,9 @@ class Scheduler:
                 # with the same prefix admitted from now on hit the cache.
                 self.cache.cache_unfinished_req(req)
                 to_sample.append(row)
+        for row, req in enumerate(decodes, start=len(plan)):
+            req.kv_len += 1
+            to_sample.append(row)
         if to_sample:
             sampled_reqs = [reqs[i] for i in to_sample]
             pending = self._launch_sample(sampled_reqs, logits[to_sample])
