@@ -93,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     _shape_args(compare)
     compare.add_argument(
         "--only",
-        help=f"comma-separated servers among {list(SERVERS)} (kvflow also selects kvflow-no-radix)",
+        help=f"comma-separated servers among {list(SERVERS)} (kvflow also selects kvflow-mixed and kvflow-no-radix)",
     )
     compare.add_argument(
         "--concurrency",

@@ -8,3 +8,10 @@ BENCH_SERVING_ARGS ?=
 .PHONY: bench-serving
 bench-serving: $(STAMP) ## serving benchmark: kvflow vs transformers serve, radix on/off (benchmarks/results/serving.md)
 	$(PY) benchmarks/bench_serving.py compare $(BENCH_SERVING_ARGS)
+
+# Mixed chunked prefill: kvflow with and without --enable-mixed-chunk, 32 clients, 96
+# requests (arrivals keep coming while others decode), alternating rounds.
+.PHONY: bench-mixed-chunk
+bench-mixed-chunk: $(STAMP) ## ITL p50/p99 with and without mixed chunked prefill, 32 clients (benchmarks/results/mixed-chunk.md)
+	$(PY) benchmarks/bench_serving.py compare --only kvflow --workloads fixed --concurrency 32 \
+	  --fixed-requests 32=96 --rounds 2 --out benchmarks/results/mixed-chunk.md

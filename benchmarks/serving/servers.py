@@ -122,6 +122,15 @@ SERVERS: dict[str, ServerSpec] = {
             "`ignore_eos: true`",
         ),
         ServerSpec(
+            "kvflow-mixed",
+            "kvflow serve --enable-mixed-chunk",
+            _kvflow_argv("--enable-mixed-chunk"),
+            ("/health",),
+            {"ignore_eos": True},
+            ("fixed",),
+            "`ignore_eos: true`",
+        ),
+        ServerSpec(
             "kvflow-no-radix",
             "kvflow serve --disable-radix-cache",
             _kvflow_argv("--disable-radix-cache"),
