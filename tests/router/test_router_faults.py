@@ -130,7 +130,10 @@ def test_overload_answers_429_with_retry_after(workers, tmp_path):
         async def burst() -> list[httpx.Response]:
             async with httpx.AsyncClient(base_url=router.url, timeout=300) as client:
                 return await asyncio.gather(
-                    *(client.post("/v1/chat/completions", json=CHAT) for _ in range(6))
+                    *(
+                        client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 8})
+                        for _ in range(6)
+                    )
                 )
 
         responses = asyncio.run(burst())
