@@ -10,15 +10,6 @@ from kvflow.runtime.scheduler import Req
 PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 
 
-@pytest.fixture(scope="module")
-def engine(model_path):
-    from kvflow.runtime.engine import Engine
-
-    engine = Engine(str(model_path))
-    yield engine
-    assert engine.is_memory_free()
-
-
 def test_greedy_answer_and_finish_on_eos(engine):
     result = engine.generate(PROMPT, {"temperature": 0, "max_new_tokens": 32})
     assert result.text == "The capital of France is Paris."

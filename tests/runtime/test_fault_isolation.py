@@ -11,15 +11,6 @@ from kvflow.runtime.wire import SamplingParams
 PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 
 
-@pytest.fixture(scope="module")
-def engine(model_path):
-    from kvflow.runtime.engine import Engine
-
-    engine = Engine(str(model_path))
-    yield engine
-    assert engine.is_memory_free()
-
-
 def _drain(sched) -> dict:
     finished = {}
     while sched.has_work():

@@ -1,0 +1,15 @@
+"""Runtime fixtures: one engine on the embedded model per test module."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def engine(model_path):
+    """A default engine shared by a module's tests; it must end with all KV memory free."""
+    from kvflow.runtime.engine import Engine
+
+    engine = Engine(str(model_path))
+    yield engine
+    assert engine.is_memory_free()
