@@ -8,7 +8,7 @@ from typing import Any
 
 from kvflow.runtime.config import EngineConfig, ModelConfig
 from kvflow.runtime.scheduler.req import Req
-from kvflow.runtime.wire import SamplingParams
+from kvflow.runtime.wire import Bootstrap, SamplingParams
 
 __all__ = ["ReqFactory", "default_seed"]
 
@@ -41,8 +41,9 @@ class ReqFactory:
         extra_key: str | None = None,
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
+        bootstrap: Bootstrap | None = None,
     ) -> Req:
-        return Req(
+        req = Req(
             rid,
             input_ids,
             sampling,
@@ -54,3 +55,5 @@ class ReqFactory:
             device=self.device,
             seed=default_seed(self.config.seed, rid),
         )
+        req.bootstrap = bootstrap
+        return req

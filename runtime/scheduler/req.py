@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from kvflow.runtime.detokenizer import IncrementalDetokenizer, find_stop
-from kvflow.runtime.wire import FinishReason, SamplingParams
+from kvflow.runtime.wire import Bootstrap, FinishReason, SamplingParams
 
 __all__ = ["Req"]
 
@@ -40,6 +40,7 @@ class Req:
         self.output_ids: list[int] = []
         self.sampling = sampling
         self.extra_key = extra_key
+        self.bootstrap: Bootstrap | None = None  # prefill/decode roles: the peer's room
         self.return_logprob = return_logprob
         self.top_logprobs_num = top_logprobs_num
         self.stop_token_set = set(sampling.stop_token_ids)

@@ -80,10 +80,19 @@ class Scheduler:
         self.launch_ahead = runner.device.startswith("cuda")  # on CPU it would only reorder
         self._next: _NextDecode | None = None
         self._batch: list[Req] = []  # the requests of the step being run (for _fail_batch)
+        # Prefill role: finished requests with a bootstrap room keep their KV here until it
+        # has been sent to the decode (see kvflow.runtime.disagg.prefill).
+        self.park_finished = False
+        self.parked: list[Req] = []
 
     # -- requests in and out ---------------------------------------------------------------
     def add_request(self, req: Req) -> None:
         """Queue a request; raises ValueError if it can never fit."""
+        self.check_fits(req)
+        self.waiting.append(req)
+
+    def check_fits(self, req: Req) -> None:
+        """Raise ValueError if the request can never run here (empty, or too long)."""
         context_len = self.runner.context_len
         if not req.origin_input_ids:
             raise ValueError("the prompt is empty")
@@ -94,7 +103,6 @@ class Scheduler:
             )
         if len(req.origin_input_ids) + req.sampling.max_new_tokens > self.runner.allocator.size:
             raise ValueError("prompt + max_new_tokens exceeds the whole KV cache")
-        self.waiting.append(req)
 
     def abort_request(self, rid: str, message: str = "aborted by the client") -> TokenOutput | None:
         """Abort a waiting or running request, releasing its memory. None if unknown."""
@@ -128,6 +136,31 @@ class Scheduler:
         self.cache.evict(self.cache.total_size())
         self.cache.reset()
         return True
+
+    def _release_finished(self, req: Req) -> None:
+        if self.park_finished and req.bootstrap is not None:
+            self.parked.append(req)  # its KV stays locked in its row until released
+        else:
+            self.cache.cache_finished_req(req)
+
+    def release_parked(self, req: Req) -> None:
+        """A parked request's KV was sent (or given up on): cache it as any finished one."""
+        self.parked.remove(req)
+        self.cache.cache_finished_req(req)
+
+    def add_prefilled(
+        self, req: Req, first_token: int | None, logprob: float | None, top: list | None
+    ) -> list[TokenOutput]:
+        """Decode role: a request whose prompt KV arrived in its row (all positions) joins
+        the running batch with the first token the prefill sampled; ``None`` when the
+        prefill sampled none (``max_new_tokens`` 0)."""
+        req.kv_len = len(req.origin_input_ids)
+        req.admitted = True
+        if first_token is None:
+            req.finished_reason = FinishReason("length")
+            self.cache.cache_finished_req(req)
+            return [self.make_output(req, [])]
+        return self._commit([req], SampleOutput([first_token], [logprob], [top]))
 
     # -- one step --------------------------------------------------------------------------
     def step(self) -> list[TokenOutput]:
@@ -174,7 +207,8 @@ class Scheduler:
             return self._run_decode()
         return []
 
-    def _reserve(self, req: Req) -> int:
+    def reserve(self, req: Req) -> int:
+        """KV tokens kept back for a running request's future output."""
         remaining = req.sampling.max_new_tokens - len(req.output_ids)
         return int(min(max(remaining, 0), RESERVE_CLIP) * self.new_token_ratio)
 
@@ -184,7 +218,7 @@ class Scheduler:
         cfg = self.config
         mixing = cfg.enable_mixed_chunk and bool(self.running)
         chunk = cfg.mixed_chunk_size if mixing else cfg.chunked_prefill_size
-        kv_tokens = self.kv.available_tokens() - sum(self._reserve(r) for r in self.running)
+        kv_tokens = self.kv.available_tokens() - sum(self.reserve(r) for r in self.running)
         if mixing:  # the running requests' next tokens run in the same step
             kv_tokens -= sum(self.kv.tokens_to_grow(r, 1) for r in self.running)
         budget = PrefillBudget(
@@ -198,10 +232,10 @@ class Scheduler:
         batch_prefixes = BatchPrefixes()
         if self.chunked is not None:
             req = self.chunked
-            take = budget.plan(req.seq_len - req.kv_len, self._reserve(req))
+            take = budget.plan(req.seq_len - req.kv_len, self.reserve(req))
             if take == 0:
                 return []  # memory is short: decode (and maybe retract) first
-            budget.consume(take, self._reserve(req), take == req.seq_len - req.kv_len)
+            budget.consume(take, self.reserve(req), take == req.seq_len - req.kv_len)
             plan.append((req, take))
             batch_prefixes.add(req)
             self.chunked = None
@@ -220,12 +254,12 @@ class Scheduler:
             if radix and batch_prefixes.should_wait(req, cached):
                 continue  # a request in this batch caches its prefix: it hits next step
             extend_len = req.seq_len - cached
-            take = budget.plan(extend_len, self._reserve(req))
+            take = budget.plan(extend_len, self.reserve(req))
             if take == 0 or not self.kv.admit(req):
                 break
             extend_len = req.seq_len - req.kv_len
             take = min(take, extend_len)
-            budget.consume(take, self._reserve(req), take == extend_len)
+            budget.consume(take, self.reserve(req), take == extend_len)
             self.waiting.remove(req)
             plan.append((req, take))
             batch_prefixes.add(req)
@@ -277,7 +311,7 @@ class Scheduler:
                 self.chunked = req
             elif len(req.output_ids) >= req.sampling.max_new_tokens:
                 req.finished_reason = req.finished_reason or FinishReason("length")
-                self.cache.cache_finished_req(req)
+                self._release_finished(req)
                 outputs.append(self.make_output(req, []))
             else:
                 # Share the prompt at once (not only when the request finishes), so requests
@@ -397,7 +431,7 @@ class Scheduler:
                 req.output_top_logprobs.append(sampled.top_logprobs[row])
             if req.finished:
                 self._drop_next()  # built for a batch that no longer exists
-                self.cache.cache_finished_req(req)
+                self._release_finished(req)
             elif id(req) not in running:
                 self.running.append(req)
             outputs.append(

@@ -29,8 +29,6 @@ _CHOICES = {
 }
 # Contract flags whose features this runtime does not implement yet: refused when set.
 _UNSUPPORTED = (
-    "bootstrap_port",
-    "kv_transfer_protocol",
     "hicache_host_memory_gb",
     "hicache_write_policy",
     "hicache_storage",
@@ -47,6 +45,10 @@ class ServerArgs:
     port: int = contract.DEFAULT_API_PORT
     served_model_name: str = ""
     role: str = "unified"
+    # prefill/decode roles (kvflow.runtime.disagg)
+    bootstrap_port: int = contract.DEFAULT_BOOTSTRAP_PORT  # prefill: the bootstrap endpoint
+    kv_transfer_protocol: str = "tcp"
+    disagg_timeout: float = 5.0  # seconds a PD peer may go without progress
     api_key: str | None = None
     watchdog_timeout: float = 300.0  # seconds a busy scheduler may go without a step
     drain_timeout: float = 30.0  # seconds SIGTERM waits for in-flight requests
@@ -64,7 +66,7 @@ class ServerArgs:
 
 
 def _engine_fields() -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(EngineConfig) if f.name not in ("extra", "model_path")]
+    return [f for f in dataclasses.fields(EngineConfig) if f.name != "model_path"]
 
 
 def _base_type(tp: object) -> type:
@@ -89,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
             kwargs.update(choices=contract.ROLES, default="unified")
         elif flag in ("--bootstrap-port", "--max-running-requests"):
             kwargs["type"] = int
+        elif flag == "--kv-transfer-protocol":
+            kwargs.update(choices=["tcp", "rdma"], default="tcp")
         elif flag == "--hicache-host-memory-gb":
             kwargs["type"] = float
         contract_group.add_argument(flag, **kwargs)
@@ -101,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--watchdog-timeout", type=float, default=ServerArgs.watchdog_timeout)
     server.add_argument("--drain-timeout", type=float, default=ServerArgs.drain_timeout)
     server.add_argument("--log-level", default="info")
+    server.add_argument(
+        "--disagg-timeout",
+        type=float,
+        default=ServerArgs.disagg_timeout,
+        help="prefill/decode: seconds a peer may go without progress before its requests fail",
+    )
     engine = parser.add_argument_group("engine")
     resolved_types = typing.get_type_hints(EngineConfig)
     for f in _engine_fields():
@@ -124,8 +134,8 @@ def parse_args(argv: list[str]) -> ServerArgs:
                 f"--{name.replace('_', '-')} is part of the contract but not implemented "
                 "by this runtime version"
             )
-    if ns.role != "unified":
-        parser.error(f"--role {ns.role} needs prefill/decode disaggregation, not implemented yet")
+    if ns.bootstrap_port is not None and ns.role != "prefill":
+        parser.error("--bootstrap-port is the prefill role's endpoint; add --role prefill")
     engine_kwargs = {f.name: getattr(ns, f.name) for f in _engine_fields()}
     if ns.max_running_requests is not None:
         engine_kwargs["max_running_requests"] = ns.max_running_requests
@@ -138,6 +148,11 @@ def parse_args(argv: list[str]) -> ServerArgs:
         port=ns.port,
         served_model_name=ns.served_model_name or "",
         role=ns.role,
+        bootstrap_port=(
+            contract.DEFAULT_BOOTSTRAP_PORT if ns.bootstrap_port is None else ns.bootstrap_port
+        ),
+        kv_transfer_protocol=ns.kv_transfer_protocol,
+        disagg_timeout=ns.disagg_timeout,
         api_key=ns.api_key or None,
         watchdog_timeout=ns.watchdog_timeout,
         drain_timeout=ns.drain_timeout,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from kvflow.runtime.server.bootstrap_fields import bootstraps_of
 from kvflow.runtime.server.openai.common import SampleResult, collect, merge_streams, sse
 from kvflow.runtime.server.openai.protocol import GenerateRequestBody
 from kvflow.runtime.server.tokenizer_manager import GenerateInput, RequestHandle, TokenizerManager
@@ -32,8 +33,11 @@ def prepare_native(
     raw_list = raw if isinstance(raw, list) else [raw] * len(ids_list)
     if len(raw_list) != len(ids_list):
         raise RequestError(400, "give one sampling_params per prompt, or a single one")
+    bootstraps = bootstraps_of(
+        body.bootstrap_host, body.bootstrap_port, body.bootstrap_room, len(ids_list)
+    )
     inputs = []
-    for ids, params in zip(ids_list, raw_list, strict=True):
+    for ids, params, bootstrap in zip(ids_list, raw_list, bootstraps, strict=True):
         try:
             sampling = SamplingParams.from_dict(params)
         except ValueError as err:
@@ -47,6 +51,7 @@ def prepare_native(
                 body.extra_key,
                 body.rid,
                 body.stream,
+                bootstrap,
             )
         )
     return single, inputs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import logging
 import os
@@ -12,6 +13,8 @@ from typing import Any
 
 import zmq
 
+from kvflow.runtime.disagg.roles import Role, make_role
+from kvflow.runtime.disagg.transport import KV_TRANSPORTS
 from kvflow.runtime.model_runner import ModelRunner
 from kvflow.runtime.scheduler import ReqFactory, Scheduler
 from kvflow.runtime.server.args import ServerArgs
@@ -32,6 +35,7 @@ __all__ = ["run_scheduler_process"]
 logger = logging.getLogger("kvflow.scheduler")
 _IDLE_POLL_MS = 200
 _STATS_INTERVAL_S = 0.25
+_ROLE_POLL_MS = 2  # prefill/decode: requests wait on the peer; look again soon
 
 
 class Watchdog(threading.Thread):
@@ -65,8 +69,12 @@ class Watchdog(threading.Thread):
 class SchedulerLoop:
     def __init__(self, args: ServerArgs, paths: IpcPaths) -> None:
         self.args = args
-        self.runner = ModelRunner(args.engine)
-        self.scheduler = Scheduler(args.engine, self.runner)
+        engine = args.engine
+        if args.role == "decode":  # every prompt's KV comes from the prefill
+            engine = dataclasses.replace(engine, disable_radix_cache=True)
+        self.runner = ModelRunner(engine)
+        self.scheduler = Scheduler(engine, self.runner)
+        self.role = _make_role(args, self.scheduler)
         # Stop strings are matched on text, so the scheduler decodes the requests that have them.
         tokenizer = (
             None if args.engine.skip_tokenizer_init else load_tokenizer(self.runner.model_path)
@@ -91,13 +99,17 @@ class SchedulerLoop:
             "model_path": str(self.runner.model_path),
             "device": self.runner.device,
             "dtype": str(self.runner.dtype).removeprefix("torch."),
+            "role": self.args.role,
+            **self.role.info(),
         }
 
     def _handle(self, message: Any) -> list[TokenOutput]:
         if isinstance(message, GenerateRequest):
             return self._add(message)
         elif isinstance(message, AbortRequest):
-            out = self.scheduler.abort_request(message.rid, message.message)
+            out = self.scheduler.abort_request(message.rid, message.message) or self.role.abort(
+                message.rid, message.message
+            )
             return [out] if out else []
         elif isinstance(message, ControlRequest):
             self.to_tokenizer.send(self._control(message))
@@ -114,16 +126,20 @@ class SchedulerLoop:
                 message.sampling.skip_special_tokens,
             )
         )
+        sampling = message.sampling
+        if self.args.role == "prefill" and sampling.max_new_tokens > 1:
+            sampling = sampling.replace(max_new_tokens=1)  # the decode makes the rest
         try:
             req = self.reqs.make(
                 message.rid,
                 message.input_ids,
-                message.sampling,
+                sampling,
                 extra_key=message.extra_key,
                 return_logprob=message.return_logprob,
                 top_logprobs_num=message.top_logprobs_num,
+                bootstrap=message.bootstrap,
             )
-            self.scheduler.add_request(req)
+            self.role.add(req)
         except Exception as err:  # isolated: this request fails, the loop goes on
             logger.exception("request %s refused", message.rid)
             return [
@@ -176,18 +192,32 @@ class SchedulerLoop:
     def run_forever(self) -> None:
         self.watchdog.start()
         while True:
-            busy = self.scheduler.has_work()
-            first = self.inbox.recv(timeout_ms=0 if busy else _IDLE_POLL_MS)
+            busy = self.scheduler.has_work() or self.role.busy()
+            wait_ms = 0 if self.scheduler.has_work() else (_ROLE_POLL_MS if busy else _IDLE_POLL_MS)
+            first = self.inbox.recv(timeout_ms=wait_ms)
             messages = ([first] if first is not None else []) + self.inbox.recv_all()
             outputs: list[TokenOutput] = []
             for message in messages:
                 outputs += self._handle(message)
+            outputs += self.role.poll()
             if self.scheduler.has_work():
-                outputs += self.scheduler.step()
+                stepped = self.scheduler.step()
+                self.role.observe(stepped)
+                outputs += stepped
             self.watchdog.tick(self.scheduler.has_work())
             if outputs:
                 self.to_detokenizer.send(TokenBatch(outputs))
             self._publish_stats(force=bool(messages) and not self.scheduler.has_work())
+
+
+def _make_role(args: ServerArgs, scheduler: Scheduler) -> Role:
+    if args.role == "unified":
+        return make_role("unified", scheduler)
+    transport = KV_TRANSPORTS.get("mooncake")(protocol=args.kv_transfer_protocol)
+    options: dict[str, Any] = {"transport": transport, "timeout_s": args.disagg_timeout}
+    if args.role == "prefill":
+        options.update(bootstrap_host=args.host, bootstrap_port=args.bootstrap_port)
+    return make_role(args.role, scheduler, **options)
 
 
 def run_scheduler_process(args: ServerArgs, paths: IpcPaths, ready: Any) -> None:

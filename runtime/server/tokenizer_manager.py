@@ -22,7 +22,7 @@ from kvflow.runtime.server.args import ServerArgs
 from kvflow.runtime.server.ipc import IpcPaths, Puller, Pusher
 from kvflow.runtime.server.metrics import RuntimeMetrics
 from kvflow.runtime.tokenizer import TokenBytes, apply_chat_template
-from kvflow.runtime.wire import SamplingParams
+from kvflow.runtime.wire import Bootstrap, SamplingParams
 from kvflow.runtime.wire.errors import RequestError
 from kvflow.runtime.wire.messages import (
     AbortRequest,
@@ -51,6 +51,7 @@ class GenerateInput:
     extra_key: str | None = None
     rid: str | None = None  # client-chosen id (for /abort_request); one sample only
     stream: bool = False  # the client reads tokens as they come (labels the TTFT metric)
+    bootstrap: Bootstrap | None = None  # prefill/decode roles: the pairing with the peer
 
 
 @dataclass
@@ -197,6 +198,7 @@ class TokenizerManager:
         if not ids:
             raise RequestError(400, "the prompt is empty")
         self.check_token_ids(ids)
+        self._check_role(inp)
         try:
             inp.sampling.validate(self.vocab_size)
         except ValueError as err:
@@ -222,6 +224,22 @@ class TokenizerManager:
                 f"({self.max_total_tokens} tokens)",
             )
 
+    def _check_role(self, inp: GenerateInput) -> None:
+        role = self.info.get("role", "unified")
+        if role == "unified" and inp.bootstrap is not None:
+            raise RequestError(
+                400, "this server runs the unified role: bootstrap_* fields are for PD servers"
+            )
+        if role != "unified":
+            if inp.bootstrap is None:
+                raise RequestError(
+                    400,
+                    f"this server runs the {role} role: send requests through a PD router "
+                    "(bootstrap_host, bootstrap_port and bootstrap_room)",
+                )
+            if inp.sampling.n > 1:
+                raise RequestError(400, "n > 1 is not supported with prefill/decode roles yet")
+
     def default_max_tokens(self, prompt_len: int) -> int:
         return max(self.context_len - prompt_len, 0)
 
@@ -236,6 +254,7 @@ class TokenizerManager:
                 inp.return_logprob,
                 inp.top_logprobs_num,
                 inp.extra_key,
+                inp.bootstrap,
             )
         )
         return state
@@ -272,6 +291,7 @@ class TokenizerManager:
                     inp.extra_key,
                     inp.rid,
                     inp.stream,
+                    inp.bootstrap,
                 )
                 streams.append(self._start(sample_inp))
         return streams

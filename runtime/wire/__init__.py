@@ -6,8 +6,16 @@ messages between the runtime's processes, and the OpenAI-shaped error body. Noth
 imports torch, numpy or transformers (``tests/router`` checks it with them blocked).
 """
 
+from kvflow.runtime.wire.disagg import Bootstrap
 from kvflow.runtime.wire.errors import RequestError, error_body
 from kvflow.runtime.wire.outputs import FinishReason, TokenOutput
 from kvflow.runtime.wire.sampling import SamplingParams
 
-__all__ = ["FinishReason", "RequestError", "SamplingParams", "TokenOutput", "error_body"]
+__all__ = [
+    "Bootstrap",
+    "FinishReason",
+    "RequestError",
+    "SamplingParams",
+    "TokenOutput",
+    "error_body",
+]

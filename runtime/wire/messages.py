@@ -13,6 +13,7 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvflow.runtime.wire.disagg import Bootstrap
 from kvflow.runtime.wire.outputs import FinishReason, TokenOutput
 from kvflow.runtime.wire.sampling import SamplingParams
 
@@ -39,6 +40,7 @@ class GenerateRequest:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     extra_key: str | None = None
+    bootstrap: Bootstrap | None = None  # prefill/decode roles: the pairing with the peer
 
 
 @dataclass(frozen=True)

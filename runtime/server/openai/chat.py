@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from kvflow.runtime.server.bootstrap_fields import bootstrap_of
 from kvflow.runtime.server.openai.common import (
     SampleResult,
     collect,
@@ -46,7 +47,14 @@ def prepare_chat(tm: TokenizerManager, body: ChatCompletionRequest) -> GenerateI
     except ValueError as err:
         raise RequestError(400, str(err)) from err
     want_logprobs = body.logprobs or bool(body.top_logprobs)
-    return GenerateInput(ids, sampling, want_logprobs, body.top_logprobs or 0, stream=body.stream)
+    return GenerateInput(
+        ids,
+        sampling,
+        want_logprobs,
+        body.top_logprobs or 0,
+        stream=body.stream,
+        bootstrap=bootstrap_of(body.bootstrap_host, body.bootstrap_port, body.bootstrap_room),
+    )
 
 
 def _logprobs(result_ids, logprobs, tops, tm: TokenizerManager) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from kvflow.runtime.server.bootstrap_fields import bootstraps_of
 from kvflow.runtime.server.openai.common import (
     SampleResult,
     TokenText,
@@ -43,8 +44,11 @@ def prepare_completion(
     if body.echo and body.logprobs is not None:
         raise RequestError(400, "echo together with logprobs (prompt logprobs) is not supported")
     ids_list, texts = _prompts(tm, body.prompt)
+    bootstraps = bootstraps_of(
+        body.bootstrap_host, body.bootstrap_port, body.bootstrap_room, len(ids_list)
+    )
     inputs = []
-    for ids in ids_list:
+    for ids, bootstrap in zip(ids_list, bootstraps, strict=True):
         max_tokens = (
             body.max_tokens if body.max_tokens is not None else tm.default_max_tokens(len(ids))
         )
@@ -54,7 +58,12 @@ def prepare_completion(
             raise RequestError(400, str(err)) from err
         inputs.append(
             GenerateInput(
-                ids, sampling, body.logprobs is not None, body.logprobs or 0, stream=body.stream
+                ids,
+                sampling,
+                body.logprobs is not None,
+                body.logprobs or 0,
+                stream=body.stream,
+                bootstrap=bootstrap,
             )
         )
     return inputs, texts

@@ -46,6 +46,10 @@ class _SamplingFields(BaseModel):
     min_tokens: int | None = None
     stop_token_ids: list[int] | None = None
     skip_special_tokens: StrictBool = True
+    # prefill/decode disaggregation, SGLang's names (set by a PD router)
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
 
     def sampling_dict(self, max_new_tokens: int) -> dict[str, Any]:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
@@ -104,3 +108,7 @@ class GenerateRequestBody(BaseModel):
     top_logprobs_num: int = Field(default=0, ge=0, le=20)
     extra_key: str | None = None
     rid: str | None = None
+    # prefill/decode disaggregation, SGLang's names: one value, or one per prompt of a batch
+    bootstrap_host: str | list[str] | None = None
+    bootstrap_port: int | list[int] | None = None
+    bootstrap_room: int | list[int] | None = None

@@ -1,0 +1,39 @@
+"""SGLang's ``bootstrap_host`` / ``bootstrap_port`` / ``bootstrap_room`` request fields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvflow.runtime.wire import Bootstrap, RequestError
+
+__all__ = ["bootstrap_of", "bootstraps_of"]
+
+
+def bootstrap_of(host: Any, port: Any, room: Any) -> Bootstrap | None:
+    """The pairing of one prompt; None when no field is set, 400 when only some are."""
+    given = [v is not None for v in (host, port, room)]
+    if not any(given):
+        return None
+    if not all(given):
+        raise RequestError(
+            400, "bootstrap_host, bootstrap_port and bootstrap_room go together: give all three"
+        )
+    try:
+        return Bootstrap(host, port, room)
+    except ValueError as err:
+        raise RequestError(400, str(err)) from err
+
+
+def bootstraps_of(host: Any, port: Any, room: Any, count: int) -> list[Bootstrap | None]:
+    """One pairing per prompt of a batch: lists of ``count`` values, or single values when
+    ``count`` is 1."""
+    values = [host, port, room]
+    if any(isinstance(v, list) for v in values):
+        if any(v is not None and (not isinstance(v, list) or len(v) != count) for v in values):
+            raise RequestError(400, f"bootstrap_* lists must have one value per prompt ({count})")
+        return [
+            bootstrap_of(*(v[i] if v is not None else None for v in values)) for i in range(count)
+        ]
+    if count > 1 and room is not None:
+        raise RequestError(400, "a batch needs one bootstrap_room per prompt (lists)")
+    return [bootstrap_of(host, port, room)] * count

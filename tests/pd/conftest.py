@@ -1,0 +1,66 @@
+"""A real prefill/decode pair (``kvflow serve --role prefill|decode``), a unified server
+to compare with, and ``kvflow router`` in PD mode in front of the pair."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "router"))
+
+from router_process import RouterProcess
+from server_process import ServerProcess, free_port
+
+# A small chunk so long prompts prefill in several chunks on the prefill side.
+COMMON = ("--max-total-tokens", "6000", "--context-length", "2048", "--chunked-prefill-size", "64")
+
+
+class PDStack(NamedTuple):
+    prefill: ServerProcess
+    bootstrap_port: int
+    decode: ServerProcess
+    unified: ServerProcess
+    router: RouterProcess
+
+
+@pytest.fixture(scope="session")
+def pd(model_path, tmp_path_factory) -> Iterator[PDStack]:
+    logs = tmp_path_factory.mktemp("pd")
+    bootstrap_port = free_port()
+    specs = {
+        "prefill": ("--role", "prefill", "--bootstrap-port", str(bootstrap_port), *COMMON),
+        "decode": ("--role", "decode", *COMMON),
+        "unified": COMMON,
+    }
+    with ThreadPoolExecutor(3) as pool:  # each load takes tens of seconds
+        futures = {
+            name: pool.submit(ServerProcess, *flags, log=logs / f"{name}.log")
+            for name, flags in specs.items()
+        }
+    started = {name: f.result() for name, f in futures.items() if f.exception() is None}
+    router = None
+    try:
+        failed = [f.exception() for f in futures.values() if f.exception() is not None]
+        if failed:
+            raise failed[0]  # type: ignore[misc]
+        router = RouterProcess(
+            "--prefill-urls",
+            f"{started['prefill'].url}#{bootstrap_port}",
+            "--decode-urls",
+            started["decode"].url,
+            log=logs / "router.log",
+        )
+        yield PDStack(
+            started["prefill"], bootstrap_port, started["decode"], started["unified"], router
+        )
+    finally:
+        if router is not None:
+            router.stop()
+        for proc in started.values():
+            proc.stop()

@@ -1,0 +1,158 @@
+"""Prefill/decode disaggregation on the embedded model: greedy output through router ->
+prefill -> decode equals unified serving token for token; faults end requests with an
+error in bounded time and leave both sides idle."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import httpx
+import pytest
+from openai import OpenAI
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "What is the capital of France?"
+# Longer than the 64-token chunk: the prefill runs it in several chunks.
+LONG = " ".join(f"Item {i} is a {['red', 'green', 'blue'][i % 3]} box." for i in range(40))
+
+
+def _chat(url: str, content: str, **extra) -> dict:
+    body = {"messages": [{"role": "user", "content": content}], "temperature": 0, **extra}
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=180)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _idle(pd) -> None:
+    pd.decode.wait_idle_and_free(timeout=30)
+    pd.prefill.wait_idle_and_free(timeout=30)
+
+
+@pytest.mark.parametrize("content", [QUESTION, LONG + " How many boxes are blue?"])
+def test_greedy_chat_through_pd_equals_unified(pd, content):
+    want = _chat(pd.unified.url, content, max_tokens=24)
+    got = _chat(pd.router.url, content, max_tokens=24)
+    assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+    assert got["choices"][0]["finish_reason"] == want["choices"][0]["finish_reason"]
+    assert got["usage"]["completion_tokens"] == want["usage"]["completion_tokens"]
+    _idle(pd)
+
+
+def test_prefix_hits_on_the_prefill_side(pd):
+    prompt = LONG + " Which item is the last one?"
+    first = _chat(pd.router.url, prompt, max_tokens=8)
+    again = _chat(pd.router.url, prompt, max_tokens=8)
+    assert again["choices"][0]["message"] == first["choices"][0]["message"]
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= 64
+    _idle(pd)
+
+
+def test_generate_ids_stop_strings_and_logprobs_through_pd(pd):
+    ids = list(range(2000, 2100))
+    body = {
+        "input_ids": ids,
+        "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
+        "return_logprob": True,
+    }
+    want = httpx.post(f"{pd.unified.url}/generate", json=body, timeout=180).json()
+    got = httpx.post(f"{pd.router.url}/generate", json=body, timeout=180).json()
+    assert got["output_ids"] == want["output_ids"]
+    got_lp = [lp for lp, _, _ in got["meta_info"]["output_token_logprobs"]]
+    want_lp = [lp for lp, _, _ in want["meta_info"]["output_token_logprobs"]]
+    assert got_lp == pytest.approx(want_lp, abs=1e-4)
+    stop_want = _chat(pd.unified.url, QUESTION, max_tokens=24, stop=["Paris"])
+    stop_got = _chat(pd.router.url, QUESTION, max_tokens=24, stop=["Paris"])
+    assert stop_got["choices"][0]["message"] == stop_want["choices"][0]["message"]
+    assert stop_got["choices"][0]["finish_reason"] == "stop"
+    _idle(pd)
+
+
+def test_openai_streaming_through_pd(pd):
+    client = OpenAI(base_url=f"{pd.router.url}/v1", api_key="unused")
+    stream = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": QUESTION}],
+        temperature=0,
+        max_tokens=16,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    want = _chat(pd.unified.url, QUESTION, max_tokens=16)
+    assert text == want["choices"][0]["message"]["content"]
+    assert chunks[-1].usage.completion_tokens == want["usage"]["completion_tokens"]
+    _idle(pd)
+
+
+def test_many_concurrent_requests_complete_without_leaks(pd):
+    import asyncio
+
+    async def run() -> list[int]:
+        async with httpx.AsyncClient(timeout=300) as client:
+
+            async def one(i: int) -> int:
+                body = {
+                    "messages": [{"role": "user", "content": f"Count to {i % 7 + 2}."}],
+                    "temperature": 0,
+                    "max_tokens": 8,
+                }
+                response = await client.post(f"{pd.router.url}/v1/chat/completions", json=body)
+                return response.status_code
+
+            return await asyncio.gather(*(one(i) for i in range(40)))
+
+    codes = asyncio.run(run())
+    assert codes == [200] * 40
+    _idle(pd)
+
+
+def _bootstrap(host: str, port: int) -> dict:
+    return {
+        "bootstrap_host": host,
+        "bootstrap_port": port,
+        "bootstrap_room": random.getrandbits(63),
+    }
+
+
+def test_unreachable_prefill_fails_the_decode_request_in_bounded_time(pd):
+    from server_process import free_port
+
+    body = {
+        "messages": [{"role": "user", "content": QUESTION}],
+        "max_tokens": 8,
+        **_bootstrap("127.0.0.1", free_port()),  # nothing listens there
+    }
+    start = time.monotonic()
+    response = httpx.post(f"{pd.decode.url}/v1/chat/completions", json=body, timeout=60)
+    elapsed = time.monotonic() - start
+    assert response.status_code == 200  # the status went out with the (aborted) answer
+    choice = response.json()["choices"][0]
+    assert choice["finish_reason"] == "abort", choice
+    assert elapsed < 10
+    _idle(pd)
+
+
+def test_unclaimed_room_is_freed_on_the_prefill(pd):
+    body = {
+        "messages": [{"role": "user", "content": QUESTION}],
+        "max_tokens": 8,
+        **_bootstrap("127.0.0.1", pd.bootstrap_port),  # no decode will claim it
+    }
+    response = httpx.post(f"{pd.prefill.url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200
+    _idle(pd)  # the parked KV is released once the room times out
+
+
+def test_requests_without_pairing_are_refused_by_pd_workers(pd):
+    for server in (pd.prefill, pd.decode):
+        body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 4}
+        response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+        assert response.status_code == 400
+        assert "PD router" in response.json()["error"]["message"]
+    body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 4}
+    body.update(_bootstrap("127.0.0.1", pd.bootstrap_port))
+    response = httpx.post(f"{pd.unified.url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400 and "unified" in response.json()["error"]["message"]
