@@ -15,3 +15,11 @@ bench-serving: $(STAMP) ## serving benchmark: kvflow vs transformers serve, radi
 bench-mixed-chunk: $(STAMP) ## ITL p50/p99 with and without mixed chunked prefill, 32 clients (benchmarks/results/mixed-chunk.md)
 	$(PY) benchmarks/bench_serving.py compare --only kvflow --workloads fixed --concurrency 32 \
 	  --fixed-requests 32=96 --rounds 2 --out benchmarks/results/mixed-chunk.md
+
+# KV transfer between two processes over the Mooncake transport on loopback TCP, in the
+# embedded model's KV shape. BENCH_KV_TRANSFER_ARGS adds flags, e.g. "--seconds 5".
+BENCH_KV_TRANSFER_ARGS ?=
+
+.PHONY: bench-kv-transfer
+bench-kv-transfer: $(STAMP) ## KV transfer GB/s, two processes, Mooncake over loopback TCP (benchmarks/results/kv-transfer.md)
+	$(PY) benchmarks/bench_kv_transfer.py $(BENCH_KV_TRANSFER_ARGS)

@@ -1,0 +1,144 @@
+"""What a peer must know about a KV pool to write into it: shapes, dtype and addresses.
+
+A decode instance sends its :class:`KVLayout` to the prefill at registration; the prefill
+refuses a layout whose shape differs from its own (:meth:`KVLayout.mismatch`) instead of
+writing bytes that would decode as garbage KV.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from kvflow.runtime.config import ModelConfig
+    from kvflow.runtime.mem import KVPool
+
+__all__ = ["KVLayout", "Region", "layout_of", "model_fingerprint"]
+
+
+class Region(NamedTuple):
+    """One contiguous buffer of the pool, as a transport registers it."""
+
+    ptr: int
+    nbytes: int
+
+
+def model_fingerprint(config: ModelConfig) -> str:
+    """A readable identity of the model's KV shape and vocabulary (not of its weights)."""
+    return (
+        f"{config.architecture}:layers={config.num_layers}:kv_heads={config.num_kv_heads}"
+        f":head_dim={config.head_dim}:vocab={config.vocab_size}"
+    )
+
+
+# Fields two peers must agree on, in the order a mismatch is reported: the specific shape
+# fields first, so a different layer count is named as such and not as "model".
+_COMPARED = (
+    ("num_layers", "layers"),
+    ("num_kv_heads", "kv heads"),
+    ("head_dim", "head_dim"),
+    ("dtype", "dtype"),
+    ("page_size", "page size"),
+    ("slot_bytes", "bytes per slot"),
+    ("model", "model"),
+)
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """The KV pool of one instance, for transfer: per layer a K and a V buffer of
+    ``num_slots`` slots, each slot ``slot_bytes`` bytes (``[kv_heads, head_dim]`` of
+    ``dtype``), slot ``i`` of layer ``l``'s K at ``k_addrs[l] + i * slot_bytes``.
+
+    Addresses and ``num_slots`` are the instance's own; everything else must equal the
+    peer's. ``page_size`` is the allocator's page size: slot indices are token slots.
+    """
+
+    model: str
+    dtype: str
+    page_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    slot_bytes: int
+    k_addrs: tuple[int, ...]
+    v_addrs: tuple[int, ...]
+    num_slots: int
+
+    def __post_init__(self) -> None:
+        if len(self.k_addrs) != self.num_layers or len(self.v_addrs) != self.num_layers:
+            raise ValueError(
+                f"KVLayout has {len(self.k_addrs)} K and {len(self.v_addrs)} V addresses "
+                f"for {self.num_layers} layers"
+            )
+        if min(self.page_size, self.slot_bytes, self.num_slots) <= 0:
+            raise ValueError("KVLayout page_size, slot_bytes and num_slots must be positive")
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes of one layer's K (or V) buffer."""
+        return self.num_slots * self.slot_bytes
+
+    def regions(self) -> list[Region]:
+        """Every K and V buffer, layer by layer: what a transport must register."""
+        return [
+            Region(addr, self.buffer_bytes)
+            for pair in zip(self.k_addrs, self.v_addrs, strict=True)
+            for addr in pair
+        ]
+
+    def mismatch(self, other: KVLayout) -> str | None:
+        """``None`` when ``other`` can receive this pool's KV (or send into it), else a
+        message naming the first differing field, this side's value first."""
+        for name, label in _COMPARED:
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine != theirs:
+                return f"KV layout mismatch: {label} differs (local {mine!r}, peer {theirs!r})"
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe: tuples become lists."""
+        raw = asdict(self)
+        raw["k_addrs"], raw["v_addrs"] = list(self.k_addrs), list(self.v_addrs)
+        return raw
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> KVLayout:
+        names = {f.name for f in fields(cls)}
+        if set(raw) != names:
+            raise ValueError(f"KV layout fields {sorted(set(raw) ^ names)} are missing or unknown")
+        values = dict(raw)
+        values["k_addrs"] = tuple(int(a) for a in raw["k_addrs"])
+        values["v_addrs"] = tuple(int(a) for a in raw["v_addrs"])
+        return cls(**values)
+
+
+def layout_of(kv_pool: KVPool, model_config: ModelConfig, page_size: int) -> KVLayout:
+    """The layout of ``kv_pool`` (its buffers must be contiguous, as :class:`KVPool`
+    allocates them), checked against ``model_config``'s KV shape."""
+    k_buffers, v_buffers = kv_pool.k_buffer, kv_pool.v_buffer
+    if len(k_buffers) != model_config.num_layers or len(v_buffers) != model_config.num_layers:
+        raise ValueError(
+            f"KV pool has {len(k_buffers)} layers, the model {model_config.num_layers}"
+        )
+    first = k_buffers[0]
+    expected = (first.shape[0], model_config.num_kv_heads, model_config.head_dim)
+    for buf in (*k_buffers, *v_buffers):
+        if tuple(buf.shape) != expected or not buf.is_contiguous():
+            raise ValueError(
+                f"KV buffer of shape {tuple(buf.shape)} (contiguous: {buf.is_contiguous()}) "
+                f"does not fit {list(expected)}"
+            )
+    return KVLayout(
+        model=model_fingerprint(model_config),
+        dtype=str(kv_pool.dtype).removeprefix("torch."),
+        page_size=page_size,
+        num_layers=len(k_buffers),
+        num_kv_heads=model_config.num_kv_heads,
+        head_dim=model_config.head_dim,
+        slot_bytes=first[0].numel() * first.element_size(),
+        k_addrs=tuple(buf.data_ptr() for buf in k_buffers),
+        v_addrs=tuple(buf.data_ptr() for buf in v_buffers),
+        num_slots=first.shape[0],
+    )

@@ -1,0 +1,65 @@
+"""The KV-transport contract: one-sided writes of local memory into a peer's memory."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from types import TracebackType
+
+from kvflow.runtime.disagg.plan import Write
+
+__all__ = ["KVTransport", "TransferError"]
+
+
+class TransferError(RuntimeError):
+    """A write did not complete: the peer is dead, unreachable, too slow, or refused it."""
+
+
+class KVTransport(ABC):
+    """One endpoint of a KV transfer engine.
+
+    - :attr:`session_id` is ``"host:port"``: what peers pass to :meth:`write` to reach
+      this endpoint. The host is the advertised address (``$KVFLOW_POD_IP`` where set).
+    - :meth:`register` makes local memory (the KV pool's buffers, see
+      ``KVLayout.regions``) reachable by peers. Memory must be registered on both sides:
+      the source of a write and its destination. It must stay allocated until
+      :meth:`close`.
+    - :meth:`write` copies every ``Write`` (local ``src_ptr`` -> the peer's ``dst_ptr``)
+      and returns once all bytes are at the peer. It raises :class:`TransferError` with a
+      message on any failure, within a bounded time (implementations state the bound);
+      it never hangs. On error, any subset of the writes may have landed.
+    - Nothing is written into this endpoint's memory without a peer calling
+      :meth:`write`; there is no notification of arrival (completion is signalled out of
+      band, by the caller).
+    - :meth:`write` may be called from several threads at once. :meth:`close` is called
+      once, after the last :meth:`write` returned.
+
+    NOTE: a write abandoned at its deadline may still be running inside the engine and
+    may still land bytes afterwards (see the implementation's bound). A receiver that
+    gives up on a transfer must not hand its slots to another request before that bound
+    has passed.
+    """
+
+    @property
+    @abstractmethod
+    def session_id(self) -> str: ...
+
+    @abstractmethod
+    def register(self, ptr: int, nbytes: int) -> None: ...
+
+    @abstractmethod
+    def write(self, session_id: str, writes: Sequence[Write]) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> KVTransport:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
