@@ -16,6 +16,17 @@ bench-mixed-chunk: $(STAMP) ## ITL p50/p99 with and without mixed chunked prefil
 	$(PY) benchmarks/bench_serving.py compare --only kvflow --workloads fixed --concurrency 32 \
 	  --fixed-requests 32=96 --rounds 2 --out benchmarks/results/mixed-chunk.md
 
+# Router benchmark (benchmarks/bench_router.py): kvflow router vs sglang-router (installed
+# on first use into $(KVFLOW_CACHE_DIR or ~/.cache/kvflow)/venvs/sglang-router-0.3.2):
+# overhead over a fast load target at 1/32/256 streams, and cache_aware vs power_of_two vs
+# round_robin (and sglang-router's cache_aware) over 4 kvflow serve workers; ~15 minutes
+# on 2 cores. BENCH_ROUTER_ARGS adds flags, e.g. "--parts overhead --rounds 3".
+BENCH_ROUTER_ARGS ?=
+
+.PHONY: bench-router
+bench-router: $(STAMP) ## router overhead and cache-aware value vs sglang-router (benchmarks/results/router.md)
+	$(PY) benchmarks/bench_router.py run $(BENCH_ROUTER_ARGS)
+
 # KV transfer between two processes over the Mooncake transport on loopback TCP, in the
 # embedded model's KV shape. BENCH_KV_TRANSFER_ARGS adds flags, e.g. "--seconds 5".
 BENCH_KV_TRANSFER_ARGS ?=
