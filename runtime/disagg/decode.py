@@ -92,7 +92,7 @@ class DecodeRole(Role):
                 )
             else:
                 self.scheduler.cache.release_req(req)
-                req.abort(f"prefill failed: {outcome.message or outcome.state}")
+                req.abort(f"prefill failed: {outcome.message or outcome.state}", retryable=True)
                 outputs.append(self.scheduler.make_output(req, []))
         while self.prealloc and self._preallocate(self.prealloc[0]):
             req = self.prealloc.pop(0)

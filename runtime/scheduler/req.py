@@ -131,5 +131,5 @@ class Req:
             return False  # stop tokens and strings are not checked yet
         return bool(self.stop_token_set) or self._stop_text is not None
 
-    def abort(self, message: str) -> None:
-        self.finished_reason = FinishReason("abort", message=message)
+    def abort(self, message: str, retryable: bool = False) -> None:
+        self.finished_reason = FinishReason("abort", message=message, retryable=retryable)

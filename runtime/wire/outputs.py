@@ -18,6 +18,9 @@ class FinishReason:
     type: str
     matched: int | str | None = None
     message: str = ""
+    # An abort before any token because a peer failed (prefill/decode): another worker may
+    # serve the request, so an answer not yet started is a 503 (a router retries it).
+    retryable: bool = False
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvflow.runtime.server.tokenizer_manager import RequestHandle
+from kvflow.runtime.wire.errors import RequestError
 from kvflow.runtime.wire.messages import TextOutput
 
 __all__ = ["SampleResult", "collect", "merge_streams", "new_id", "sse", "usage_dict"]
@@ -82,9 +83,14 @@ async def merge_streams(handles: list[RequestHandle]) -> AsyncIterator[tuple[int
 
 
 async def collect(handles: list[RequestHandle]) -> list[SampleResult]:
+    """Every sample's whole result; a sample that a failed peer aborted before its first
+    token makes the answer a 503 (nothing was sent yet, so a router may retry it)."""
     results = [SampleResult() for _ in handles]
     async for index, out in merge_streams(handles):
         results[index].add(out)
+        reason = out.finish_reason
+        if reason is not None and reason.retryable and not results[index].token_ids:
+            raise RequestError(503, reason.message)
     return results
 
 
