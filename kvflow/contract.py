@@ -46,9 +46,9 @@ DEFAULT_API_PORT = 8000
 DEFAULT_BOOTSTRAP_PORT = 8998  # prefill pods: KV-transfer bootstrap endpoint
 OPERATOR_HEALTH_PORT = 8080
 # KV transfer engine (Mooncake) listening ports, RPC and TCP data, of prefill/decode pods and
-# of Mooncake store clients: the runtime binds them inside this inclusive range (for
-# example by passing "<pod-ip>:<port>" as the engine's local hostname), so a NetworkPolicy
-# can open exactly this range between prefill and decode pods.
+# of Mooncake store clients: the runtime has the engine pick them inside this inclusive
+# range (its MC_MIN_RPC_PORT / MC_MAX_RPC_PORT settings; it ignores a port given in its local
+# hostname), so a NetworkPolicy can open exactly this range between prefill and decode pods.
 KV_TRANSFER_PORT_RANGE = (17000, 17999)
 # The Mooncake master (shared HiCache store): RPC and HTTP metadata server.
 MOONCAKE_MASTER_RPC_PORT = 50051

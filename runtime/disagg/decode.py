@@ -9,19 +9,22 @@ Queues of one request::
                        -> failed / cancelled: aborted, its slots freed
 
 A request aborted while its transfer may still run keeps its slots until the prefill says
-the room ended (or cannot be reached for the timeout): nothing may land in reused slots.
+the room ended (or cannot be reached for the timeout); after a failed room the slots wait
+one more timeout (a write the prefill abandoned may still land within the engine's own
+timeout, see ``KVTransport``): nothing may land in reused slots.
 The decode keeps no prefix cache (every prompt's KV comes from the prefill), as SGLang.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from kvflow.runtime.disagg.layout import layout_of
 from kvflow.runtime.disagg.roles import Role
 from kvflow.runtime.disagg.transport import KVTransport
-from kvflow.runtime.disagg.watcher import RoomWatcher
+from kvflow.runtime.disagg.watcher import Outcome, RoomWatcher
 from kvflow.runtime.scheduler import Req, Scheduler
 from kvflow.runtime.wire import TokenOutput
 
@@ -42,6 +45,8 @@ class DecodeRole(Role):
         self.prealloc: list[Req] = []
         self.transferring: dict[str, Req] = {}
         self.abandoned: set[str] = set()  # aborted while their transfer may still write
+        self.quarantine: list[tuple[float, Req]] = []  # (free at, request) after failures
+        self.timeout_s = timeout_s
 
     def info(self) -> dict[str, Any]:
         return {"kv_session": self.transport.session_id}
@@ -58,7 +63,7 @@ class DecodeRole(Role):
         self.prealloc.append(req)
 
     def busy(self) -> bool:
-        return bool(self.prealloc or self.transferring)
+        return bool(self.prealloc or self.transferring or self.quarantine)
 
     def abort(self, rid: str, message: str) -> TokenOutput | None:
         for req in self.prealloc:
@@ -77,11 +82,15 @@ class DecodeRole(Role):
 
     def poll(self) -> list[TokenOutput]:
         outputs: list[TokenOutput] = []
+        now = time.monotonic()
+        for free_at, req in [q for q in self.quarantine if q[0] <= now]:
+            self.quarantine.remove((free_at, req))
+            self.scheduler.cache.release_req(req)
         for key, outcome in self.watcher.done():
             req = self.transferring.pop(key)
             if key in self.abandoned:
                 self.abandoned.discard(key)
-                self.scheduler.cache.release_req(req)
+                self._release_after(outcome, req)
             elif outcome.state == "done":
                 first = outcome.result.get("first_token")
                 top = outcome.result.get("top_logprobs")
@@ -91,7 +100,7 @@ class DecodeRole(Role):
                     req, first, outcome.result.get("logprob"), top
                 )
             else:
-                self.scheduler.cache.release_req(req)
+                self._release_after(outcome, req)
                 req.abort(f"prefill failed: {outcome.message or outcome.state}", retryable=True)
                 outputs.append(self.scheduler.make_output(req, []))
         while self.prealloc and self._preallocate(self.prealloc[0]):
@@ -103,6 +112,13 @@ class DecodeRole(Role):
             self.transferring[req.rid] = req
             self.watcher.claim(req.rid, req.bootstrap, slots.tolist())
         return outputs
+
+    def _release_after(self, outcome: Outcome, req: Req) -> None:
+        """Free the slots of a room that ended; after a failure, one timeout later."""
+        if outcome.state == "failed":
+            self.quarantine.append((time.monotonic() + self.timeout_s, req))
+        else:
+            self.scheduler.cache.release_req(req)
 
     def _preallocate(self, req: Req) -> bool:
         """A row and slots for the whole prompt, if they fit beside the running requests'

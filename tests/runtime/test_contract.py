@@ -42,8 +42,59 @@ def test_unimplemented_contract_features_are_refused_clearly(capsys):
     with pytest.raises(SystemExit):
         parse_args(argv[2:])
     assert "not implemented" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        parse_args(contract.serve_argv(contract.ServeOptions(role="prefill"))[2:])
+    with pytest.raises(SystemExit):  # the bootstrap endpoint is the prefill's
+        parse_args(contract.serve_argv(contract.ServeOptions(role="decode", bootstrap_port=1))[2:])
+
+
+def test_rendered_prefill_and_decode_commands_parse():
+    prefill = parse_args(
+        contract.serve_argv(
+            contract.ServeOptions(role="prefill", bootstrap_port=9000, kv_transfer_protocol="tcp")
+        )[2:]
+    )
+    assert (prefill.role, prefill.bootstrap_port, prefill.kv_transfer_protocol) == (
+        "prefill",
+        9000,
+        "tcp",
+    )
+    decode = parse_args(contract.serve_argv(contract.ServeOptions(role="decode"))[2:])
+    assert decode.role == "decode"
+
+
+def _operator_pod_commands() -> dict[str, list[list[str]]]:
+    """Every ``kvflow serve`` command the operator renders for the example and golden specs."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "operator"))
+    from operator_testing import SPECS, load_model_deployment
+
+    from kvflow.operator import parse_model_deployment, render_children
+
+    commands: dict[str, list[list[str]]] = {}
+    for name, path in SPECS.items():
+        md = parse_model_deployment(load_model_deployment(path))
+        for child in render_children(md):
+            if child["kind"] != "Deployment":
+                continue
+            for container in child["spec"]["template"]["spec"]["containers"]:
+                argv = [*container.get("command", []), *container.get("args", [])]
+                if argv[:2] == ["kvflow", "serve"]:
+                    commands.setdefault(name, []).append(argv[2:])
+    return commands
+
+
+def test_every_operator_rendered_serve_command_parses_or_names_what_is_missing(capsys):
+    commands = _operator_pod_commands()
+    assert set(commands) >= {"unified-embedded", "disaggregated-pvc"}
+    for name, argvs in commands.items():
+        for argv in argvs:
+            if any(flag.startswith("--hicache") for flag in argv):
+                with pytest.raises(SystemExit):  # HiCache tiers are not built yet
+                    parse_args(argv)
+                assert "not implemented" in capsys.readouterr().err
+            else:
+                parse_args(argv)  # raises SystemExit on any refused flag
 
 
 def _router_option_strings() -> set[str]:
