@@ -14,11 +14,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
 sys.path.insert(0, str(Path(__file__).parents[1] / "router"))
 
+from pd_flags import COMMON
 from router_process import RouterProcess
 from server_process import ServerProcess, free_port
-
-# A small chunk so long prompts prefill in several chunks on the prefill side.
-COMMON = ("--max-total-tokens", "6000", "--context-length", "2048", "--chunked-prefill-size", "64")
 
 
 class PDStack(NamedTuple):
