@@ -34,3 +34,14 @@ BENCH_KV_TRANSFER_ARGS ?=
 .PHONY: bench-kv-transfer
 bench-kv-transfer: $(STAMP) ## KV transfer GB/s, two processes, Mooncake over loopback TCP (benchmarks/results/kv-transfer.md)
 	$(PY) benchmarks/bench_kv_transfer.py $(BENCH_KV_TRANSFER_ARGS)
+
+# Prefill/decode disaggregation (benchmarks/bench_pd.py): 1 prefill + 1 decode behind kvflow
+# router (PD mode) vs one unified kvflow serve behind kvflow router --worker-urls, same
+# prompts, alternating rounds; the KV transfer's share of TTFT from the prefill's /metrics.
+# ~10 minutes on 2 cores. BENCH_PD_ARGS adds flags, e.g. "--rounds 3 --concurrency 1,8".
+# The long-prefill interference mode (`bench_pd.py interference`) is for the GPU machine.
+BENCH_PD_ARGS ?=
+
+.PHONY: bench-pd
+bench-pd: $(STAMP) ## PD (prefill + decode) vs unified: TTFT, tok/s, KV transfer share and GB/s (benchmarks/results/pd.md)
+	$(PY) benchmarks/bench_pd.py compare $(BENCH_PD_ARGS)

@@ -1,19 +1,16 @@
 """The routers under test: ``kvflow router`` and SGLang's ``sglang-router`` (PyPI, Rust).
 
-sglang-router lives in its own virtual environment (it pins its own aiohttp, fastapi...),
-created on first use with the ordinary pip client; ``SGLANG_ROUTER_VERSION`` is the
-release NOTES.md records as working here. Both routers run with their default logging
+sglang-router lives in its own virtual environment, created on first use
+(``sglang_venv.py``, shared with the PD tests). Both routers run with their default logging
 (one or two lines per request to a log file) and their default timeouts.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from serving.servers import free_port
+from sglang_venv import SGLANG_ROUTER_VERSION, default_sglang_venv, ensure_sglang_router
 
 from .procs import Launch
 
@@ -24,29 +21,6 @@ __all__ = [
     "kvflow_router",
     "sglang_router",
 ]
-
-SGLANG_ROUTER_VERSION = "0.3.2"
-
-
-def default_sglang_venv() -> Path:
-    cache = Path(os.environ.get("KVFLOW_CACHE_DIR", Path.home() / ".cache" / "kvflow"))
-    return cache / "venvs" / f"sglang-router-{SGLANG_ROUTER_VERSION}"
-
-
-def ensure_sglang_router(venv: Path, timeout: float = 600.0) -> Path:
-    """The venv's python, installing ``sglang-router`` there first if it is missing."""
-    python = venv / "bin" / "python"
-    probe = [str(python), "-c", "import sglang_router"]
-    if python.exists() and subprocess.run(probe, capture_output=True, check=False).returncode == 0:
-        return python
-    print(f"installing sglang-router=={SGLANG_ROUTER_VERSION} into {venv}", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=timeout)
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", f"sglang-router=={SGLANG_ROUTER_VERSION}"],
-        check=True,
-        timeout=timeout,
-    )
-    return python
 
 
 def kvflow_router(name: str, policy: str, workers: list[str], python: str) -> Launch:

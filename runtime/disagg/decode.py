@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from kvflow.runtime.disagg.layout import layout_of
-from kvflow.runtime.disagg.roles import Role
+from kvflow.runtime.disagg.roles import Role, RoleStats
 from kvflow.runtime.disagg.transport import KVTransport
 from kvflow.runtime.disagg.watcher import Outcome, RoomWatcher
 from kvflow.runtime.scheduler import Req, Scheduler
@@ -50,6 +50,9 @@ class DecodeRole(Role):
 
     def info(self) -> dict[str, Any]:
         return {"kv_session": self.transport.session_id}
+
+    def stats(self) -> RoleStats:
+        return RoleStats(decode_prealloc=len(self.prealloc), decode_transfer=len(self.transferring))
 
     def add(self, req: Req) -> None:
         if req.bootstrap is None:

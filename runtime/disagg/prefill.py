@@ -20,8 +20,9 @@ from typing import Any
 from kvflow.runtime.disagg.bootstrap import BootstrapServer
 from kvflow.runtime.disagg.layout import layout_of
 from kvflow.runtime.disagg.plan import transfer_plan
-from kvflow.runtime.disagg.roles import Role
+from kvflow.runtime.disagg.roles import Role, RoleStats
 from kvflow.runtime.disagg.rooms import Claim, Rooms
+from kvflow.runtime.disagg.transfer_log import TransferLog, timed_write
 from kvflow.runtime.disagg.transport import KVTransport
 from kvflow.runtime.scheduler import Req, Scheduler
 from kvflow.runtime.wire import TokenOutput
@@ -53,9 +54,15 @@ class PrefillRole(Role):
         self._sender = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvflow-kv-send")
         self._sending: dict[int, Future] = {}  # id(req) -> the write in flight
         self._room_of: dict[str, int] = {}  # rid -> room, while the scheduler has the request
+        self.transfers = TransferLog()
 
     def info(self) -> dict[str, Any]:
         return {"bootstrap_port": self.server.port, "kv_session": self.transport.session_id}
+
+    def stats(self) -> RoleStats:
+        return RoleStats(
+            prefill_inflight=len(self.scheduler.parked), transfers=self.transfers.totals()
+        )
 
     def add(self, req: Req) -> None:
         if req.bootstrap is None:
@@ -117,7 +124,9 @@ class PrefillRole(Role):
             return
         src_slots = self.scheduler.runner.req_to_token.read(req.req_pool_idx, prompt_len)
         writes = transfer_plan(self.layout, peer, src_slots.tolist(), list(claim.slots))
-        self._sending[id(req)] = self._sender.submit(self.transport.write, claim.session, writes)
+        self._sending[id(req)] = self._sender.submit(
+            timed_write, self.transport.write, claim.session, writes
+        )
 
     def _collect(self, req: Req) -> None:
         future = self._sending[id(req)]
@@ -128,8 +137,10 @@ class PrefillRole(Role):
         error = future.exception()
         if error is not None:
             logger.warning("KV transfer for room %d failed: %s", req.bootstrap.room, error)
+            self.transfers.record_failure()
             self._give_up(req, f"KV transfer failed: {error}")
             return
+        self.transfers.record(future.result())
         result = {
             "first_token": req.output_ids[0] if req.output_ids else None,
             "logprob": req.output_logprobs[0] if req.output_logprobs else None,

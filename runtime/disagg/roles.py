@@ -5,12 +5,22 @@ requests straight through; ``prefill`` and ``decode`` add the queues of disaggre
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, NamedTuple
 
+from kvflow.runtime.disagg.transfer_log import TransferTotals
 from kvflow.runtime.scheduler import Req, Scheduler
 from kvflow.runtime.wire import TokenOutput
 
-__all__ = ["ROLE_CLASSES", "Role", "UnifiedRole", "make_role"]
+__all__ = ["ROLE_CLASSES", "Role", "RoleStats", "UnifiedRole", "make_role"]
+
+
+class RoleStats(NamedTuple):
+    """A role's queues (SGLang's names without the ``num_..._reqs``) and its KV writes."""
+
+    prefill_inflight: int = 0  # prefilled, waiting for a claim or being sent
+    decode_prealloc: int = 0  # waiting for KV slots
+    decode_transfer: int = 0  # slots claimed, waiting for the prefill's KV
+    transfers: TransferTotals = TransferTotals()
 
 
 class Role:
@@ -45,6 +55,9 @@ class Role:
     def info(self) -> dict[str, Any]:
         """Facts for ``/get_server_info`` (the prefill's bootstrap port, ...)."""
         return {}
+
+    def stats(self) -> RoleStats:
+        return RoleStats()
 
 
 UnifiedRole = Role

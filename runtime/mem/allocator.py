@@ -83,4 +83,7 @@ class TokenToKVPoolAllocator:
             if page == 0 or self._is_free[page]:
                 raise RuntimeError(f"KV page {page} freed twice or never allocated")
             self._is_free[page] = True
-        self._free_pages.extend(pages)
+        # NOTE: descending, as the initial free list: _take_pages reverses the tail, so pages
+        # freed together come back ascending and a request reusing them gets consecutive
+        # slots (a PD decode's claimed slots then coalesce into one KV write per buffer).
+        self._free_pages.extend(reversed(pages))

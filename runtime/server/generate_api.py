@@ -21,6 +21,8 @@ def prepare_native(
     """Returns (single, inputs)."""
     if (body.text is None) == (body.input_ids is None):
         raise RequestError(400, "give exactly one of text and input_ids")
+    if unsupported := body.unsupported_flags():
+        raise RequestError(400, f"not supported by kvflow: {', '.join(unsupported)} (give false)")
     if body.text is not None:
         single = isinstance(body.text, str)
         texts = [body.text] if single else body.text

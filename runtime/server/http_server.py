@@ -215,7 +215,22 @@ def create_app(tm: TokenizerManager) -> FastAPI:
             return _error(409, "cannot flush the cache while requests are in flight")
         return JSONResponse({"flushed": True})
 
+    @app.get("/get_model_info")
+    @app.get("/model_info")  # SGLang's newer name; sglang-router asks for it first
+    async def model_info() -> dict[str, Any]:
+        """SGLang's shape: a router reads the model path from it when it registers a worker."""
+        return {
+            "model_path": tm.info.get("model_path"),
+            "tokenizer_path": tm.info.get("model_path"),
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+        }
+
     @app.get("/get_server_info")
+    @app.get("/server_info")  # SGLang's newer name; sglang-router asks for it first
     async def server_info() -> dict[str, Any]:
         reply = await tm.control("get_stats")
         stats = reply.payload["stats"]

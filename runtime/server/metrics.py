@@ -16,6 +16,7 @@ _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80
 _THROUGHPUT_WINDOW_S = 5.0
 REJECT_REASONS = ("queue_full", "draining", "unhealthy")
 _ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 # name -> help; the docs list is generated from this table.
 METRIC_NAMES = {
@@ -35,6 +36,14 @@ METRIC_NAMES = {
     "sglang:inter_token_latency_seconds": "histogram: gap between streamed tokens",
     "sglang:e2e_request_latency_seconds": "histogram: arrival to finish",
     "sglang:cache_config_info": "KV cache layout: labels page_size and num_pages (value 1)",
+    "sglang:num_prefill_inflight_queue_reqs": "prefill role: prefilled requests waiting for their decode's claim or being sent",
+    "sglang:num_decode_prealloc_queue_reqs": "decode role: requests waiting for KV slots (pre-allocation queue)",
+    "sglang:num_decode_transfer_queue_reqs": "decode role: requests whose slots are claimed, waiting for the prefill's KV (transfer queue)",
+    "kvflow:kv_transfer_bytes_total": "prefill role: KV bytes written into decodes (completed writes)",
+    "kvflow:kv_transfer_seconds": "prefill role: histogram: time of one request's KV write (transport only, not the wait for a claim)",
+    "sglang:num_transfer_failed_reqs_total": "prefill role: KV writes that failed",
+    "sglang:kv_transfer_speed_gb_s": "prefill role: GB/s of the latest KV write",
+    "sglang:kv_transfer_latency_ms": "prefill role: milliseconds of the latest KV write",
 }
 # Every metric carries model_name; these carry more labels.
 _EXTRA_LABELS = {
@@ -86,12 +95,23 @@ class RuntimeMetrics:
         self.ttft = histogram("sglang:time_to_first_token_seconds", _LATENCY_BUCKETS)
         self.itl = histogram("sglang:inter_token_latency_seconds", _ITL_BUCKETS)
         self.e2e = histogram("sglang:e2e_request_latency_seconds", _LATENCY_BUCKETS)
+        self.prefill_inflight = gauge("sglang:num_prefill_inflight_queue_reqs")
+        self.decode_prealloc = gauge("sglang:num_decode_prealloc_queue_reqs")
+        self.decode_transfer = gauge("sglang:num_decode_transfer_queue_reqs")
+        self.transfer_bytes = counter("kvflow:kv_transfer_bytes_total")
+        self.transfer_seconds = histogram("kvflow:kv_transfer_seconds", _TRANSFER_BUCKETS)
+        self.transfer_failed = counter("sglang:num_transfer_failed_reqs_total")
+        self.transfer_speed = gauge("sglang:kv_transfer_speed_gb_s")
+        self.transfer_latency = gauge("sglang:kv_transfer_latency_ms")
         info = gauge("sglang:cache_config_info")
         info.labels(model_name, str(page_size), str(num_pages)).set(1)
         for metric in (
             self.running, self.queued, self.token_usage, self.cache_usage, self.gen_throughput,
             self.hit_rate, self.prompt_tokens, self.generation_tokens, self.cached_tokens,
-            self.requests, self.aborted, self.itl, self.e2e,
+            self.requests, self.aborted, self.itl, self.e2e, self.prefill_inflight,
+            self.decode_prealloc, self.decode_transfer, self.transfer_bytes,
+            self.transfer_seconds, self.transfer_failed, self.transfer_speed,
+            self.transfer_latency,
         ):  # fmt: skip
             metric.labels(model_name)
         for reason in REJECT_REASONS:
@@ -101,12 +121,15 @@ class RuntimeMetrics:
         self._prompt_total = 0
         self._cached_total = 0
         self._generated: deque[tuple[float, int]] = deque()  # (time, generated tokens so far)
+        self._transfers_seen = 0  # kv_transfers already observed
+        self._transfer_totals_seen = (0, 0)  # (bytes, failures) already counted
 
     def observe_stats(self, stats: SchedulerStats, now: float | None = None) -> None:
         self.running.labels(self.model).set(stats.num_running_reqs)
         self.queued.labels(self.model).set(stats.num_queue_reqs)
         self.token_usage.labels(self.model).set(stats.token_usage)
         self.cache_usage.labels(self.model).set(stats.cached_tokens / max(stats.kv_total_tokens, 1))
+        self._observe_disagg(stats)
         now = time.monotonic() if now is None else now
         window = self._generated
         window.append((now, stats.generated_tokens))
@@ -114,6 +137,27 @@ class RuntimeMetrics:
             window.popleft()
         (t0, n0), (t1, n1) = window[0], window[-1]
         self.gen_throughput.labels(self.model).set((n1 - n0) / (t1 - t0) if t1 > t0 else 0.0)
+
+    def _observe_disagg(self, stats: SchedulerStats) -> None:
+        """Queue gauges; the prefill's cumulative transfer totals become counter increments and
+        its newest writes (those not seen in an earlier stats message) histogram samples."""
+        m = self.model
+        self.prefill_inflight.labels(m).set(stats.num_prefill_inflight_queue_reqs)
+        self.decode_prealloc.labels(m).set(stats.num_decode_prealloc_queue_reqs)
+        self.decode_transfer.labels(m).set(stats.num_decode_transfer_queue_reqs)
+        seen_bytes, seen_failures = self._transfer_totals_seen
+        self.transfer_bytes.labels(m).inc(max(stats.kv_transfer_bytes - seen_bytes, 0))
+        self.transfer_failed.labels(m).inc(max(stats.kv_transfer_failures - seen_failures, 0))
+        self._transfer_totals_seen = (stats.kv_transfer_bytes, stats.kv_transfer_failures)
+        new = stats.kv_transfers - self._transfers_seen
+        self._transfers_seen = stats.kv_transfers
+        recent = stats.recent_kv_transfers[-new:] if new > 0 else ()
+        for seconds, _ in recent:
+            self.transfer_seconds.labels(m).observe(seconds)
+        if recent:
+            seconds, nbytes = recent[-1]
+            self.transfer_latency.labels(m).set(seconds * 1e3)
+            self.transfer_speed.labels(m).set(nbytes / seconds / 1e9 if seconds > 0 else 0.0)
 
     def on_rejected(self, reason: str) -> None:
         self.rejected.labels(self.model, reason).inc()

@@ -168,6 +168,7 @@ class SchedulerLoop:
         cached = sched.cache.total_size()
         used = alloc.size - alloc.available_size()
         rows = self.runner.req_to_token
+        role = self.role.stats()
         return SchedulerStats(
             num_running_reqs=len(sched.running) + (1 if sched.chunked else 0),
             num_queue_reqs=len(sched.waiting),
@@ -181,6 +182,14 @@ class SchedulerLoop:
             total_request_rows=rows.size,
             forward_steps=sched.forward_steps,
             num_retractions=sched.num_retractions,
+            num_prefill_inflight_queue_reqs=role.prefill_inflight,
+            num_decode_prealloc_queue_reqs=role.decode_prealloc,
+            num_decode_transfer_queue_reqs=role.decode_transfer,
+            kv_transfers=role.transfers.writes,
+            kv_transfer_failures=role.transfers.failures,
+            kv_transfer_bytes=role.transfers.nbytes,
+            kv_transfer_seconds=role.transfers.seconds,
+            recent_kv_transfers=tuple(tuple(t) for t in role.transfers.recent),
         )
 
     def _publish_stats(self, force: bool = False) -> None:

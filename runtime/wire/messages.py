@@ -80,6 +80,15 @@ class SchedulerStats:
     total_request_rows: int
     forward_steps: int
     num_retractions: int
+    # prefill/decode roles (0 in unified): queues under SGLang's names, the prefill's KV writes
+    num_prefill_inflight_queue_reqs: int = 0
+    num_decode_prealloc_queue_reqs: int = 0
+    num_decode_transfer_queue_reqs: int = 0
+    kv_transfers: int = 0  # writes completed since start
+    kv_transfer_failures: int = 0
+    kv_transfer_bytes: int = 0
+    kv_transfer_seconds: float = 0.0
+    recent_kv_transfers: tuple[tuple[float, int], ...] = ()  # (seconds, bytes) of the last ones
 
     @property
     def token_usage(self) -> float:

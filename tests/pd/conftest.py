@@ -1,8 +1,10 @@
 """A real prefill/decode pair (``kvflow serve --role prefill|decode``), a unified server
-to compare with, and ``kvflow router`` in PD mode in front of the pair."""
+to compare with, and ``kvflow router`` in PD mode in front of the pair; SGLang's own router
+in front of the same pair on request (``sglang_router``)."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -13,10 +15,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
 sys.path.insert(0, str(Path(__file__).parents[1] / "router"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 
 from pd_flags import COMMON
 from router_process import RouterProcess
 from server_process import ServerProcess, free_port
+from sglang_router_process import SglangRouterProcess
+from sglang_venv import SGLANG_ROUTER_VERSION, default_sglang_venv, ensure_sglang_router
 
 
 class PDStack(NamedTuple):
@@ -62,3 +67,22 @@ def pd(model_path, tmp_path_factory) -> Iterator[PDStack]:
             router.stop()
         for proc in started.values():
             proc.stop()
+
+
+@pytest.fixture(scope="session")
+def sglang_router(pd, tmp_path_factory) -> Iterator[SglangRouterProcess]:
+    """sglang-router in PD mode in front of ``pd``'s pair, installed into its own venv on
+    first use; skipped (with the error) only where it cannot be installed or started."""
+    try:
+        python = ensure_sglang_router(default_sglang_venv(), timeout=600)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+        pytest.skip(f"sglang-router {SGLANG_ROUTER_VERSION} cannot be installed: {err}")
+    log = tmp_path_factory.mktemp("sglang-router") / "router.log"
+    try:
+        router = SglangRouterProcess(
+            python, pd.prefill.url, pd.bootstrap_port, pd.decode.url, log=log
+        )
+    except (OSError, RuntimeError) as err:
+        pytest.skip(f"sglang-router {SGLANG_ROUTER_VERSION} does not start here: {err}")
+    yield router
+    router.stop()

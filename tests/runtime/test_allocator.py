@@ -50,6 +50,16 @@ def test_request_fills_its_page_before_taking_another():
     assert allocator.available_size() == (8 - 2) * 4
 
 
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_pages_freed_together_come_back_ascending(page_size):
+    allocator = TokenToKVPoolAllocator(num_pages=64, page_size=page_size, device="cpu")
+    first = allocator.alloc_for_request(0, 0, 20 * page_size)
+    assert first == sorted(first)
+    allocator.free(torch.tensor(first))
+    again = allocator.alloc_for_request(0, 0, 20 * page_size)
+    assert again == list(range(again[0], again[0] + len(again)))
+
+
 def test_alloc_fails_cleanly_when_full():
     allocator = TokenToKVPoolAllocator(num_pages=2, page_size=2, device="cpu")
     assert allocator.alloc_for_request(0, 0, 5) is None

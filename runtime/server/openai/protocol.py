@@ -95,6 +95,15 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
+_SGLANG_OUTPUT_SWITCHES = (
+    "return_text_in_logprobs",
+    "return_hidden_states",
+    "return_entropy",
+    "return_bytes",
+    "background",
+)
+
+
 class GenerateRequestBody(BaseModel):
     """SGLang's native ``/generate`` body."""
 
@@ -112,3 +121,18 @@ class GenerateRequestBody(BaseModel):
     bootstrap_host: str | list[str] | None = None
     bootstrap_port: int | list[int] | None = None
     bootstrap_room: int | list[int] | None = None
+    # SGLang's own fields that its router (sglang-router 0.3.2) always sends: ``model`` and
+    # the logging switches are ignored; the others ask for outputs kvflow does not produce, so
+    # only their default (false) is accepted (``prepare_native`` refuses true).
+    model: str | None = None
+    log_metrics: StrictBool = True
+    no_logs: StrictBool = False
+    return_text_in_logprobs: StrictBool = False
+    return_hidden_states: StrictBool = False
+    return_entropy: StrictBool = False
+    return_bytes: StrictBool = False
+    background: StrictBool = False
+
+    def unsupported_flags(self) -> list[str]:
+        """The SGLang output switches set to true, which kvflow does not implement."""
+        return [f for f in _SGLANG_OUTPUT_SWITCHES if getattr(self, f)]

@@ -1,0 +1,50 @@
+"""SGLang's router (PyPI ``sglang-router``, Rust) in its own virtual environment.
+
+It pins its own aiohttp, fastapi..., so it never shares kvflow's venv. The venv is created
+on first use with the ordinary pip client under ``$KVFLOW_CACHE_DIR`` (default
+``~/.cache/kvflow``)/venvs/sglang-router-<version>; ``SGLANG_ROUTER_VERSION`` is the
+release NOTES.md records as working here. Used by ``bench_router.py`` and by
+``tests/pd/test_pd_sglang_router.py`` (a standalone module: importing it pulls in nothing
+of the benchmarks).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+__all__ = ["SGLANG_ROUTER_VERSION", "default_sglang_venv", "ensure_sglang_router"]
+
+SGLANG_ROUTER_VERSION = "0.3.2"
+
+
+def default_sglang_venv() -> Path:
+    cache = Path(os.environ.get("KVFLOW_CACHE_DIR", Path.home() / ".cache" / "kvflow"))
+    return cache / "venvs" / f"sglang-router-{SGLANG_ROUTER_VERSION}"
+
+
+def _run(argv: list[str], timeout: float) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        raise RuntimeError(f"{' '.join(argv[:4])} ... exited {done.returncode}: {' | '.join(tail)}")
+
+
+def ensure_sglang_router(venv: Path, timeout: float = 600.0) -> Path:
+    """The venv's python, installing ``sglang-router`` there first if it is missing.
+
+    Raises ``RuntimeError`` (with pip's last lines) or ``subprocess.TimeoutExpired``.
+    """
+    python = venv / "bin" / "python"
+    probe = [str(python), "-c", "import sglang_router"]
+    if python.exists() and subprocess.run(probe, capture_output=True, check=False).returncode == 0:
+        return python
+    print(f"installing sglang-router=={SGLANG_ROUTER_VERSION} into {venv}", flush=True)
+    _run([sys.executable, "-m", "venv", str(venv)], timeout)
+    _run(
+        [str(python), "-m", "pip", "install", "-q", f"sglang-router=={SGLANG_ROUTER_VERSION}"],
+        timeout,
+    )
+    return python
