@@ -15,7 +15,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["SGLANG_ROUTER_VERSION", "default_sglang_venv", "ensure_sglang_router"]
+__all__ = [
+    "SGLANG_ROUTER_VERSION",
+    "default_sglang_venv",
+    "ensure_sglang_router",
+    "installed_sglang_router",
+]
 
 SGLANG_ROUTER_VERSION = "0.3.2"
 
@@ -32,14 +37,22 @@ def _run(argv: list[str], timeout: float) -> None:
         raise RuntimeError(f"{' '.join(argv[:4])} ... exited {done.returncode}: {' | '.join(tail)}")
 
 
+def installed_sglang_router(venv: Path) -> Path | None:
+    """The venv's python if ``sglang-router`` is installed there (no network), else None."""
+    python = venv / "bin" / "python"
+    probe = [str(python), "-c", "import sglang_router"]
+    if python.exists() and subprocess.run(probe, capture_output=True, check=False).returncode == 0:
+        return python
+    return None
+
+
 def ensure_sglang_router(venv: Path, timeout: float = 600.0) -> Path:
     """The venv's python, installing ``sglang-router`` there first if it is missing.
 
     Raises ``RuntimeError`` (with pip's last lines) or ``subprocess.TimeoutExpired``.
     """
     python = venv / "bin" / "python"
-    probe = [str(python), "-c", "import sglang_router"]
-    if python.exists() and subprocess.run(probe, capture_output=True, check=False).returncode == 0:
+    if installed_sglang_router(venv) is not None:
         return python
     print(f"installing sglang-router=={SGLANG_ROUTER_VERSION} into {venv}", flush=True)
     _run([sys.executable, "-m", "venv", str(venv)], timeout)
@@ -48,3 +61,7 @@ def ensure_sglang_router(venv: Path, timeout: float = 600.0) -> Path:
         timeout,
     )
     return python
+
+
+if __name__ == "__main__":  # scripts/setup.sh: install it once, before any test runs
+    print(ensure_sglang_router(default_sglang_venv()))

