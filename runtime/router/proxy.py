@@ -44,7 +44,7 @@ _SIMPLE_ROLES = ("unified", "decode", "prefill")
 
 
 def _sse_error(message: str, status: int = 502) -> bytes:
-    event = {"error": {"message": message, "type": "server_error", "code": status}}
+    event = error_body(status, message)
     return b"data: " + json.dumps(event).encode() + b"\n\ndata: [DONE]\n\n"
 
 
