@@ -9,12 +9,12 @@ BENCH_SERVING_ARGS ?=
 bench-serving: $(STAMP) ## serving benchmark: kvflow vs transformers serve, radix on/off (benchmarks/results/serving.md)
 	$(PY) benchmarks/bench_serving.py compare $(BENCH_SERVING_ARGS)
 
-# Mixed chunked prefill: kvflow with and without --enable-mixed-chunk, 32 clients, 96
+# Mixed chunked prefill: kvflow with and without --enable-mixed-chunk, 32 clients, 64
 # requests (arrivals keep coming while others decode), alternating rounds.
 .PHONY: bench-mixed-chunk
-bench-mixed-chunk: $(STAMP) ## ITL p50/p99 with and without mixed chunked prefill, 32 clients (benchmarks/results/mixed-chunk.md)
+bench-mixed-chunk: $(STAMP) ## ITL p50/p99 with and without mixed chunked prefill, 32 clients (benchmarks/results/mixed-chunk-96.md)
 	$(PY) benchmarks/bench_serving.py compare --only kvflow --workloads fixed --concurrency 32 \
-	  --fixed-requests 32=96 --rounds 2 --out benchmarks/results/mixed-chunk.md
+	  --fixed-requests 32=64 --rounds 2 --out benchmarks/results/mixed-chunk-96.md
 
 # Router benchmark (benchmarks/bench_router.py): kvflow router vs sglang-router (installed
 # on first use into $(KVFLOW_CACHE_DIR or ~/.cache/kvflow)/venvs/sglang-router-0.3.2):

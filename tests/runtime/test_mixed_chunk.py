@@ -64,5 +64,5 @@ def test_mixed_steps_keep_decoding_and_match_plain_greedy(engines):
 def test_mixed_chunk_size_defaults_by_device():
     from kvflow.runtime.config import EngineConfig
 
-    assert EngineConfig(device="cpu").resolved().mixed_chunk_size == 256
+    assert EngineConfig(device="cpu").resolved().mixed_chunk_size == 96
     assert EngineConfig(device="cpu", mixed_chunk_size=64).resolved().mixed_chunk_size == 64
