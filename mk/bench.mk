@@ -45,3 +45,14 @@ BENCH_PD_ARGS ?=
 .PHONY: bench-pd
 bench-pd: $(STAMP) ## PD (prefill + decode) vs unified: TTFT, tok/s, KV transfer share and GB/s (benchmarks/results/pd.md)
 	$(PY) benchmarks/bench_pd.py compare $(BENCH_PD_ARGS)
+
+# CPU serving under contention (benchmarks/bench_cpu_contention.py): single-stream and
+# 32-client tok/s of the OpenMP kernels (commit 08c8332) vs this tree's default and one
+# thread, each idle and with a busy process on the last core, rounds alternating; ~8-15
+# minutes on a shared 2-core machine. BENCH_CPU_CONTENTION_ARGS adds flags, e.g.
+# "--rounds 2 --clients 0".
+BENCH_CPU_CONTENTION_ARGS ?=
+
+.PHONY: bench-cpu-contention
+bench-cpu-contention: $(STAMP) ## CPU decode with a competing busy process: OpenMP vs kernel pool (benchmarks/results/cpu-contention.md)
+	$(PY) benchmarks/bench_cpu_contention.py --out benchmarks/results/cpu-contention.md $(BENCH_CPU_CONTENTION_ARGS)

@@ -135,11 +135,15 @@ class EngineConfig:
     attention_backend: str = "auto"
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 160
-    # CPU: torch intra-op threads of the engine's process; 0: auto (every core this process
-    # may run on). NOTE: an OpenMP barrier waits for its slowest thread; when another busy
-    # process shares the cores, each parallel op waits for a scheduler time slice (measured
-    # on 2 cores with one busy process: 2 threads ran at 0.6x the speed of 1 thread, while
-    # on idle cores 2 threads ran 1.7x faster). On shared machines pass --cpu-threads.
+    # CPU: threads of torch's ops and of the native kernels' pool in the engine's process;
+    # 0: auto (every core this process may run on). NOTE: the native kernels (every op of a
+    # decode step) do not run on OpenMP, whose barrier waits for a descheduled sibling when
+    # another busy process shares the cores; their pool waits only for work a running
+    # thread has taken (kvflow/kernels/cpu/pool.py). On 2 cores with one busy process,
+    # single-stream decode at the auto count went from 0.8 (OpenMP) to 14.7 tok/s, one
+    # thread 15.9; idle, 0.96x OpenMP (benchmarks/results/cpu-contention*.md). torch's own
+    # ops (oneDNN matmuls of float32 prefill chunks above 128 rows) still run on OpenMP, and
+    # on a machine loaded well past its cores --cpu-threads 1 is still faster.
     cpu_threads: int = 0
 
     def resolved(self) -> EngineConfig:

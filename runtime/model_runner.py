@@ -32,6 +32,17 @@ def _pick_dtype(config: EngineConfig, model_config: ModelConfig) -> torch.dtype:
     return torch.bfloat16 if declared == torch.float32 else declared
 
 
+def _set_cpu_threads(threads: int) -> None:
+    """Threads of torch's ops and of the native kernels' own pool (see
+    :mod:`kvflow.kernels.cpu.pool`: it waits for no thread that has not started, so a shared
+    machine does not stall it)."""
+    torch.set_num_threads(threads)
+    from kvflow.kernels import cpu
+
+    if cpu.available():
+        cpu.pool.set_num_threads(threads)
+
+
 class ModelRunner:
     """``forward(fb)`` runs the model on a batch and returns last-position logits ``[B, vocab]``."""
 
@@ -41,7 +52,7 @@ class ModelRunner:
         self.device = config.device
         torch.manual_seed(config.seed)
         if self.device == "cpu":
-            torch.set_num_threads(config.cpu_threads)
+            _set_cpu_threads(config.cpu_threads)
         self.model_path = resolve_model_path(config.model_path, config.load_format)
         self.model_config = ModelConfig.from_path(self.model_path)
         mc = self.model_config

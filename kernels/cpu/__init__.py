@@ -1,12 +1,12 @@
-"""Native CPU kernels (C with OpenMP, built on first use; see :mod:`.native`), each beside a
-pure-torch reference of its contract. The torch attention backend is the portable path;
+"""Native CPU kernels (C on their own thread pool, built on first use; see :mod:`.build`),
+each beside a pure-torch reference of its contract. The torch attention backend is the portable path;
 these make the CPU serving path fast where a C compiler is at hand."""
 
 import functools
 import logging
 import os
 
-from kvflow.kernels.cpu import elementwise, gemm
+from kvflow.kernels.cpu import elementwise, gemm, pool
 from kvflow.kernels.cpu.build import NativeBuildError, load_library
 from kvflow.kernels.cpu.paged_attention import paged_attention, paged_attention_ref, supports
 
@@ -20,6 +20,7 @@ __all__ = [
     "load_library",
     "paged_attention",
     "paged_attention_ref",
+    "pool",
     "supports",
 ]
 

@@ -1,12 +1,12 @@
 """Builds and loads kvflow's native CPU kernels: C sources beside this file, compiled once per
 machine with the system C compiler into a shared library, loaded with :mod:`ctypes`.
 
-The library is built with ``-O3 -march=native -ffast-math -fopenmp`` and cached under
+The library is built with ``-O3 -march=native -ffast-math -pthread`` and cached under
 ``$KVFLOW_CACHE_DIR/cpu-kernels/<key>/`` (default ``~/.cache/kvflow``), the key hashing the
 sources, flags, compiler and CPU, so a source change or another machine rebuilds it. Builds
 are atomic (compile to a temporary name, then rename), so concurrent processes are safe.
-``-fopenmp`` links ``libgomp.so.1``; torch's wheel ships a library of that soname and loads
-it first, so the kernels run in torch's OpenMP pool with its thread count.
+The kernels run their parallel loops on their own thread pool (``pool.c``), not OpenMP: see
+:mod:`kvflow.kernels.cpu.pool` for why and for its thread count.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Any
 
 __all__ = ["NativeBuildError", "cache_dir", "function", "load_library"]
 
-SOURCES = ("paged_attention.c", "elementwise.c", "gemm.c")
-HEADERS = ("bf16.h",)
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC")
+SOURCES = ("paged_attention.c", "elementwise.c", "gemm.c", "pool.c")
+HEADERS = ("bf16.h", "pool.h")
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-pthread", "-shared", "-fPIC")
 LIBS = ("-lm",)
 _HERE = Path(__file__).resolve().parent
 
@@ -82,8 +82,6 @@ def _build(compiler: str, target: Path) -> None:
 @functools.cache
 def load_library() -> ctypes.CDLL:
     """The compiled kernels (built on first use); raises :class:`NativeBuildError`."""
-    import torch  # noqa: F401  (torch's libgomp must be loaded before ours resolves it)
-
     compiler = _compiler()
     target = cache_dir() / _build_key(compiler) / "libkvflow_cpu.so"
     if not target.exists():

@@ -4,7 +4,8 @@
  * Rounding follows Hugging Face's float32/bfloat16 computation step by step (the residual sum
  * and the normalized value are rounded to the storage type before the weight multiplies,
  * silu(gate) is rounded before it multiplies up), so greedy decoding matches transformers.
- * Rows run in parallel under OpenMP only when there is enough work to pay for the fork.
+ * Rows run in parallel on the kernels' pool (pool.h) only when there is enough work to pay
+ * for waking it.
  * Strides are in elements; the last dimension is contiguous.
  */
 #include <math.h>
@@ -12,6 +13,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "pool.h"
 
 #define KVF_PARALLEL_MIN 65536 /* elements: below this a single thread is faster */
 
@@ -48,24 +50,46 @@ static inline __attribute__((always_inline)) void rmsnorm_row(
     }
 }
 
+struct rmsnorm_args {
+    const void *x, *residual, *weight;
+    void *residual_out, *out;
+    int64_t x_st, r_st, ro_st, o_st;
+    int hidden, is_bf16;
+    float eps;
+};
+
+static void rmsnorm_rows(void *ctx, int64_t lo, int64_t hi) {
+    const struct rmsnorm_args *a = ctx;
+    int64_t size = a->is_bf16 ? 2 : 4;
+    float row[8192];
+    for (int64_t i = lo; i < hi; i++) {
+        const char *xi = (const char *)a->x + i * a->x_st * size;
+        const char *ri = a->residual ? (const char *)a->residual + i * a->r_st * size : NULL;
+        char *roi = a->residual ? (char *)a->residual_out + i * a->ro_st * size : NULL;
+        char *oi = (char *)a->out + i * a->o_st * size;
+        if (a->is_bf16)
+            rmsnorm_row(xi, ri, roi, a->weight, oi, a->hidden, a->eps, row, 1);
+        else
+            rmsnorm_row(xi, ri, roi, a->weight, oi, a->hidden, a->eps, row, 0);
+    }
+}
+
+/* Rows per chunk: the whole loop on the calling thread below KVF_PARALLEL_MIN elements,
+ * else about that many elements a chunk. */
+static int64_t rows_per_chunk(int64_t n, int64_t row_elems) {
+    if (n * row_elems < KVF_PARALLEL_MIN) return n;
+    int64_t rows = KVF_PARALLEL_MIN / 4 / (row_elems > 0 ? row_elems : 1);
+    return rows > 0 ? rows : 1;
+}
+
 /* out = weight * norm(x + residual); residual_out = x + residual (when residual is given).
  * x, residual, residual_out, out: [n, hidden] with row strides; weight [hidden]. */
 void kvflow_rmsnorm(const void *x, int64_t x_st, const void *residual, int64_t r_st,
                     void *residual_out, int64_t ro_st, const void *weight, void *out,
                     int64_t o_st, int64_t n, int hidden, float eps, int is_bf16) {
-    int64_t size = is_bf16 ? 2 : 4;
-#pragma omp parallel for if (n * hidden >= KVF_PARALLEL_MIN)
-    for (int64_t i = 0; i < n; i++) {
-        float row[8192];
-        const char *xi = (const char *)x + i * x_st * size;
-        const char *ri = residual ? (const char *)residual + i * r_st * size : NULL;
-        char *roi = residual ? (char *)residual_out + i * ro_st * size : NULL;
-        char *oi = (char *)out + i * o_st * size;
-        if (is_bf16)
-            rmsnorm_row(xi, ri, roi, weight, oi, hidden, eps, row, 1);
-        else
-            rmsnorm_row(xi, ri, roi, weight, oi, hidden, eps, row, 0);
-    }
+    struct rmsnorm_args a = {x, residual, weight, residual_out, out, x_st, r_st, ro_st, o_st,
+                             hidden, is_bf16, eps};
+    kvf_parallel_for(n, rows_per_chunk(n, hidden), rmsnorm_rows, &a);
 }
 
 static inline __attribute__((always_inline)) void rotate_head(void *head, const float *cos,
@@ -78,22 +102,26 @@ static inline __attribute__((always_inline)) void rotate_head(void *head, const 
     }
 }
 
-/* Rotates q [n, heads, dim] and k [n, kv_heads, dim] in place (NeoX layout: the first and
- * second halves of each head are the pair); cos_sin: float32 [positions, dim], cos in the
- * first half of a row, sin in the second. */
-void kvflow_rotary(void *q, int64_t q_st, int64_t q_sh, void *k, int64_t k_st, int64_t k_sh,
-                   const int64_t *positions, const float *cos_sin, int64_t n, int heads,
-                   int kv_heads, int dim, int is_bf16) {
-    int half = dim / 2;
-    int64_t size = is_bf16 ? 2 : 4;
-#pragma omp parallel for if (n * (heads + kv_heads) * dim >= KVF_PARALLEL_MIN)
-    for (int64_t i = 0; i < n; i++) {
-        const float *cos = cos_sin + positions[i] * dim;
+struct rotary_args {
+    void *q, *k;
+    int64_t q_st, q_sh, k_st, k_sh;
+    const int64_t *positions;
+    const float *cos_sin;
+    int heads, kv_heads, dim, is_bf16;
+};
+
+static void rotary_rows(void *ctx, int64_t lo, int64_t hi) {
+    const struct rotary_args *a = ctx;
+    int half = a->dim / 2;
+    int64_t size = a->is_bf16 ? 2 : 4;
+    for (int64_t i = lo; i < hi; i++) {
+        const float *cos = a->cos_sin + a->positions[i] * a->dim;
         const float *sin = cos + half;
-        for (int h = 0; h < heads + kv_heads; h++) {
-            int64_t at = h < heads ? i * q_st + h * q_sh : i * k_st + (h - heads) * k_sh;
-            char *head = (char *)(h < heads ? q : k) + at * size;
-            if (is_bf16)
+        for (int h = 0; h < a->heads + a->kv_heads; h++) {
+            int64_t at = h < a->heads ? i * a->q_st + h * a->q_sh
+                                      : i * a->k_st + (h - a->heads) * a->k_sh;
+            char *head = (char *)(h < a->heads ? a->q : a->k) + at * size;
+            if (a->is_bf16)
                 rotate_head(head, cos, sin, half, 1);
             else
                 rotate_head(head, cos, sin, half, 0);
@@ -101,8 +129,17 @@ void kvflow_rotary(void *q, int64_t q_st, int64_t q_sh, void *k, int64_t k_st, i
     }
 }
 
-/* One row of silu(gate) * up; `is_bf16` is a constant after inlining, so each storage type
- * gets its own branch-free (vectorized) loop. */
+/* Rotates q [n, heads, dim] and k [n, kv_heads, dim] in place (NeoX layout: the first and
+ * second halves of each head are the pair); cos_sin: float32 [positions, dim], cos in the
+ * first half of a row, sin in the second. */
+void kvflow_rotary(void *q, int64_t q_st, int64_t q_sh, void *k, int64_t k_st, int64_t k_sh,
+                   const int64_t *positions, const float *cos_sin, int64_t n, int heads,
+                   int kv_heads, int dim, int is_bf16) {
+    struct rotary_args a = {q, k, q_st, q_sh, k_st, k_sh, positions, cos_sin,
+                            heads, kv_heads, dim, is_bf16};
+    kvf_parallel_for(n, rows_per_chunk(n, (int64_t)(heads + kv_heads) * dim), rotary_rows, &a);
+}
+
 static inline __attribute__((always_inline)) void silu_row(const void *x, void *out,
                                                            int width, const int is_bf16) {
     for (int j = 0; j < width; j++) {
@@ -112,18 +149,50 @@ static inline __attribute__((always_inline)) void silu_row(const void *x, void *
     }
 }
 
+struct silu_args {
+    const void *x;
+    void *out;
+    int64_t x_st, o_st;
+    int width, is_bf16;
+};
+
+static void silu_rows(void *ctx, int64_t lo, int64_t hi) {
+    const struct silu_args *a = ctx;
+    int64_t size = a->is_bf16 ? 2 : 4;
+    for (int64_t i = lo; i < hi; i++) {
+        const char *row = (const char *)a->x + i * a->x_st * size;
+        char *dst = (char *)a->out + i * a->o_st * size;
+        if (a->is_bf16)
+            silu_row(row, dst, a->width, 1);
+        else
+            silu_row(row, dst, a->width, 0);
+    }
+}
+
 /* out [n, width] = silu(gate) * up for x [n, 2 * width] = [gate | up]. */
 void kvflow_silu_and_mul(const void *x, int64_t x_st, void *out, int64_t o_st, int64_t n,
                          int width, int is_bf16) {
-    int64_t size = is_bf16 ? 2 : 4;
-#pragma omp parallel for if (n * width >= KVF_PARALLEL_MIN)
-    for (int64_t i = 0; i < n; i++) {
-        const char *row = (const char *)x + i * x_st * size;
-        char *dst = (char *)out + i * o_st * size;
-        if (is_bf16)
-            silu_row(row, dst, width, 1);
-        else
-            silu_row(row, dst, width, 0);
+    struct silu_args a = {x, out, x_st, o_st, width, is_bf16};
+    kvf_parallel_for(n, rows_per_chunk(n, width), silu_rows, &a);
+}
+
+struct store_kv_args {
+    void *k_buf, *v_buf;
+    const void *k, *v;
+    int64_t kv_st, kv_sh, k_st, k_sh, v_st, v_sh;
+    const int64_t *loc;
+    int heads, dim, size;
+};
+
+static void store_kv_rows(void *ctx, int64_t lo, int64_t hi) {
+    const struct store_kv_args *a = ctx;
+    size_t bytes = (size_t)a->dim * a->size;
+    for (int64_t i = lo; i < hi; i++) {
+        for (int h = 0; h < a->heads; h++) {
+            int64_t dst = (a->loc[i] * a->kv_st + h * a->kv_sh) * a->size;
+            memcpy((char *)a->k_buf + dst, (const char *)a->k + (i * a->k_st + h * a->k_sh) * a->size, bytes);
+            memcpy((char *)a->v_buf + dst, (const char *)a->v + (i * a->v_st + h * a->v_sh) * a->size, bytes);
+        }
     }
 }
 
@@ -133,12 +202,7 @@ void kvflow_silu_and_mul(const void *x, int64_t x_st, void *out, int64_t o_st, i
 void kvflow_store_kv(void *k_buf, void *v_buf, int64_t kv_st, int64_t kv_sh, const void *k,
                      int64_t k_st, int64_t k_sh, const void *v, int64_t v_st, int64_t v_sh,
                      const int64_t *loc, int64_t n, int heads, int dim, int size) {
-#pragma omp parallel for if (n * heads * dim >= KVF_PARALLEL_MIN)
-    for (int64_t i = 0; i < n; i++) {
-        for (int h = 0; h < heads; h++) {
-            int64_t dst = (loc[i] * kv_st + h * kv_sh) * size;
-            memcpy((char *)k_buf + dst, (const char *)k + (i * k_st + h * k_sh) * size, (size_t)dim * size);
-            memcpy((char *)v_buf + dst, (const char *)v + (i * v_st + h * v_sh) * size, (size_t)dim * size);
-        }
-    }
+    struct store_kv_args a = {k_buf, v_buf, k, v, kv_st, kv_sh, k_st, k_sh, v_st, v_sh,
+                              loc, heads, dim, size};
+    kvf_parallel_for(n, rows_per_chunk(n, (int64_t)heads * dim), store_kv_rows, &a);
 }

@@ -2,21 +2,22 @@
  * in panels of 16 columns (see kvflow/kernels/cpu/gemm.py for the layouts), float32
  * accumulation, the output rounded once to the storage type.
  *
- * Threads take runs of 4 panel pairs (128 columns, contiguous in the packed weight) as they
- * come free (a thread descheduled by another process does not hold up the rest of the
- * matmul beyond its current run), and run every block of up to 8 rows over a pair before
- * moving on: the pair is read from memory once and from cache for the other blocks.
+ * Threads of the kernels' pool (pool.h) take runs of 4 panel pairs (128 columns, contiguous
+ * in the packed weight) as they come free (a thread descheduled by another process holds up
+ * the matmul by at most its current run, and not at all before it has taken one), and run
+ * every block of up to 8 rows over a pair before moving on: the pair is read from memory
+ * once and from cache for the other blocks.
  * A block x pair tile keeps 8 x 2 accumulators of 16 lanes in registers over the whole K:
  * float32 multiplies a broadcast x element into a panel row (FMA); bfloat16 multiplies a
  * broadcast pair of x elements into a panel row of column pairs (vdpbf16ps, AVX512-BF16
  * only). The next pair's panels are prefetched into L2 while a pair runs.
  */
 #include <math.h>
-#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "bf16.h"
+#include "pool.h"
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 #define KVF_GEMM_BF16 1
@@ -179,6 +180,44 @@ static void run_tile(const char *src, int64_t x_st, int mr, const char *b0, int6
     }
 }
 
+struct gemm_args {
+    const char *x, *packed;
+    const float *bias;
+    char *out;
+    int64_t x_st, o_st, m, n, k, panels, pairs, runs, size;
+    int silu_mul, is_bf16;
+};
+
+/* Tasks [lo, hi): task t is run t % runs (KVF_CHUNK panel pairs) of row block t / runs
+ * (KVF_MC rows); each pair is run over every tile of up to 8 rows of the block. */
+static void gemm_tasks(void *ctx, int64_t lo, int64_t hi) {
+    const struct gemm_args *a = ctx;
+    int64_t panel = a->k * KVF_NR; /* elements per panel, either type */
+    for (int64_t task = lo; task < hi; task++) {
+        int64_t m_lo = task / a->runs * KVF_MC;
+        int64_t m_hi = a->m - m_lo < KVF_MC ? a->m : m_lo + KVF_MC;
+        int64_t pp_lo = task % a->runs * KVF_CHUNK;
+        int64_t pp_hi = pp_lo + KVF_CHUNK < a->pairs ? pp_lo + KVF_CHUNK : a->pairs;
+        for (int64_t pp = pp_lo; pp < pp_hi; pp++) {
+            int np = 2 * pp + 1 < a->panels ? 2 : 1;
+            int n_valid = (int)(a->n - pp * 2 * KVF_NR);
+            const char *b0 = a->packed + pp * 2 * panel * a->size;
+            const char *ahead = pp + 1 < a->pairs ? b0 + 2 * panel * a->size : NULL;
+            for (int64_t m0 = m_lo; m0 < m_hi; m0 += KVF_MR) {
+                int mr = (int)(m_hi - m0 < KVF_MR ? m_hi - m0 : KVF_MR);
+                int64_t col = pp * (a->silu_mul ? 1 : 2) * KVF_NR;
+                char *dst = a->out + (m0 * a->o_st + col) * a->size;
+                const char *src = a->x + m0 * a->x_st * a->size;
+                /* the first block streams the pair in and fetches the next one */
+                const char *fetch = m0 == m_lo ? ahead : NULL;
+                const float *init = a->bias ? a->bias + pp * 2 * KVF_NR : NULL;
+                run_tile(src, a->x_st, mr, b0, panel, np, (int)a->k, fetch, dst, a->o_st,
+                         n_valid, a->silu_mul, init, a->is_bf16);
+            }
+        }
+    }
+}
+
 /* x [m, k] (row stride x_st), packed weight of n columns (padded to panels of 16), out
  * [m, n] (row stride o_st), the same storage type throughout (is_bf16). k is even for
  * bfloat16. With silu_mul the panels alternate gate and up blocks of 16 columns (n a
@@ -190,29 +229,9 @@ int kvflow_gemm(const void *x, int64_t x_st, const void *packed, const float *bi
     if (is_bf16 && !KVF_GEMM_BF16) return -1;
     int64_t panels = (n + KVF_NR - 1) / KVF_NR;
     int64_t pairs = (panels + 1) / 2;
-    int64_t panel = k * KVF_NR; /* elements per panel, either type */
-    int64_t size = is_bf16 ? 2 : 4;
-#pragma omp parallel
-    for (int64_t m_lo = 0; m_lo < m; m_lo += KVF_MC) {
-        int64_t m_hi = m - m_lo < KVF_MC ? m : m_lo + KVF_MC;
-#pragma omp for schedule(dynamic, KVF_CHUNK) nowait
-        for (int64_t pp = 0; pp < pairs; pp++) {
-            int np = 2 * pp + 1 < panels ? 2 : 1;
-            int n_valid = (int)(n - pp * 2 * KVF_NR);
-            const char *b0 = (const char *)packed + pp * 2 * panel * size;
-            const char *ahead = pp + 1 < pairs ? b0 + 2 * panel * size : NULL;
-            for (int64_t m0 = m_lo; m0 < m_hi; m0 += KVF_MR) {
-                int mr = (int)(m_hi - m0 < KVF_MR ? m_hi - m0 : KVF_MR);
-                int64_t col = pp * (silu_mul ? 1 : 2) * KVF_NR;
-                char *dst = (char *)out + (m0 * o_st + col) * size;
-                const char *src = (const char *)x + m0 * x_st * size;
-                /* the first block streams the pair in and fetches the next one */
-                const char *fetch = m0 == m_lo ? ahead : NULL;
-                const float *init = bias ? bias + pp * 2 * KVF_NR : NULL;
-                run_tile(src, x_st, mr, b0, panel, np, (int)k, fetch, dst, o_st, n_valid, silu_mul,
-                         init, is_bf16);
-            }
-        }
-    }
+    int64_t runs = (pairs + KVF_CHUNK - 1) / KVF_CHUNK;
+    struct gemm_args a = {x, packed, bias, out, x_st, o_st, m, n, k, panels, pairs, runs,
+                          is_bf16 ? 2 : 4, silu_mul, is_bf16};
+    kvf_parallel_for((m + KVF_MC - 1) / KVF_MC * runs, 1, gemm_tasks, &a);
     return 0;
 }

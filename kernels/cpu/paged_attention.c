@@ -7,8 +7,8 @@
  * serves the whole tile. A block of tokens at a time, each KV head's rows are loaded
  * (converted to float32 once) and shared by the query vectors of its group; scores fold into
  * an online softmax (float32 inside, whatever the storage type), so nothing context-sized is
- * ever materialized. Items run in parallel under OpenMP; built against the same libgomp as
- * torch, they share its thread pool and thread count.
+ * ever materialized. Items run in parallel on the kernels' pool (pool.h), one at a time as
+ * threads come free.
  *
  * Rows ahead are prefetched into L2 (prefetcht2), not L1: with every KV head of K and V
  * fetched 24 tokens ahead, L1-bound prefetches ran out of miss buffers (30 layers of decode
@@ -23,12 +23,12 @@
  */
 #include <float.h>
 #include <math.h>
-#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bf16.h"
+#include "pool.h"
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 #define KVF_DPBF16 1 /* scores straight from bf16 rows with vdpbf16ps (dim % 32 == 0) */
@@ -374,6 +374,56 @@ static inline int continues(const int64_t *rows, const int64_t *visible, int64_t
     return i > 0 && rows[i] == rows[i - 1] && visible[i] == visible[i - 1] + 1;
 }
 
+struct attention_args {
+    const void *q, *k, *v;
+    const int32_t *table;
+    const int64_t *rows, *visible;
+    void *out;
+    const int64_t *tile_first;
+    int64_t q_st, q_sh, kv_st, kv_sh, table_st, o_st, o_sh, per_tile;
+    int per_item, group, dim, is_bf16;
+    float scale;
+};
+
+/* Work items [lo, hi): item i is KV heads (i % per_tile) * per_item .. + per_item - 1 of
+ * tile i / per_tile. */
+static void attention_items(void *ctx, int64_t lo, int64_t hi) {
+    const struct attention_args *a = ctx;
+    const int64_t q_st = a->q_st, q_sh = a->q_sh, kv_st = a->kv_st, kv_sh = a->kv_sh;
+    const int64_t o_st = a->o_st, o_sh = a->o_sh, per_tile = a->per_tile;
+    const int per_item = a->per_item, group = a->group, dim = a->dim, is_bf16 = a->is_bf16;
+    const int64_t *tile_first = a->tile_first, *visible = a->visible;
+    const void *q = a->q, *k = a->k, *v = a->v;
+    void *out = a->out;
+    const float scale = a->scale;
+    for (int64_t item = lo; item < hi; item++) {
+        int64_t t = item / per_tile, i0 = tile_first[t];
+        int nt = (int)(tile_first[t + 1] - i0);
+        int first = (int)(item % per_tile) * per_item;
+        int64_t q_rows[KVF_MAX_VECS], o_rows[KVF_MAX_VECS];
+        for (int j = 0; j < nt; j++) {
+            q_rows[j] = (i0 + j) * q_st;
+            o_rows[j] = (i0 + j) * o_st;
+        }
+        const int32_t *slots = a->table + a->rows[i0] * a->table_st;
+        if (visible[i0 + nt - 1] <= 0) { /* sees nothing: zeros */
+            for (int j = 0; j < nt; j++)
+                for (int g = 0; g < per_item * group; g++) {
+                    int64_t at = o_rows[j] + ((int64_t)first * group + g) * o_sh;
+                    if (is_bf16) memset((uint16_t *)out + at, 0, (size_t)dim * 2);
+                    else memset((float *)out + at, 0, (size_t)dim * 4);
+                }
+            continue;
+        }
+        if (is_bf16)
+            attend_tile(q, q_rows, visible + i0, nt, q_sh, k, v, kv_st, kv_sh, first, per_item,
+                        slots, out, o_rows, o_sh, group, dim, scale, 1);
+        else
+            attend_tile(q, q_rows, visible + i0, nt, q_sh, k, v, kv_st, kv_sh, first, per_item,
+                        slots, out, o_rows, o_sh, group, dim, scale, 0);
+    }
+}
+
 /* q [n, heads, dim] (strides q_st, q_sh); k, v: one layer's pool [slots, kv_heads, dim]
  * (strides kv_st, kv_sh); table: request-to-token rows (stride table_st); rows[i] and
  * visible[i]: query row i's table row and how many of its slots it sees; out like q.
@@ -391,7 +441,7 @@ int kvflow_paged_attention(const void *q, int64_t q_st, int64_t q_sh, const void
     int group = heads / kv_heads;
     int runs = 0;
     for (int64_t i = 1; i < n && !runs; i++) runs = continues(rows, visible, i);
-    int whole = !runs && n >= 4 * omp_get_max_threads() && heads <= KVF_MAX_VECS;
+    int whole = !runs && n >= 4 * kvf_pool_threads() && heads <= KVF_MAX_VECS;
     int per_item = whole ? kv_heads : 1;
     int cap = runs ? KVF_MAX_VECS / group : 1;
     int64_t *tile_first = malloc((size_t)(n + 1) * sizeof(int64_t));
@@ -400,34 +450,10 @@ int kvflow_paged_attention(const void *q, int64_t q_st, int64_t q_sh, const void
     for (int64_t i = 0; i < n; i++)
         if (!continues(rows, visible, i) || i - tile_first[tiles - 1] == cap) tile_first[tiles++] = i;
     tile_first[tiles] = n;
-    int64_t per_tile = kv_heads / per_item;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t item = 0; item < tiles * per_tile; item++) {
-        int64_t t = item / per_tile, i0 = tile_first[t];
-        int nt = (int)(tile_first[t + 1] - i0);
-        int first = (int)(item % per_tile) * per_item;
-        int64_t q_rows[KVF_MAX_VECS], o_rows[KVF_MAX_VECS];
-        for (int j = 0; j < nt; j++) {
-            q_rows[j] = (i0 + j) * q_st;
-            o_rows[j] = (i0 + j) * o_st;
-        }
-        const int32_t *slots = table + rows[i0] * table_st;
-        if (visible[i0 + nt - 1] <= 0) { /* sees nothing: zeros */
-            for (int j = 0; j < nt; j++)
-                for (int g = 0; g < per_item * group; g++) {
-                    int64_t at = o_rows[j] + ((int64_t)first * group + g) * o_sh;
-                    if (is_bf16) memset((uint16_t *)out + at, 0, (size_t)dim * 2);
-                    else memset((float *)out + at, 0, (size_t)dim * 4);
-                }
-            continue;
-        }
-        if (is_bf16)
-            attend_tile(q, q_rows, visible + i0, nt, q_sh, k, v, kv_st, kv_sh, first, per_item,
-                        slots, out, o_rows, o_sh, group, dim, scale, 1);
-        else
-            attend_tile(q, q_rows, visible + i0, nt, q_sh, k, v, kv_st, kv_sh, first, per_item,
-                        slots, out, o_rows, o_sh, group, dim, scale, 0);
-    }
+    struct attention_args a = {q, k, v, table, rows, visible, out, tile_first, q_st, q_sh, kv_st,
+                               kv_sh, table_st, o_st, o_sh, kv_heads / per_item, per_item,
+                               group, dim, is_bf16, scale};
+    kvf_parallel_for(tiles * a.per_tile, 1, attention_items, &a);
     free(tile_first);
     return 0;
 }
