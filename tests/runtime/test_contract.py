@@ -87,7 +87,7 @@ def _operator_pod_commands() -> dict[str, list[list[str]]]:
 def test_every_operator_rendered_serve_command_parses_or_names_what_is_missing(capsys):
     commands = _operator_pod_commands()
     assert set(commands) >= {"unified-embedded", "disaggregated-pvc"}
-    for name, argvs in commands.items():
+    for argvs in commands.values():
         for argv in argvs:
             if any(flag.startswith("--hicache") for flag in argv):
                 with pytest.raises(SystemExit):  # HiCache tiers are not built yet

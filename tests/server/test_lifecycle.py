@@ -77,7 +77,7 @@ def test_kill_9_of_the_server_leaves_no_orphans(embedded_ready, tmp_path):
     assert len(children) >= 2  # scheduler + detokenizer
     server.proc.kill()
     server.proc.wait(30)
-    gone, alive = psutil.wait_procs(children, timeout=20)
+    _, alive = psutil.wait_procs(children, timeout=20)
     for child in alive:
         child.kill()
     assert not alive, f"children outlived the server: {[c.pid for c in alive]}"
