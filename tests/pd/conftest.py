@@ -31,7 +31,7 @@ class PDStack(NamedTuple):
     router: RouterProcess
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def pd(model_path, tmp_path_factory) -> Iterator[PDStack]:
     logs = tmp_path_factory.mktemp("pd")
     bootstrap_port = free_port()
@@ -68,7 +68,7 @@ def pd(model_path, tmp_path_factory) -> Iterator[PDStack]:
             proc.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def sglang_router(pd, tmp_path_factory) -> Iterator[SglangRouterProcess]:
     """sglang-router in PD mode in front of ``pd``'s pair, from the venv scripts/setup.sh
     installs (tests reach no network); skipped (with the error) only where it is not

@@ -1,4 +1,5 @@
-"""Real ``kvflow serve`` workers shared by the router tests, started once per session."""
+"""Real ``kvflow serve`` workers for the router tests, started once per test module (a
+session-wide pair would stay in memory beside every later module's servers)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
 from router_process import WORKER_FLAGS, start_worker
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def workers(model_path, tmp_path_factory) -> Iterator[list]:
     """Two workers on the embedded model (the fault tests kill and restart one of them)."""
     logs = tmp_path_factory.mktemp("router-workers")
