@@ -1,7 +1,11 @@
 """Builds and loads kvflow's native CPU kernels: C sources beside this file, compiled once per
 machine with the system C compiler into a shared library, loaded with :mod:`ctypes`.
 
-The library is built with ``-O3 -march=native -ffast-math -pthread`` and cached under
+The library is built with ``-O3 -march=native -pthread`` and the parts of ``-ffast-math``
+the kernels need (reassociation, reciprocals, no errno, finite math), named one by one:
+given as ``-ffast-math``, gcc links ``crtfastmath.o``, whose constructor turns on
+flush-to-zero and denormals-are-zero for the whole process that loads the library (torch's
+ops and every other library's included; tests/kernels/test_cpu_fp_state.py). Cached under
 ``$KVFLOW_CACHE_DIR/cpu-kernels/<key>/`` (default ``~/.cache/kvflow``), the key hashing the
 sources, flags, compiler and CPU, so a source change or another machine rebuilds it. Builds
 are atomic (compile to a temporary name, then rename), so concurrent processes are safe.
@@ -25,7 +29,17 @@ __all__ = ["NativeBuildError", "cache_dir", "function", "load_library"]
 
 SOURCES = ("paged_attention.c", "elementwise.c", "gemm.c", "pool.c")
 HEADERS = ("bf16.h", "pool.h")
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-pthread", "-shared", "-fPIC")
+# -ffast-math's parts, without the option that links crtfastmath.o (see the docstring).
+FAST_MATH = (
+    "-fno-math-errno",
+    "-ffinite-math-only",
+    "-fno-signed-zeros",
+    "-fno-trapping-math",
+    "-fassociative-math",
+    "-freciprocal-math",
+    "-fcx-limited-range",
+)
+FLAGS = ("-O3", "-march=native", *FAST_MATH, "-pthread", "-shared", "-fPIC")
 LIBS = ("-lm",)
 _HERE = Path(__file__).resolve().parent
 
