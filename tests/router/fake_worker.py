@@ -1,9 +1,10 @@
 """A stand-in worker that records what it receives, for PD mode only.
 
-kvflow workers that honour SGLang's bootstrap fields (``--role prefill|decode``) do not
-exist yet (the disaggregation issue builds them), so PD routing is tested against this
-fake pair: it records every body, answers like a kvflow worker (JSON or SSE), and can be
-told to fail. Everything else in tests/router runs against real ``kvflow serve`` workers.
+It checks what real workers cannot show: the exact body each side of a PD pair receives,
+and a prefill that fails on command (4xx, 5xx) at a chosen moment. It records every body
+and answers like a kvflow worker (JSON or SSE). Real prefill/decode workers behind the
+router are tested in tests/pd; everything else in tests/router runs against real
+``kvflow serve`` workers.
 """
 
 from __future__ import annotations
