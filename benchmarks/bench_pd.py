@@ -39,14 +39,11 @@ from pathlib import Path
 
 from pd import CompareConfig, InterferenceConfig, render_markdown, run_compare, run_interference
 from serving import machine_info
+from serving.defaults import EMBEDDED_MODEL, int_list
 
-_MODEL = Path.home() / ".cache" / "kvflow" / "models" / "SmolLM2-135M-Instruct"
+_MODEL = EMBEDDED_MODEL
 _COMPARE = CompareConfig(model=str(_MODEL))
 _INTERFERENCE = InterferenceConfig(targets=(), model=str(_MODEL))
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(item) for item in text.split(",") if item)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,8 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     cmp = commands.add_parser("compare", help="PD vs unified on CPU (make bench-pd)")
     cmp.add_argument("--model", default=str(_MODEL), help="served model folder")
-    cmp.add_argument("--input-lens", type=_ints, default=_COMPARE.input_lens)
-    cmp.add_argument("--concurrency", type=_ints, default=_COMPARE.concurrencies)
+    cmp.add_argument("--input-lens", type=int_list, default=_COMPARE.input_lens)
+    cmp.add_argument("--concurrency", type=int_list, default=_COMPARE.concurrencies)
     cmp.add_argument("--requests-per-client", type=int, default=_COMPARE.requests_per_client)
     cmp.add_argument("--output-len", type=int, default=_COMPARE.output_len)
     cmp.add_argument("--rounds", type=int, default=_COMPARE.rounds)

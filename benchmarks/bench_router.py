@@ -33,14 +33,11 @@ from router import (
     run_overhead,
 )
 from serving import load_average, machine_info
+from serving.defaults import EMBEDDED_MODEL, int_list
 
-_MODEL = Path.home() / ".cache" / "kvflow" / "models" / "SmolLM2-135M-Instruct"
+_MODEL = EMBEDDED_MODEL
 _OVERHEAD = OverheadConfig()
 _CACHE = CacheConfig(model=str(_MODEL))
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(item) for item in text.split(",") if item)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -102,7 +99,7 @@ def _run(args: argparse.Namespace) -> None:
             doc["failures"]["sglang-router install"] = f"{type(exc).__name__}: {exc}"
     if "overhead" in parts:
         config = OverheadConfig(
-            concurrencies=_ints(args.streams), rounds=args.rounds, duration_s=args.duration_s
+            concurrencies=int_list(args.streams), rounds=args.rounds, duration_s=args.duration_s
         )
         try:
             rows = run_overhead(config, sglang_python, args.log_dir / "overhead")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import shlex
 import sys
 import time
@@ -40,13 +39,10 @@ from serving import (
     shared_prefix_prompts,
     summarize,
 )
+from serving.defaults import EMBEDDED_MODEL
 
 _DEFAULTS = BenchConfig()
-_MODEL = (
-    Path(os.environ.get("KVFLOW_CACHE_DIR", Path.home() / ".cache" / "kvflow"))
-    / "models"
-    / "SmolLM2-135M-Instruct"
-)
+_MODEL = EMBEDDED_MODEL
 _EOS_BODIES = {
     "ignore_eos": {"ignore_eos": True},
     "hf": SERVERS["transformers"].extra_body,
