@@ -29,7 +29,13 @@ def _artifacts(v: K8sVersions, arch: str) -> dict[str, _Artifact]:
     kube = f"https://dl.k8s.io/release/v{v.kubernetes}/bin/linux/{arch}"
     arts = {
         name: _Artifact(f"{kube}/{name}", sha256_url=f"{kube}/{name}.sha256")
-        for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+        for name in (
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kubectl",
+            "kubelet",
+        )
     }
     etcd = f"etcd-v{v.etcd}-linux-{arch}"
     arts["etcd"] = _Artifact(

@@ -16,13 +16,19 @@ from .source import BinarySource, SourceUnavailable, version_output
 
 __all__ = ["GoInstallSource", "KubernetesSource"]
 
-_KUBE_CMDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+_KUBE_CMDS = (
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kubelet",
+)
 _STAGING_RE = re.compile(r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/src/", re.MULTILINE)
 _GO_DIRECTIVE_RE = re.compile(r"^go\s+(\S+)", re.MULTILINE)
 
 
 class KubernetesSource(BinarySource):
-    """kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and etcd.
+    """kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet and etcd.
 
     k8s.io/kubernetes is not meant to be a dependency: its go.mod points the
     k8s.io/* staging modules at `./staging/src/...`. A small build module

