@@ -8,8 +8,11 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 
+# containerd, runc, the CNI plugins, umoci, gcc and libc6-dev: the e2e harness's real node
+# (kubelet + containerd on loopback; its pause image is compiled with gcc -static).
 missing=()
-for pkg in libibverbs1 librdmacm1 openssl; do
+for pkg in libibverbs1 librdmacm1 openssl \
+           containerd runc containernetworking-plugins umoci iptables gcc libc6-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
