@@ -8,7 +8,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SEED_RANGE", "TEMPERATURE_FLOOR", "SamplingParams"]
+__all__ = [
+    "GRAMMAR_FIELDS",
+    "LOGIT_BIAS_LIMIT",
+    "SEED_RANGE",
+    "TEMPERATURE_FLOOR",
+    "SamplingParams",
+]
 
 # Below this temperature sampling is greedy (dividing logits by it would overflow softmax).
 TEMPERATURE_FLOOR = 1e-5
@@ -31,7 +37,15 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "skip_special_tokens": (bool,),
     "seed": (int,),
     "n": (int,),
+    # structured output (SGLang's names; at most one; json_schema is a JSON string)
+    "json_schema": (str,),
+    "regex": (str,),
+    "ebnf": (str,),
+    "structural_tag": (str,),
+    "logit_bias": (dict,),  # OpenAI's: token id (string or int) -> bias in [-100, 100]
 }
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
+LOGIT_BIAS_LIMIT = 100.0
 
 
 @dataclass(frozen=True)
@@ -43,6 +57,11 @@ class SamplingParams:
     (repetition, on prompt and generated tokens). ``min_new_tokens`` suppresses EOS,
     stop tokens and stop strings until that many tokens exist. ``seed`` makes sampling
     reproducible for the request regardless of what else is in the batch.
+
+    ``json_schema``, ``regex``, ``ebnf`` and ``structural_tag`` constrain the output to a
+    grammar (see ``kvflow.runtime.grammar``, which checks and compiles it; this module only
+    checks that at most one is set). ``logit_bias`` adds its bias to each named token's
+    logit before sampling, as pairs ``(token_id, bias)``.
     """
 
     max_new_tokens: int = 128
@@ -60,6 +79,11 @@ class SamplingParams:
     skip_special_tokens: bool = True
     seed: int | None = None
     n: int = 1
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any] | None) -> SamplingParams:
@@ -84,6 +108,8 @@ class SamplingParams:
         for key in ("stop", "stop_token_ids"):
             if key in values:
                 values[key] = tuple(values[key])
+        if "logit_bias" in values:
+            values["logit_bias"] = _logit_bias_pairs(values["logit_bias"])
         params = cls(**values)
         params.validate()
         return params
@@ -129,6 +155,25 @@ class SamplingParams:
                 raise ValueError(message)
         if vocab_size is not None and any(not 0 <= t < vocab_size for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be in [0, {vocab_size})")
+        grammars = [f for f in GRAMMAR_FIELDS if getattr(self, f) is not None]
+        if len(grammars) > 1:
+            raise ValueError(
+                f"give at most one of {', '.join(GRAMMAR_FIELDS)} (got {', '.join(grammars)})"
+            )
+        for token, bias in self.logit_bias:
+            if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+                raise ValueError(f"logit_bias of token {token} must be in [-100, 100], got {bias}")
+            if token < 0 or (vocab_size is not None and token >= vocab_size):
+                raise ValueError(f"logit_bias names token {token}, outside the vocabulary")
+
+    @property
+    def grammar(self) -> tuple[str, str] | None:
+        """``(kind, text)`` of the output constraint, if any (kind is the field's name)."""
+        for kind in GRAMMAR_FIELDS:
+            text = getattr(self, kind)
+            if text is not None:
+                return kind, text
+        return None
 
     @property
     def is_greedy(self) -> bool:
@@ -152,7 +197,24 @@ class SamplingParams:
 
     def prefill_only(self) -> SamplingParams:
         """Parameters that run the prompt into the prefix cache and generate nothing."""
-        return self.replace(n=1, max_new_tokens=0, min_new_tokens=0)
+        no_grammar = dict.fromkeys(GRAMMAR_FIELDS)
+        return self.replace(n=1, max_new_tokens=0, min_new_tokens=0, **no_grammar)
 
     def replace(self, **changes: Any) -> SamplingParams:
         return dataclasses.replace(self, **changes)
+
+
+def _logit_bias_pairs(raw: dict) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``{"token id": bias}`` (keys are strings in JSON) as sorted pairs."""
+    pairs = {}
+    for key, bias in raw.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise ValueError(f"logit_bias of token {key} must be a number")
+        if not math.isfinite(bias):
+            raise ValueError(f"logit_bias of token {key} must be a finite number")
+        pairs[token] = float(bias)
+    return tuple(sorted(pairs.items()))
