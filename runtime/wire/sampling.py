@@ -46,6 +46,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
 }
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 LOGIT_BIAS_LIMIT = 100.0
+# The parameter names :meth:`SamplingParams.from_dict` takes.
+SAMPLING_KEYS = frozenset(_TYPES)
 
 
 @dataclass(frozen=True)
