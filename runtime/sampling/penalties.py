@@ -6,7 +6,7 @@ import torch
 
 from kvflow.runtime.wire import SamplingParams
 
-__all__ = ["apply_penalties"]
+__all__ = ["apply_logit_bias", "apply_penalties"]
 
 
 def apply_penalties(
@@ -33,3 +33,10 @@ def apply_penalties(
         logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(
             logits.dtype
         )
+
+
+def apply_logit_bias(logits: torch.Tensor, bias: tuple[tuple[int, float], ...]) -> None:
+    """Add OpenAI's ``logit_bias`` (``(token_id, bias)`` pairs) to ``logits`` ``[vocab]``."""
+    ids = torch.tensor([t for t, _ in bias], dtype=torch.int64, device=logits.device)
+    values = torch.tensor([b for _, b in bias], dtype=logits.dtype, device=logits.device)
+    logits.index_add_(0, ids, values)

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvflow.runtime.sampling.penalties import apply_penalties
+from kvflow.runtime.grammar import apply_grammar_masks
+from kvflow.runtime.sampling.penalties import apply_logit_bias, apply_penalties
 
 if TYPE_CHECKING:
     from kvflow.runtime.scheduler.req import Req
@@ -99,8 +100,8 @@ class PendingSample:
 class Sampler:
     """Turns a batch's last-position logits ``[B, vocab]`` into one token per request.
 
-    Logprobs are those of the model's distribution after penalties and masks, before
-    temperature and top-k/top-p/min-p filtering.
+    Logprobs are those of the model's distribution after penalties, logit bias and masks
+    (min_new_tokens, grammar), before temperature and top-k/top-p/min-p filtering.
     """
 
     def __init__(self, vocab_size: int, device: str) -> None:
@@ -117,6 +118,10 @@ class Sampler:
                     sorted(req.stop_token_set), dtype=torch.int64, device=logits.device
                 )
                 logits[row, banned] = float("-inf")
+            if params.logit_bias:
+                apply_logit_bias(logits[row], params.logit_bias)
+        # last: no bias brings back a token the grammar forbids
+        apply_grammar_masks(logits, [r.grammar for r in reqs])
 
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> SampleOutput:
         return self.launch(logits, batch).resolve()
@@ -157,8 +162,11 @@ class Sampler:
     @staticmethod
     def _needs_adjust(req: Req) -> bool:
         params = req.sampling
-        return params.has_penalties or (
-            len(req.output_ids) < params.min_new_tokens and bool(req.stop_token_set)
+        return (
+            params.has_penalties
+            or bool(params.logit_bias)
+            or req.grammar is not None
+            or (len(req.output_ids) < params.min_new_tokens and bool(req.stop_token_set))
         )
 
     def _sample_rows(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

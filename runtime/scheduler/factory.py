@@ -7,6 +7,7 @@ import hashlib
 from typing import Any
 
 from kvflow.runtime.config import EngineConfig, ModelConfig
+from kvflow.runtime.grammar import GrammarBackend, grammar_spec
 from kvflow.runtime.scheduler.req import Req
 from kvflow.runtime.wire import Bootstrap, SamplingParams
 
@@ -31,6 +32,17 @@ class ReqFactory:
         self.model_config = model_config
         self.tokenizer = tokenizer
         self.device = device
+        self._grammars: GrammarBackend | None = None  # built for the first constrained request
+
+    @property
+    def grammars(self) -> GrammarBackend:
+        if self._grammars is None:
+            if self.tokenizer is None:
+                raise ValueError("structured output needs the tokenizer (skip_tokenizer_init)")
+            self._grammars = GrammarBackend(
+                self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids
+            )
+        return self._grammars
 
     def make(
         self,
@@ -56,4 +68,7 @@ class ReqFactory:
             seed=default_seed(self.config.seed, rid),
         )
         req.bootstrap = bootstrap
+        spec = grammar_spec(sampling)
+        if spec is not None:  # compiles on the backend's pool; the scheduler waits for it
+            req.grammar = self.grammars.request(spec)
         return req

@@ -46,6 +46,8 @@ class Req:
         self.stop_token_set = set(sampling.stop_token_ids)
         if not sampling.ignore_eos:
             self.stop_token_set |= set(eos_token_ids)
+        # The output constraint (kvflow.runtime.grammar.RequestGrammar), set by ReqFactory.
+        self.grammar: Any = None
         self.generator: torch.Generator | None = None
         if not sampling.is_greedy:
             gen_seed = sampling.seed if sampling.seed is not None else seed
@@ -106,6 +108,8 @@ class Req:
             self.first_token_at = time.monotonic()
         params = self.sampling
         if len(self.output_ids) >= params.min_new_tokens:
+        if self.grammar is not None and not self._advance_grammar(token_id):
+            return
             if token_id in self.stop_token_set:
                 self.finished_reason = FinishReason("stop", token_id)
                 return
@@ -122,12 +126,25 @@ class Req:
             self.finished_reason = FinishReason("length")
 
     def may_finish_on_next_token(self, context_len: int) -> bool:
+    def _advance_grammar(self, token_id: int) -> bool:
+        """Feed the token to the grammar; False when that finished the request (the grammar
+        reached its end: ``stop``; or refused the token, which its mask prevents: abort)."""
+        if not self.grammar.accept(token_id):
+            self.abort(f"token {token_id} does not follow the request's {self.grammar.spec.kind}")
+            return False
+        if self.grammar.terminated:
+            self.finished_reason = FinishReason("stop", token_id)
+            return False
+        return True
+
         """Whether appending one more token could finish the request, whatever its id
         (False: only lengths decide, and they do not end it on that token)."""
         count = len(self.output_ids) + 1
         if count >= self.sampling.max_new_tokens or self.seq_len + 1 >= context_len:
             return True
         if count < self.sampling.min_new_tokens:
+        if self.grammar is not None:
+            return True  # the grammar may end on it
             return False  # stop tokens and strings are not checked yet
         return bool(self.stop_token_set) or self._stop_text is not None
 

@@ -8,6 +8,7 @@ by the server.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -37,6 +38,8 @@ INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.001
 RETRACT_NEW_TOKEN_RATIO = 0.9
+# With nothing else to run, a step waits this long for a grammar compile to end.
+GRAMMAR_IDLE_WAIT_S = 0.002
 
 
 class _NextDecode(NamedTuple):
@@ -69,6 +72,7 @@ class Scheduler:
         cache_cls: type[PrefixCache] = NoPrefixCache if config.disable_radix_cache else RadixCache
         self.cache = cache_cls(runner.req_to_token, runner.allocator)
         self.kv = KVManager(runner.req_to_token, runner.allocator, self.cache)
+        self.grammar_wait: list[Req] = []  # their grammar compiles (kvflow.runtime.grammar)
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked: Req | None = None
@@ -89,7 +93,10 @@ class Scheduler:
     def add_request(self, req: Req) -> None:
         """Queue a request; raises ValueError if it can never fit."""
         self.check_fits(req)
-        self.waiting.append(req)
+        if req.grammar is not None and not req.grammar.ready:
+            self.grammar_wait.append(req)
+        else:
+            self.waiting.append(req)
 
     def check_fits(self, req: Req) -> None:
         """Raise ValueError if the request can never run here (empty, or too long)."""
@@ -107,9 +114,10 @@ class Scheduler:
     def abort_request(self, rid: str, message: str = "aborted by the client") -> TokenOutput | None:
         """Abort a waiting or running request, releasing its memory. None if unknown."""
         self._drop_next()
-        for req in self.waiting:
-            if req.rid == rid:
-                self.waiting.remove(req)
+        for queue in (self.waiting, self.grammar_wait):
+            req = next((r for r in queue if r.rid == rid), None)
+            if req is not None:
+                queue.remove(req)
                 req.abort(message)
                 return self.make_output(req, [])
         for req in [*self.running, *([self.chunked] if self.chunked else [])]:
@@ -124,10 +132,15 @@ class Scheduler:
         return None
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked)
+        return bool(self.waiting or self.running or self.chunked or self.grammar_wait)
 
     def num_requests(self) -> int:
-        return len(self.waiting) + len(self.running) + (1 if self.chunked else 0)
+        return (
+            len(self.waiting)
+            + len(self.running)
+            + (1 if self.chunked else 0)
+            + len(self.grammar_wait)
+        )
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix; refused (False) while any request is in flight."""
@@ -170,12 +183,31 @@ class Scheduler:
         batch end with an ``abort`` naming the error, their KV (taken slots included) is
         freed, and every other request goes on (see :meth:`_fail_batch`).
         """
+        refused = self._poll_grammars()
         self._batch = []
         try:
-            return self._step()
+            return refused + self._step()
         except Exception as err:
             logger.exception("a step failed; aborting its %d request(s)", len(self._batch))
-            return self._fail_batch(err)
+            return refused + self._fail_batch(err)
+
+    def _poll_grammars(self) -> list[TokenOutput]:
+        """Requests whose grammar compiled join the waiting queue; a failed compile ends its
+        request. With nothing else to run, wait briefly for a compile instead of spinning."""
+        if not self.grammar_wait:
+            return []
+        if not (self.waiting or self.running or self.chunked):
+            futures = [r.grammar.future for r in self.grammar_wait]
+            concurrent.futures.wait(futures, GRAMMAR_IDLE_WAIT_S, "FIRST_COMPLETED")
+        outputs = []
+        for req in [r for r in self.grammar_wait if r.grammar.ready]:
+            self.grammar_wait.remove(req)
+            if req.grammar.error is None:
+                self.waiting.append(req)
+            else:
+                req.abort(req.grammar.error)
+                outputs.append(self.make_output(req, []))
+        return outputs
 
     def _fail_batch(self, err: Exception) -> list[TokenOutput]:
         """End every request of the failed step with an error and give back its memory."""
