@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
+from kvflow.runtime.server.openai.structured import ResponseFormat, grammar_sampling
+
 __all__ = ["ChatCompletionRequest", "CompletionRequest", "GenerateRequestBody", "StreamOptions"]
 
 
@@ -46,6 +48,11 @@ class _SamplingFields(BaseModel):
     min_tokens: int | None = None
     stop_token_ids: list[int] | None = None
     skip_special_tokens: StrictBool = True
+    # structured output (OpenAI's response_format; SGLang's regex and ebnf) and logit_bias
+    response_format: ResponseFormat | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    logit_bias: dict[str, float] | None = None
     # prefill/decode disaggregation, SGLang's names (set by a PD router)
     bootstrap_host: str | None = None
     bootstrap_port: int | None = None
@@ -69,6 +76,13 @@ class _SamplingFields(BaseModel):
             "skip_special_tokens": self.skip_special_tokens,
             "seed": self.seed,
             "n": self.n,
+            **grammar_sampling(
+                self.response_format,
+                self.regex,
+                self.ebnf,
+                getattr(self, "json_schema", None),
+                self.logit_bias,
+            ),
         }
         return {k: v for k, v in values.items() if v is not None}
 
@@ -91,6 +105,7 @@ class ChatCompletionRequest(_SamplingFields):
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
+    json_schema: str | None = None  # SGLang: a JSON schema as a string
     echo: StrictBool = False
     logprobs: int | None = Field(default=None, ge=0, le=20)
 
