@@ -1,5 +1,5 @@
 """CLI: `python -m e2e.k8s build` resolves the binaries; `python -m e2e.k8s up` runs a
-control plane until Ctrl-C."""
+control plane until Ctrl-C (`--real-node`: plus a kubelet + containerd node that runs pods)."""
 
 from __future__ import annotations
 
@@ -10,20 +10,22 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from .bins import BINARIES, BinaryResolutionError, resolve_binaries
+from .bins import BINARIES, NODE_BINARIES, BinaryResolutionError, resolve_binaries
 from .config import ControlPlaneConfig
 from .controlplane import ControlPlane
 from .env import K8sEnv
 from .process import ComponentError
+from .realnode import HOST_BASE_IMAGE, REAL_NODE_LABEL, NodeUnavailable
 from .versions import PINNED
 
 __all__ = ["main"]
 
 
 def _build(_: argparse.Namespace) -> int:
-    bins = resolve_binaries()
-    width = max(map(len, BINARIES))
-    for name in BINARIES:
+    names = (*BINARIES, *NODE_BINARIES)
+    bins = resolve_binaries(names)
+    width = max(map(len, names))
+    for name in names:
         print(f"{name:<{width}}  v{PINNED.of(name):<8} {bins[name]}")
     return 0
 
@@ -34,7 +36,7 @@ def _up(args: argparse.Namespace) -> int:
         node_count=args.nodes,
         ready_timeout_s=args.timeout,
     )
-    bins = resolve_binaries()
+    bins = resolve_binaries((*BINARIES, *NODE_BINARIES) if args.real_node else BINARIES)
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
@@ -43,6 +45,11 @@ def _up(args: argparse.Namespace) -> int:
     plane = ControlPlane(bins, config)
     try:
         plane.start()
+        if args.real_node:
+            node = plane.add_real_node(bins["kubelet"], taint=not args.untainted)
+            print(f"real node: {node.config.name} (label {REAL_NODE_LABEL}=true", end="")
+            print(", tainted NoSchedule" if not args.untainted else "", end="")
+            print(f"); image {HOST_BASE_IMAGE}; logs {node.config.logs_dir}")
         print(f"kubeconfig: {config.kubeconfig}")
         print(f"export KUBECONFIG={config.kubeconfig}")
         print(f"logs: {config.logs_dir}   (Ctrl-C stops the control plane)", flush=True)
@@ -79,10 +86,22 @@ def main(argv: list[str] | None = None) -> int:
         default=ControlPlaneConfig.ready_timeout_s,
         help="seconds each component may take to become ready (default %(default)s)",
     )
+    up.add_argument(
+        "--real-node",
+        action="store_true",
+        help="also run a real node (containerd + kubelet on loopback; needs root and "
+        "the Debian packages make setup installs) whose pods really run",
+    )
+    up.add_argument(
+        "--untainted",
+        action="store_true",
+        help=f"no NoSchedule taint on the real node (default: pods need a {REAL_NODE_LABEL} "
+        "toleration); use with --nodes 0 so every pod lands on it",
+    )
     args = parser.parse_args(argv)
     try:
         return _build(args) if args.command == "build" else _up(args)
-    except (BinaryResolutionError, ComponentError) as err:
+    except (BinaryResolutionError, ComponentError, NodeUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
 

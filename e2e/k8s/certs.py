@@ -57,6 +57,15 @@ class Pki:
         return self.dir / "front-proxy-client.key"
 
     @property
+    def kubelet_client_crt(self) -> Path:
+        """The apiserver's client cert towards kubelets (`kubectl logs/exec` on a real node)."""
+        return self.dir / "apiserver-kubelet-client.crt"
+
+    @property
+    def kubelet_client_key(self) -> Path:
+        return self.dir / "apiserver-kubelet-client.key"
+
+    @property
     def sa_key(self) -> Path:
         return self.dir / "sa.key"
 
@@ -81,6 +90,13 @@ def make_pki(directory: Path, service_ip: str) -> Pki:
     ssl.signed("apiserver", "/CN=kube-apiserver", f"subjectAltName={sans}", "serverAuth")
     ssl.signed("admin", "/O=system:masters/CN=kvflow-admin", None, "clientAuth")
     ssl.signed("front-proxy-client", f"/CN={FRONT_PROXY_CN}", None, "clientAuth")
+    # kubeadm's name and group for the apiserver's identity towards kubelets.
+    ssl.signed(
+        "apiserver-kubelet-client",
+        "/O=kubeadm:cluster-admins/CN=kube-apiserver-kubelet-client",
+        None,
+        "clientAuth",
+    )
     ssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "sa.key")
     ssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub")
     for key in directory.glob("*.key"):

@@ -71,6 +71,11 @@ def control_plane_components(
             # The advertised address is loopback, which Endpoints may not hold; nothing
             # in the cluster dials the `kubernetes` Service anyway (pods are simulated).
             "--endpoint-reconciler-type=none",
+            # A real node (kubelet on loopback) reports no address of its own: the harness
+            # sets its InternalIP to 127.0.0.1, and logs/exec go there with this client cert.
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={pki.kubelet_client_crt}",
+            f"--kubelet-client-key={pki.kubelet_client_key}",
             "--allow-privileged=true",
             "--profiling=false",
         ],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import shutil
 import time
+from pathlib import Path
 from types import TracebackType
 from typing import IO
 
@@ -18,6 +19,7 @@ from .log import elapsed, say
 from .nodes import fake_node, node_is_ready, write_kwok_config
 from .ports import free_ports
 from .process import Component, ComponentError
+from .realnode import RealNode, RealNodeConfig
 
 __all__ = ["ControlPlane"]
 
@@ -37,6 +39,7 @@ class ControlPlane:
         self.binaries = binaries
         self.config = config
         self._started: list[Component] = []
+        self._real_nodes: list[RealNode] = []
         self._kube: Kube | None = None
         self._lock: IO[str] | None = None
 
@@ -73,12 +76,26 @@ class ControlPlane:
         say(f"control plane up in {elapsed(begin)}; KUBECONFIG={cfg.kubeconfig}")
         return self
 
+    def add_real_node(self, kubelet: Path, name: str = "real-node", taint: bool = True) -> RealNode:
+        """Start a real node (containerd + `kubelet`) in `<state_dir>/nodes/<name>` and
+        wait until it is Ready; `stop()` tears it down before the control plane.
+        Raises `realnode.NodeUnavailable` when this machine cannot run one."""
+        config = RealNodeConfig(self.config.state_dir / "nodes" / name, name=name, taint=taint)
+        node = RealNode(kubelet, config, self.kube, self.config.pki_dir / "ca.crt")
+        node.start()
+        self._real_nodes.append(node)
+        return node
+
     def check_running(self) -> None:
-        """Raise `ComponentError` if any component has exited."""
+        """Raise `ComponentError` if any component (real nodes' included) has exited."""
         for component in self._started:
             component.check_running()
+        for node in self._real_nodes:
+            node.check_running()
 
     def stop(self) -> None:
+        while self._real_nodes:
+            self._real_nodes.pop().stop()
         while self._started:
             self._started.pop().stop()
         self._kube = None
@@ -122,7 +139,8 @@ class ControlPlane:
     def _add_fake_nodes(self) -> None:
         cfg, kube = self.config, self.kube
         names = [f"kwok-node-{i}" for i in range(cfg.node_count)]
-        kube.apply([fake_node(n, cfg.node, FAKE_NODE_ANNOTATION) for n in names])
+        if names:
+            kube.apply([fake_node(n, cfg.node, FAKE_NODE_ANNOTATION) for n in names])
 
         def nodes_ready() -> bool:
             self.check_running()

@@ -1,0 +1,24 @@
+"""A real node beside the kwok nodes: containerd, runc and a kubelet built with the other
+components, on loopback, with images built here (pause from the Kubernetes source, a
+host base image) and no registry.
+
+`RealNode` runs one; `missing_capability()` says why this machine cannot (or None).
+"""
+
+from .capability import DEBIAN_PACKAGES, missing_capability
+from .config import REAL_NODE_LABEL, REAL_NODE_TAINT, RealNodeConfig
+from .containerd import PAUSE_IMAGE
+from .images import HOST_BASE_IMAGE
+from .node import NodeUnavailable, RealNode
+
+__all__ = [
+    "DEBIAN_PACKAGES",
+    "HOST_BASE_IMAGE",
+    "PAUSE_IMAGE",
+    "REAL_NODE_LABEL",
+    "REAL_NODE_TAINT",
+    "NodeUnavailable",
+    "RealNode",
+    "RealNodeConfig",
+    "missing_capability",
+]

@@ -1,0 +1,84 @@
+"""The kubelet of a real node: its configuration file and command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from ..health import http_probe
+from ..process import Component
+from .config import REAL_NODE_LABEL, REAL_NODE_TAINT, NodePorts, RealNodeConfig
+
+__all__ = ["kubelet_component", "write_kubelet_config"]
+
+
+def write_kubelet_config(cfg: RealNodeConfig, ports: NodePorts, client_ca: Path) -> Path:
+    """Write the KubeletConfiguration; return its path.
+
+    Loopback for every listener; cgroupfs driver and cgroup v1 allowed (`failCgroupV1:
+    false`); swap tolerated; pods' cgroups under `cfg.cgroup_root`. The apiserver
+    authenticates with a client cert signed by `client_ca` (logs/exec); eviction and
+    image GC thresholds are set so a full shared disk does not evict test pods.
+    """
+    kubelet_dir = cfg.kubelet_dir
+    config = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": "127.0.0.1",
+        "port": ports.kubelet,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": ports.kubelet_healthz,
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": cfg.cgroup_root,
+        "failCgroupV1": False,
+        "failSwapOn": False,
+        "containerRuntimeEndpoint": f"unix://{cfg.containerd_socket}",
+        "podLogsDir": str(kubelet_dir / "pod-logs"),
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": False},
+            "x509": {"clientCAFile": str(client_ca)},
+        },
+        "authorization": {"mode": "AlwaysAllow"},
+        "resolvConf": "/etc/resolv.conf",
+        "evictionHard": {
+            "memory.available": "100Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+        },
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        # The harness kills every container at teardown; no need to wait for pods.
+        "shutdownGracePeriod": "0s",
+        "registerWithTaints": [REAL_NODE_TAINT] if cfg.taint else [],
+    }
+    kubelet_dir.mkdir(parents=True, exist_ok=True)
+    cfg.kubelet_config.write_text(yaml.safe_dump(config, sort_keys=False))
+    return cfg.kubelet_config
+
+
+def kubelet_component(
+    kubelet: Path, cfg: RealNodeConfig, ports: NodePorts, kubeconfig: Path, client_ca: Path
+) -> Component:
+    """The kubelet as a component, healthy once its loopback /healthz answers."""
+    config = write_kubelet_config(cfg, ports, client_ca)
+    root = cfg.kubelet_dir
+    return Component(
+        "kubelet",
+        [
+            str(kubelet),
+            f"--config={config}",
+            f"--kubeconfig={kubeconfig}",
+            f"--root-dir={root / 'root'}",
+            f"--cert-dir={root / 'pki'}",
+            f"--volume-plugin-dir={root / 'volume-plugins'}",
+            f"--hostname-override={cfg.name}",
+            "--node-ip=127.0.0.1",
+            f"--node-labels={REAL_NODE_LABEL}=true",
+        ],
+        cfg.logs_dir / "kubelet.log",
+        http_probe(f"http://127.0.0.1:{ports.kubelet_healthz}/healthz"),
+    )

@@ -1,0 +1,155 @@
+"""A real node: containerd and a kubelet on this machine, registered with a control plane."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+from ..client import Kube
+from ..env import K8sEnv
+from ..log import elapsed, say
+from ..nodes import node_is_ready
+from ..ports import free_ports
+from ..process import Component, ComponentError
+from ..versions import PINNED, K8sVersions
+from .capability import missing_capability
+from .cgroups import create_cgroup_root, kill_cgroup_processes, remove_cgroup_root
+from .config import NodePorts, RealNodeConfig
+from .containerd import containerd_component
+from .images import build_host_base, build_pause, kubernetes_module_dir
+from .kubelet import kubelet_component
+from .teardown import kill_shims, sandbox_netns_paths, unmount_under
+
+__all__ = ["NodeUnavailable", "RealNode"]
+
+
+class NodeUnavailable(RuntimeError):
+    """This machine cannot run a real node; the message says what is missing."""
+
+
+class RealNode:
+    """containerd + kubelet registered as `config.name`, with the pause and host base
+    images imported, its InternalIP set to 127.0.0.1 and Ready.
+
+    `start()` wipes `config.state_dir`; on failure it tears down what it started and
+    raises (`NodeUnavailable` when the machine lacks a capability, else
+    `ComponentError`). `stop()` leaves nothing behind: it stops the kubelet, kills
+    every container process (found through the node's cgroup subtree), stops
+    containerd and its shims, unmounts everything under the state dir and the pods'
+    network namespaces, removes the cgroups and deletes the Node object.
+    """
+
+    def __init__(
+        self,
+        kubelet: Path,
+        config: RealNodeConfig,
+        kube: Kube,
+        client_ca: Path,
+        env: K8sEnv | None = None,
+        versions: K8sVersions = PINNED,
+    ) -> None:
+        self.config = config
+        self._kubelet_bin = kubelet
+        self._kube = kube
+        self._client_ca = client_ca
+        self._env = env or K8sEnv.from_environ()
+        self._versions = versions
+        self._containerd: Component | None = None
+        self._kubelet: Component | None = None
+        self._cgroup_created = False
+
+    @property
+    def components(self) -> list[Component]:
+        return [c for c in (self._containerd, self._kubelet) if c is not None]
+
+    def start(self) -> RealNode:
+        reason = missing_capability()
+        if reason:
+            raise NodeUnavailable(reason)
+        cfg = self.config
+        begin = time.monotonic()
+        try:
+            shutil.rmtree(cfg.state_dir, ignore_errors=True)
+            cfg.logs_dir.mkdir(parents=True)
+            create_cgroup_root(cfg.cgroup_root)
+            self._cgroup_created = True
+            self._containerd = self._launch(containerd_component(cfg))
+            build_pause(cfg, kubernetes_module_dir(self._env, self._versions))
+            build_host_base(cfg)
+            ports = NodePorts(*free_ports(2))
+            kubelet = kubelet_component(
+                self._kubelet_bin, cfg, ports, self._kube.kubeconfig, self._client_ca
+            )
+            self._kubelet = self._launch(kubelet)
+            self._register()
+        except BaseException:
+            self.stop()
+            raise
+        say(f"real node {cfg.name} Ready in {elapsed(begin)} (state: {cfg.state_dir})")
+        return self
+
+    def check_running(self) -> None:
+        for component in self.components:
+            component.check_running()
+
+    def stop(self) -> None:
+        cfg = self.config
+        if self._kubelet is not None:
+            self._kubelet.stop()
+            self._kubelet = None
+        netns: list[Path] = []
+        if self._containerd is not None:
+            try:
+                netns = sandbox_netns_paths(cfg)
+            except Exception as err:  # a dead containerd: the mounts are found anyway
+                say(f"could not list {cfg.name}'s sandboxes: {err}")
+        if self._cgroup_created:
+            kill_cgroup_processes(cfg.cgroup_root)
+        if self._containerd is not None:
+            self._containerd.stop()
+            self._containerd = None
+        kill_shims(cfg)
+        unmount_under(cfg.state_dir, *netns)
+        for path in netns:
+            path.unlink(missing_ok=True)
+        if self._cgroup_created:
+            remove_cgroup_root(cfg.cgroup_root)
+            self._cgroup_created = False
+        self._kube.kubectl("delete", "node", cfg.name, "--wait=false", check=False, timeout=20)
+
+    def _launch(self, component: Component) -> Component:
+        say(f"starting {component.name} (log: {component.log_path})")
+        component.start()
+        try:
+            component.wait_healthy(self.config.ready_timeout_s)
+        except BaseException:
+            component.stop()
+            raise
+        return component
+
+    def _register(self) -> None:
+        """Wait for the Node object, give it 127.0.0.1 as InternalIP (the kubelet refuses
+        to report a loopback node IP), then wait until it is Ready."""
+        cfg, kube = self.config, self._kube
+
+        def registered() -> bool:
+            self.check_running()
+            return kube.kubectl("get", "node", cfg.name, check=False).returncode == 0
+
+        def ready() -> bool:
+            self.check_running()
+            return node_is_ready(kube.get_json("node", cfg.name))
+
+        try:
+            kube.wait_for(registered, cfg.ready_timeout_s, what=f"node {cfg.name} to register")
+            addresses = {"status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}}
+            kube.kubectl(
+                "patch", "node", cfg.name, "--subresource=status", "--type=merge",
+                "-p", json.dumps(addresses),
+            )  # fmt: skip
+            kube.wait_for(ready, cfg.ready_timeout_s, what=f"node {cfg.name} to be Ready")
+        except TimeoutError as err:
+            tails = "\n".join(f"--- {c.name}\n{c.log_tail(20)}" for c in self.components)
+            raise ComponentError(f"{err}; logs:\n{tails}") from err
