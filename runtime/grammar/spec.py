@@ -27,6 +27,9 @@ __all__ = [
 GRAMMAR_KINDS = ("json_schema", "regex", "ebnf", "structural_tag")
 # OpenAI's response_format json_object: any JSON object (strict mode would allow only {}).
 JSON_OBJECT_SCHEMA = '{"type": "object", "additionalProperties": true}'
+# Longest whitespace run a JSON schema allows between tokens: any JSON layout up to deep
+# indentation, but a model cannot spin on blank lines until max_tokens (small ones do).
+JSON_MAX_WHITESPACE = 32
 # xgrammar prefixes its C++ errors with a time stamp and a source position.
 _XGRAMMAR_PREFIX = re.compile(r"^\[[\d:]+\] \S+?:\d+: (Check failed: \(.*?\) is false: )?")
 
@@ -61,7 +64,9 @@ def build_grammar(spec: GrammarSpec) -> Any:
 
     try:
         if spec.kind == "json_schema":
-            return xgr.Grammar.from_json_schema(_json(spec.text, "json_schema"))
+            return xgr.Grammar.from_json_schema(
+                _json(spec.text, "json_schema"), max_whitespace_cnt=JSON_MAX_WHITESPACE
+            )
         if spec.kind == "regex":
             return xgr.Grammar.from_regex(spec.text)
         if spec.kind == "ebnf":

@@ -7,6 +7,7 @@ detokenizer, and hands each request's outputs to the handler awaiting them.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -18,6 +19,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from kvflow.runtime.grammar import GrammarError, check_grammar, grammar_spec
 from kvflow.runtime.server.args import ServerArgs
 from kvflow.runtime.server.ipc import IpcPaths, Puller, Pusher
 from kvflow.runtime.server.metrics import RuntimeMetrics
@@ -203,6 +205,7 @@ class TokenizerManager:
             inp.sampling.validate(self.vocab_size)
         except ValueError as err:
             raise RequestError(400, str(err)) from err
+        self._check_grammar(inp)
         if len(ids) >= self.context_len:
             raise RequestError(
                 400,
@@ -223,6 +226,18 @@ class TokenizerManager:
                 f"the prompt + max_tokens ({total}) exceeds the KV cache "
                 f"({self.max_total_tokens} tokens)",
             )
+
+    def _check_grammar(self, inp: GenerateInput) -> None:
+        """400 with xgrammar's message unless the request's grammar (if any) builds."""
+        spec = grammar_spec(inp.sampling)
+        if spec is None:
+            return
+        if self.tokenizer is None:
+            raise RequestError(400, "structured output needs the tokenizer (skip_tokenizer_init)")
+        if self.info.get("role", "unified") != "unified":
+            raise RequestError(400, f"{spec.kind} is not supported with prefill/decode roles yet")
+        if (error := _grammar_error(spec)) is not None:
+            raise RequestError(400, error)
 
     def _check_role(self, inp: GenerateInput) -> None:
         role = self.info.get("role", "unified")
@@ -320,6 +335,16 @@ class TokenizerManager:
             raise RequestError(503, f"the scheduler did not answer {kind} in time") from err
         finally:
             self._control.pop(request_id, None)
+
+
+@functools.lru_cache(maxsize=1024)
+def _grammar_error(spec) -> str | None:
+    """Why ``spec`` cannot build, or None (cached: clients repeat their schemas)."""
+    try:
+        check_grammar(spec)
+    except GrammarError as err:
+        return str(err)
+    return None
 
 
 class RequestHandle:
