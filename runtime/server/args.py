@@ -17,6 +17,7 @@ from kvflow import contract
 from kvflow.runtime.attention import ATTENTION_BACKENDS
 from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.scheduler.policy import SCHEDULE_POLICIES
+from kvflow.runtime.server.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 
 __all__ = ["ServerArgs", "build_parser", "parse_args"]
 
@@ -53,6 +54,8 @@ class ServerArgs:
     watchdog_timeout: float = 300.0  # seconds a busy scheduler may go without a step
     drain_timeout: float = 30.0  # seconds SIGTERM waits for in-flight requests
     log_level: str = "info"
+    tool_call_parser: str | None = None  # reads tool calls out of chat answers (SGLang's names)
+    reasoning_parser: str | None = None  # splits <think> reasoning from chat answers
 
     @property
     def model_name(self) -> str:
@@ -111,6 +114,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=ServerArgs.disagg_timeout,
         help="prefill/decode: seconds a peer may go without progress before its requests fail",
     )
+    server.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_CALL_PARSERS.choices(),
+        help="read tool calls out of chat answers in this model family's format "
+        "(needed for tools with tool_choice 'auto')",
+    )
+    server.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSERS.choices(),
+        help="send a chat answer's <think>...</think> part as reasoning_content",
+    )
     engine = parser.add_argument_group("engine")
     resolved_types = typing.get_type_hints(EngineConfig)
     for f in _engine_fields():
@@ -157,4 +171,6 @@ def parse_args(argv: list[str]) -> ServerArgs:
         watchdog_timeout=ns.watchdog_timeout,
         drain_timeout=ns.drain_timeout,
         log_level=ns.log_level,
+        tool_call_parser=ns.tool_call_parser,
+        reasoning_parser=ns.reasoning_parser,
     )

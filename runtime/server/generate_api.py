@@ -7,10 +7,12 @@ from typing import Any
 
 from kvflow.runtime.server.bootstrap_fields import bootstraps_of
 from kvflow.runtime.server.openai.common import SampleResult, collect, merge_streams, sse
+from kvflow.runtime.server.openai.fields import check_sampling_fields
 from kvflow.runtime.server.openai.protocol import GenerateRequestBody
 from kvflow.runtime.server.tokenizer_manager import GenerateInput, RequestHandle, TokenizerManager
 from kvflow.runtime.wire import SamplingParams
 from kvflow.runtime.wire.errors import RequestError
+from kvflow.runtime.wire.sampling import SAMPLING_KEYS
 
 __all__ = ["native_generate", "prepare_native"]
 
@@ -21,8 +23,12 @@ def prepare_native(
     """Returns (single, inputs)."""
     if (body.text is None) == (body.input_ids is None):
         raise RequestError(400, "give exactly one of text and input_ids")
-    if unsupported := body.unsupported_flags():
-        raise RequestError(400, f"not supported by kvflow: {', '.join(unsupported)} (give false)")
+    if body.return_logprob and body.logprob_start_len >= 0:
+        raise RequestError(
+            400,
+            "logprob_start_len >= 0 asks for prompt (input) logprobs, which kvflow does not "
+            "compute; give -1 (output logprobs only)",
+        )
     if body.text is not None:
         single = isinstance(body.text, str)
         texts = [body.text] if single else body.text
@@ -41,7 +47,7 @@ def prepare_native(
     inputs = []
     for ids, params, bootstrap in zip(ids_list, raw_list, bootstraps, strict=True):
         try:
-            sampling = SamplingParams.from_dict(params)
+            sampling = SamplingParams.from_dict(check_sampling_fields(params, SAMPLING_KEYS))
         except ValueError as err:
             raise RequestError(400, str(err)) from err
         inputs.append(
@@ -50,7 +56,7 @@ def prepare_native(
                 sampling,
                 body.return_logprob,
                 body.top_logprobs_num,
-                body.extra_key,
+                body.cache_namespace,
                 body.rid,
                 body.stream,
                 bootstrap,
@@ -59,7 +65,7 @@ def prepare_native(
     return single, inputs
 
 
-def _meta(result: SampleResult, rid: str, with_logprobs: bool) -> dict[str, Any]:
+def _meta(result: SampleResult, rid: str, logprobs: _LogprobView | None) -> dict[str, Any]:
     finish: dict[str, Any] | None = None
     if result.finish_reason is not None:
         finish = {"type": result.finish_reason}
@@ -72,31 +78,52 @@ def _meta(result: SampleResult, rid: str, with_logprobs: bool) -> dict[str, Any]
         "completion_tokens": result.completion_tokens,
         "cached_tokens": result.cached_tokens,
     }
-    if with_logprobs:
+    if logprobs is not None:
+        entry = logprobs.entry
         meta["output_token_logprobs"] = [
-            [lp, t, None] for lp, t in zip(result.logprobs, result.token_ids, strict=False)
+            entry(lp, t) for lp, t in zip(result.logprobs, result.token_ids, strict=False)
         ]
         meta["output_top_logprobs"] = [
-            [[lp, t, None] for t, lp in (top or [])] for top in result.top_logprobs
+            [entry(lp, t) for t, lp in (top or [])] for top in result.top_logprobs
         ]
     return meta
 
 
+class _LogprobView:
+    """SGLang's logprob entries ``[logprob, token_id, text]``; text only with
+    ``return_text_in_logprobs`` (else ``None``, as SGLang does)."""
+
+    def __init__(self, tm: TokenizerManager, with_text: bool) -> None:
+        self._token_text = tm.token_text if with_text else None
+
+    def entry(self, logprob: float | None, token_id: int) -> list[Any]:
+        text = self._token_text(token_id) if self._token_text is not None else None
+        return [logprob, token_id, text]
+
+
 async def native_generate(
-    single: bool, inputs: list[GenerateInput], handles: list[RequestHandle], stream: bool
+    tm: TokenizerManager,
+    body: GenerateRequestBody,
+    single: bool,
+    inputs: list[GenerateInput],
+    handles: list[RequestHandle],
 ) -> Any:
-    with_logprobs = any(i.return_logprob for i in inputs)
-    if stream:
-        return _stream(handles, with_logprobs)
+    view = (
+        _LogprobView(tm, body.return_text_in_logprobs)
+        if any(i.return_logprob for i in inputs)
+        else None
+    )
+    if body.stream:
+        return _stream(handles, view)
     results = await collect(handles)
-    body = [
-        {"text": r.text, "output_ids": r.token_ids, "meta_info": _meta(r, h.rid, with_logprobs)}
+    out = [
+        {"text": r.text, "output_ids": r.token_ids, "meta_info": _meta(r, h.rid, view)}
         for r, h in zip(results, handles, strict=True)
     ]
-    return body[0] if single and len(body) == 1 else body
+    return out[0] if single and len(out) == 1 else out
 
 
-async def _stream(handles: list[RequestHandle], with_logprobs: bool) -> AsyncIterator[str]:
+async def _stream(handles: list[RequestHandle], view: _LogprobView | None) -> AsyncIterator[str]:
     """Each event carries the cumulative text and ids of one sample (``index``), as SGLang does."""
     results = [SampleResult() for _ in handles]
     async for index, out in merge_streams(handles):
@@ -107,7 +134,7 @@ async def _stream(handles: list[RequestHandle], with_logprobs: bool) -> AsyncIte
                 "index": index,
                 "text": result.text,
                 "output_ids": result.token_ids,
-                "meta_info": _meta(result, handles[index].rid, with_logprobs),
+                "meta_info": _meta(result, handles[index].rid, view),
             }
         )
     yield sse("[DONE]")

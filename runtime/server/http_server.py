@@ -178,9 +178,9 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         tm.check_accepting()
-        inp = prepare_chat(tm, body)
+        inp, plan = prepare_chat(tm, body)
         handles = await tm.generate([inp])
-        return await _respond(request, handles, chat_completion(tm, body, inp, handles))
+        return await _respond(request, handles, chat_completion(tm, body, inp, plan, handles))
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -194,9 +194,7 @@ def create_app(tm: TokenizerManager) -> FastAPI:
         tm.check_accepting()
         single, inputs = prepare_native(tm, body)
         handles = await tm.generate(inputs)
-        return await _respond(
-            request, handles, native_generate(single, inputs, handles, body.stream)
-        )
+        return await _respond(request, handles, native_generate(tm, body, single, inputs, handles))
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:

@@ -6,6 +6,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from kvflow.runtime.server.bootstrap_fields import bootstrap_of
+from kvflow.runtime.server.openai.chat_output import ChatOutputStream, shape_message
+from kvflow.runtime.server.openai.chat_plan import ChatPlan, plan_chat
 from kvflow.runtime.server.openai.common import (
     SampleResult,
     collect,
@@ -19,42 +21,48 @@ from kvflow.runtime.server.openai.protocol import ChatCompletionRequest
 from kvflow.runtime.server.tokenizer_manager import GenerateInput, RequestHandle, TokenizerManager
 from kvflow.runtime.wire import SamplingParams
 from kvflow.runtime.wire.errors import RequestError
+from kvflow.runtime.wire.sampling import GRAMMAR_FIELDS
 
 __all__ = ["chat_completion", "prepare_chat"]
 
 
-def _content_text(content: Any) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    parts = []
-    for part in content:
-        if part.get("type") != "text":
-            raise RequestError(
-                400, f"message content of type {part.get('type')!r} is not supported"
-            )
-        parts.append(str(part.get("text", "")))
-    return "".join(parts)
-
-
-def prepare_chat(tm: TokenizerManager, body: ChatCompletionRequest) -> GenerateInput:
-    messages = [{"role": m.role, "content": _content_text(m.content)} for m in body.messages]
-    ids = tm.chat_ids(messages)
+def prepare_chat(
+    tm: TokenizerManager, body: ChatCompletionRequest
+) -> tuple[GenerateInput, ChatPlan]:
+    plan = plan_chat(body, tm.args.tool_call_parser, tm.args.reasoning_parser)
+    template = getattr(tm.tokenizer, "chat_template", None) or ""
+    messages, template_kwargs = plan.render_messages(body.messages, "tools" in template)
+    if body.reasoning_effort is not None:
+        template_kwargs["reasoning_effort"] = body.reasoning_effort
+    ids = tm.chat_ids(messages, **{**(body.chat_template_kwargs or {}), **template_kwargs})
     max_tokens = body.max_completion_tokens or body.max_tokens
     if max_tokens is None:
         max_tokens = tm.default_max_tokens(len(ids))
+    values = body.sampling_dict(max_tokens)
+    if (schema := plan.json_schema()) is not None:
+        if any(values.get(k) is not None for k in GRAMMAR_FIELDS):
+            raise RequestError(
+                400,
+                "tool_choice 'required' or a named function is a constraint of its own: "
+                "it cannot be combined with response_format, regex or ebnf",
+            )
+        values["json_schema"] = schema
     try:
-        sampling = SamplingParams.from_dict(body.sampling_dict(max_tokens))
+        sampling = SamplingParams.from_dict(values)
     except ValueError as err:
         raise RequestError(400, str(err)) from err
     want_logprobs = body.logprobs or bool(body.top_logprobs)
-    return GenerateInput(
+    inp = GenerateInput(
         ids,
         sampling,
         want_logprobs,
         body.top_logprobs or 0,
+        body.cache_namespace,
+        body.rid,
         stream=body.stream,
         bootstrap=bootstrap_of(body.bootstrap_host, body.bootstrap_port, body.bootstrap_room),
     )
+    return inp, plan
 
 
 def _logprobs(result_ids, logprobs, tops, tm: TokenizerManager) -> dict[str, Any]:
@@ -77,15 +85,16 @@ def _logprobs(result_ids, logprobs, tops, tm: TokenizerManager) -> dict[str, Any
 
 
 def _choice(
-    index: int, result: SampleResult, want_logprobs: bool, tm: TokenizerManager
+    index: int, result: SampleResult, want_logprobs: bool, tm: TokenizerManager, plan: ChatPlan
 ) -> dict[str, Any]:
+    message, finish_reason = shape_message(plan, result.text, result.finish_reason)
     return {
         "index": index,
-        "message": {"role": "assistant", "content": result.text},
+        "message": message,
         "logprobs": _logprobs(result.token_ids, result.logprobs, result.top_logprobs, tm)
         if want_logprobs
         else None,
-        "finish_reason": result.finish_reason,
+        "finish_reason": finish_reason,
         "matched_stop": result.matched_stop,
     }
 
@@ -94,18 +103,19 @@ async def chat_completion(
     tm: TokenizerManager,
     body: ChatCompletionRequest,
     inp: GenerateInput,
+    plan: ChatPlan,
     handles: list[RequestHandle],
 ) -> dict[str, Any] | AsyncIterator[str]:
     model = body.model or tm.args.model_name
     if body.stream:
-        return _stream(tm, body, inp, handles, model)
+        return _stream(tm, body, inp, plan, handles, model)
     results = await collect(handles)
     return {
         "id": new_id("chatcmpl"),
         "object": "chat.completion",
         "created": now(),
         "model": model,
-        "choices": [_choice(i, r, inp.return_logprob, tm) for i, r in enumerate(results)],
+        "choices": [_choice(i, r, inp.return_logprob, tm, plan) for i, r in enumerate(results)],
         "usage": usage_dict(results, len(handles)),
     }
 
@@ -114,11 +124,13 @@ async def _stream(
     tm: TokenizerManager,
     body: ChatCompletionRequest,
     inp: GenerateInput,
+    plan: ChatPlan,
     handles: list[RequestHandle],
     model: str,
 ) -> AsyncIterator[str]:
     chunk_id, created = new_id("chatcmpl"), now()
     results = [SampleResult() for _ in handles]
+    shapers = [ChatOutputStream(plan) for _ in handles]
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None, logprobs=None) -> str:
         return sse(
@@ -142,10 +154,14 @@ async def _stream(
             if inp.return_logprob and out.new_token_ids
             else None
         )
-        if out.text_delta or logprobs:
-            yield chunk(index, {"content": out.text_delta}, None, logprobs)
+        delta = shapers[index].feed(out.text_delta)
+        if delta or logprobs:
+            yield chunk(index, delta or {"content": ""}, None, logprobs)
         if out.finish_reason is not None:
-            yield chunk(index, {}, out.finish_reason.type)
+            last, finish = shapers[index].finish(out.finish_reason.type)
+            if last:
+                yield chunk(index, last)
+            yield chunk(index, {}, finish)
     if body.stream_options and body.stream_options.include_usage:
         yield sse(
             {

@@ -62,6 +62,8 @@ def prepare_completion(
                 sampling,
                 body.logprobs is not None,
                 body.logprobs or 0,
+                body.cache_namespace,
+                body.rid,
                 stream=body.stream,
                 bootstrap=bootstrap,
             )

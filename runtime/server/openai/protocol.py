@@ -1,24 +1,43 @@
 """Request schemas of the OpenAI-compatible API (responses are built as plain dicts).
 
 Fields beyond OpenAI's (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``,
-``min_tokens``, ``stop_token_ids``, ``skip_special_tokens``) follow SGLang and vLLM.
-Unknown fields are ignored, as OpenAI clients add their own; wrongly typed ones are 400.
+``min_tokens``, ``stop_token_ids``, ``skip_special_tokens``...) follow SGLang. Every body is
+checked against the fields OpenAI and SGLang define (:mod:`.fields`): an unknown field is a
+400 naming it, a known one the model does not declare is ignored on purpose or refused
+unless at its default; wrongly typed ones are 400.
 Types are strict, as OpenAI's are: numbers given as strings, floats where integers go,
 booleans where numbers go and non-finite floats (``NaN``, ``Infinity``) are refused.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
+from kvflow.runtime.server.openai.fields import check_fields
 from kvflow.runtime.server.openai.structured import ResponseFormat, grammar_sampling
 
-__all__ = ["ChatCompletionRequest", "CompletionRequest", "GenerateRequestBody", "StreamOptions"]
+__all__ = [
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "CompletionRequest",
+    "GenerateRequestBody",
+    "NamedToolChoice",
+    "StreamOptions",
+    "Tool",
+    "ToolCall",
+]
 
 
 _STRICT = ConfigDict(strict=True, allow_inf_nan=False)
+
+
+def _namespace(extra_key: str | None, cache_salt: str | None) -> str | None:
+    """SGLang's ``extra_key`` and ``cache_salt`` both keep a request's cached prefixes apart
+    from those of requests with other values: together they are one prefix-cache key."""
+    parts = [p for p in (extra_key, cache_salt) if p is not None]
+    return "\x00".join(parts) if parts else None
 
 
 class StreamOptions(BaseModel):
@@ -27,8 +46,20 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
-class _SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="ignore", **_STRICT)
+class _CheckedFields(BaseModel):
+    """A request body whose fields are checked against OpenAI's and SGLang's (see
+    :mod:`.fields`) before validation: ``endpoint`` names the table."""
+
+    model_config = ConfigDict(extra="forbid", **_STRICT)
+    endpoint: ClassVar[str]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, raw: Any) -> Any:
+        return check_fields(raw, cls.model_fields, cls.endpoint)
+
+
+class _SamplingFields(_CheckedFields):
 
     model: str | None = None
     n: int = 1
@@ -57,6 +88,14 @@ class _SamplingFields(BaseModel):
     bootstrap_host: str | None = None
     bootstrap_port: int | None = None
     bootstrap_room: int | None = None
+    # SGLang: a client-chosen request id (for /abort_request), prefix-cache namespaces
+    rid: str | None = None
+    extra_key: str | None = None
+    cache_salt: str | None = None
+
+    @property
+    def cache_namespace(self) -> str | None:
+        return _namespace(self.extra_key, self.cache_salt)
 
     def sampling_dict(self, max_new_tokens: int) -> dict[str, Any]:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
@@ -87,22 +126,85 @@ class _SamplingFields(BaseModel):
         return {k: v for k, v in values.items() if v is not None}
 
 
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore", **_STRICT)
+
+    name: str
+    arguments: str = "{}"  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    """A call the assistant made earlier in the conversation."""
+
+    model_config = ConfigDict(extra="ignore", **_STRICT)
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow", **_STRICT)
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant
+    tool_call_id: str | None = None  # tool
+    reasoning_content: str | None = None  # assistant (SGLang)
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid", **_STRICT)
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema
+    strict: StrictBool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid", **_STRICT)
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class ToolChoiceName(BaseModel):
+    model_config = ConfigDict(extra="forbid", **_STRICT)
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid", **_STRICT)
+
+    type: Literal["function"] = "function"
+    function: ToolChoiceName
 
 
 class ChatCompletionRequest(_SamplingFields):
+    endpoint: ClassVar[str] = "chat"
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: StrictBool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    # tools (OpenAI); ``tool_choice`` defaults to "auto" with tools, "none" without
+    tools: list[Tool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool = True
+    # chat template and reasoning (SGLang)
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    separate_reasoning: StrictBool = True
+    stream_reasoning: StrictBool = True
 
 
 class CompletionRequest(_SamplingFields):
+    endpoint: ClassVar[str] = "completions"
+
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
     json_schema: str | None = None  # SGLang: a JSON schema as a string
@@ -110,44 +212,30 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
-_SGLANG_OUTPUT_SWITCHES = (
-    "return_text_in_logprobs",
-    "return_hidden_states",
-    "return_entropy",
-    "return_bytes",
-    "background",
-)
+class GenerateRequestBody(_CheckedFields):
+    """SGLang's native ``/generate`` body (``GenerateReqInput``); the SGLang fields it does
+    not declare are ignored or refused by :mod:`.fields`."""
 
-
-class GenerateRequestBody(BaseModel):
-    """SGLang's native ``/generate`` body."""
-
-    model_config = ConfigDict(extra="forbid", **_STRICT)
+    endpoint: ClassVar[str] = "generate"
 
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
     stream: StrictBool = False
     return_logprob: StrictBool = False
+    logprob_start_len: int = -1
     top_logprobs_num: int = Field(default=0, ge=0, le=20)
+    return_text_in_logprobs: StrictBool = False
     extra_key: str | None = None
+    cache_salt: str | None = None
     rid: str | None = None
     # prefill/decode disaggregation, SGLang's names: one value, or one per prompt of a batch
     bootstrap_host: str | list[str] | None = None
     bootstrap_port: int | list[int] | None = None
     bootstrap_room: int | list[int] | None = None
-    # SGLang's own fields that its router (sglang-router 0.3.2) always sends: ``model`` and
-    # the logging switches are ignored; the others ask for outputs kvflow does not produce, so
-    # only their default (false) is accepted (``prepare_native`` refuses true).
+    # not SGLang's, but its router adds it to every body; ignored (one model per server)
     model: str | None = None
-    log_metrics: StrictBool = True
-    no_logs: StrictBool = False
-    return_text_in_logprobs: StrictBool = False
-    return_hidden_states: StrictBool = False
-    return_entropy: StrictBool = False
-    return_bytes: StrictBool = False
-    background: StrictBool = False
 
-    def unsupported_flags(self) -> list[str]:
-        """The SGLang output switches set to true, which kvflow does not implement."""
-        return [f for f in _SGLANG_OUTPUT_SWITCHES if getattr(self, f)]
+    @property
+    def cache_namespace(self) -> str | None:
+        return _namespace(self.extra_key, self.cache_salt)

@@ -1,0 +1,31 @@
+"""Parsers of model output: tool calls (``--tool-call-parser``) and reasoning
+(``--reasoning-parser``), each a registry of named formats; plus the streaming wrappers that
+hold text back while a call or a reasoning marker may be starting."""
+
+from kvflow.runtime.server.parsers.base import (
+    ParsedToolCalls,
+    ReasoningParser,
+    ToolCallItem,
+    ToolCallParser,
+)
+from kvflow.runtime.server.parsers.registry import (
+    REASONING_PARSERS,
+    TOOL_CALL_PARSERS,
+    make_reasoning_parser,
+    make_tool_call_parser,
+)
+from kvflow.runtime.server.parsers.stream import ReasoningStream, StreamDelta, ToolCallStream
+
+__all__ = [
+    "REASONING_PARSERS",
+    "TOOL_CALL_PARSERS",
+    "ParsedToolCalls",
+    "ReasoningParser",
+    "ReasoningStream",
+    "StreamDelta",
+    "ToolCallItem",
+    "ToolCallParser",
+    "ToolCallStream",
+    "make_reasoning_parser",
+    "make_tool_call_parser",
+]
