@@ -4,8 +4,12 @@
   kube-controller-manager, kube-scheduler and kwok with fake GPU nodes, yields an
   `e2e.k8s.Kube`, and stops everything at the end of the session.
 - `kube_namespace` (function): a fresh namespace, deleted afterwards.
-- `--no-cluster` skips every test marked `cluster`; tests that use `kube` get the
-  marker automatically. By default (and in CI) they run.
+- `real_node` (session): a real node (containerd + kubelet, `e2e.k8s.realnode`) joined to
+  the same control plane; tests that ask for it skip, naming what is missing, only when
+  the machine cannot run one (`missing_capability()`: not root, packages, cgroups).
+- `--no-cluster` skips every test marked `cluster`; tests that use `kube` or `real_node`
+  (both built on `control_plane`) get the marker automatically. By default (and in CI)
+  they run.
 
 A cold binary build takes far longer than the per-test timeout, so binaries are
 resolved once after collection, outside any test, when a selected test needs them.
@@ -20,12 +24,15 @@ from collections.abc import Iterator
 import pytest
 
 from e2e.k8s import (
+    BINARIES,
     BinaryResolutionError,
     ControlPlane,
     ControlPlaneConfig,
     Kube,
     resolve_binaries,
 )
+from e2e.k8s.bins import NODE_BINARIES
+from e2e.k8s.realnode import RealNode, missing_capability
 
 __all__: list[str] = []
 
@@ -44,7 +51,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip = pytest.mark.skip(reason="--no-cluster given")
     for item in items:
-        if "kube" in getattr(item, "fixturenames", ()) and "cluster" not in item.keywords:
+        if "control_plane" in getattr(item, "fixturenames", ()) and "cluster" not in item.keywords:
             item.add_marker(pytest.mark.cluster)
         if config.getoption("--no-cluster") and "cluster" in item.keywords:
             item.add_marker(skip)
@@ -54,28 +61,48 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     config = session.config
     if config.getoption("--no-cluster") or config.getoption("collectonly"):
         return
-    if any("kube" in getattr(item, "fixturenames", ()) for item in session.items):
+    fixtures = [set(getattr(item, "fixturenames", ())) for item in session.items]
+    if any("control_plane" in names for names in fixtures):
+        # The kubelet only when a selected test runs on a real node that can start here.
+        node = any("real_node" in names for names in fixtures) and missing_capability() is None
         # A cold cache means a build of many minutes: let its progress lines through.
         capture = config.pluginmanager.getplugin("capturemanager")
         try:
             with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-                resolve_binaries()
+                resolve_binaries((*BINARIES, *NODE_BINARIES) if node else BINARIES)
         except BinaryResolutionError as err:
             # Fail the cluster tests (in the `kube` fixture), not the whole session.
             config.stash[_RESOLUTION_ERROR] = err
 
 
 @pytest.fixture(scope="session")
-def kube(
+def control_plane(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Kube]:
+) -> Iterator[ControlPlane]:
     """A running control plane with 3 kwok nodes (64 CPU, 512Gi, 8 `nvidia.com/gpu` each)."""
     error = request.config.stash.get(_RESOLUTION_ERROR, None)
     if error is not None:
         raise error
     config = ControlPlaneConfig(state_dir=tmp_path_factory.mktemp("k8s"))
     with ControlPlane(resolve_binaries(), config) as plane:
-        yield plane.kube
+        yield plane
+
+
+@pytest.fixture(scope="session")
+def kube(control_plane: ControlPlane) -> Kube:
+    """The session's control plane, as a `Kube` handle."""
+    return control_plane.kube
+
+
+@pytest.fixture(scope="session")
+def real_node(control_plane: ControlPlane) -> RealNode:
+    """A real node `real-node` (label and NoSchedule taint `kvflow.dev/real-node`) in the
+    session's cluster; stopped, leaving no process or mount, with the control plane."""
+    reason = missing_capability()
+    if reason is not None:
+        pytest.skip(f"this machine cannot run a real node: {reason}")
+    kubelet = resolve_binaries(NODE_BINARIES)["kubelet"]
+    return control_plane.add_real_node(kubelet)
 
 
 @pytest.fixture

@@ -86,6 +86,12 @@ class ControlPlane:
         self._real_nodes.append(node)
         return node
 
+    def remove_real_node(self, node: RealNode) -> None:
+        """Stop one real node (see `RealNode.stop`) while the control plane keeps running."""
+        if node in self._real_nodes:
+            self._real_nodes.remove(node)
+        node.stop()
+
     def check_running(self) -> None:
         """Raise `ComponentError` if any component (real nodes' included) has exited."""
         for component in self._started:

@@ -8,6 +8,7 @@ host base image) and no registry.
 from .capability import DEBIAN_PACKAGES, missing_capability
 from .config import REAL_NODE_LABEL, REAL_NODE_TAINT, RealNodeConfig
 from .containerd import PAUSE_IMAGE
+from .hostpods import HostRuntime, api_server_env, real_node_placement
 from .images import HOST_BASE_IMAGE
 from .node import NodeUnavailable, RealNode
 
@@ -17,8 +18,11 @@ __all__ = [
     "PAUSE_IMAGE",
     "REAL_NODE_LABEL",
     "REAL_NODE_TAINT",
+    "HostRuntime",
     "NodeUnavailable",
     "RealNode",
     "RealNodeConfig",
+    "api_server_env",
     "missing_capability",
+    "real_node_placement",
 ]
