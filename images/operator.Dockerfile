@@ -14,6 +14,7 @@ COPY kvflow/ kvflow/
 COPY operator/ operator/
 RUN /opt/kvflow/bin/pip install --upgrade pip setuptools wheel \
  && /opt/kvflow/bin/pip install ".[operator]" \
+ && /opt/kvflow/bin/kvflow operator --help >/dev/null \
  && /opt/kvflow/bin/python -c "import importlib.util as u, kvflow.operator.main; assert u.find_spec('torch') is None"
 
 FROM python:${PYTHON_VERSION}-slim

@@ -31,19 +31,31 @@ LABEL org.opencontainers.image.title="kvflow-runtime" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV DEBIAN_FRONTEND=noninteractive
 # libibverbs/librdmacm: the Mooncake engine loads them even for TCP; libnuma for pinned
-# host memory (HiCache L2).
+# host memory (HiCache L2). gcc + libc6-dev + python3-dev: Triton compiles its kernel
+# launcher (a C extension including Python.h) the first time each kernel runs in the pod.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 libibverbs1 librdmacm1 ibverbs-providers libnuma1 ca-certificates \
+ && apt-get install -y --no-install-recommends python3 python3-dev gcc libc6-dev libibverbs1 librdmacm1 ibverbs-providers libnuma1 ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --gid 1000 kvflow && useradd --uid 1000 --gid 1000 --create-home --shell /usr/sbin/nologin kvflow
 COPY --from=build /opt/kvflow /opt/kvflow
-# The operator mounts writable emptyDirs at /tmp and KVFLOW_CACHE_DIR (root stays read-only).
+# The operator mounts writable emptyDirs at /tmp and KVFLOW_CACHE_DIR (root stays read-only),
+# so Triton's compiled kernels and launchers (TRITON_CACHE_DIR, default ~/.triton/cache) and
+# its home (TRITON_HOME) go there too.
 ENV PATH=/opt/kvflow/bin:$PATH \
     PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
     KVFLOW_CACHE_DIR=/var/cache/kvflow \
-    HF_HOME=/var/cache/kvflow/huggingface
+    HF_HOME=/var/cache/kvflow/huggingface \
+    TRITON_HOME=/var/cache/kvflow \
+    TRITON_CACHE_DIR=/var/cache/kvflow/triton
+# Build checks: the entry command runs, the tools are there, and C code including this
+# Python's headers compiles with the compiler Triton will call for its launcher.
 RUN mkdir -p /var/cache/kvflow && chown 1000:1000 /var/cache/kvflow \
- && command -v mooncake_master && command -v hf
+ && command -v mooncake_master && command -v hf \
+ && kvflow serve --help >/dev/null \
+ && printf '#include <Python.h>\nPyObject *f(void) { return PyLong_FromLong(1); }\n' > /tmp/launcher.c \
+ && gcc -c -fPIC -O2 -I "$(/opt/kvflow/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" /tmp/launcher.c -o /tmp/launcher.o \
+ && rm /tmp/launcher.c /tmp/launcher.o \
+ && /opt/kvflow/bin/python -c "import triton, triton.runtime.build"
 USER 1000:1000
 WORKDIR /home/kvflow
 # API, /health, /metrics: contract.DEFAULT_API_PORT; KV bootstrap: DEFAULT_BOOTSTRAP_PORT.
