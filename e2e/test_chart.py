@@ -185,6 +185,12 @@ def test_examples_are_accepted_with_printer_columns(
         "get", "modeldeployments", "-n", kube_namespace, "-o", "wide"
     ).stdout.splitlines()
     assert "ROUTER" in wide[0].split() and len(wide) == 1 + len(EXAMPLES)
+    # Every pod setting at once (host network, ports, images, volumes, the Mooncake master's
+    # placement) passes the CRD's rules.
+    spec = REPO / "tests" / "operator" / "specs" / "host-network.yaml"
+    out = kube.kubectl("apply", "-n", kube_namespace, "-f", str(spec)).stdout
+    assert "modeldeployment.kvflow.dev/hostnet" in out
+    kube.kubectl("delete", "md", "hostnet", "-n", kube_namespace)
 
 
 BASE = yaml.safe_load((REPO / "examples" / "unified-embedded.yaml").read_text())
@@ -249,6 +255,43 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "metadata.name must be at most 45 characters",
     ),
     ("unknown field", {"spec": {"replicas": 3}}, 'unknown field "spec.replicas"'),
+    (
+        "volume name the operator uses",
+        {"spec": {"unified": {"volumes": [{"name": "cache", "emptyDir": {}}]}}},
+        "spec.unified.volumes[0].name",
+    ),
+    (
+        "mount of an undeclared volume",
+        {"spec": {"unified": {"volumeMounts": [{"name": "data", "mountPath": "/data"}]}}},
+        "spec.unified.volumeMounts",
+    ),
+    (
+        "mount over an operator path",
+        {
+            "spec": {
+                "unified": {
+                    "volumes": [{"name": "data", "emptyDir": {}}],
+                    "volumeMounts": [{"name": "data", "mountPath": "/etc/kvflow"}],
+                }
+            }
+        },
+        "spec.unified.volumeMounts[0].mountPath",
+    ),
+    (
+        "host-network roles on one port",
+        {
+            "spec": {
+                "unified": {"hostNetwork": True, "ports": {"http": 31000}},
+                "router": {"hostNetwork": True, "ports": {"http": 31000}},
+            }
+        },
+        "host-network roles bind their ports on the node",
+    ),
+    (
+        "Mooncake master without a Mooncake store",
+        {"spec": {"mooncakeMaster": {"ports": {"rpc": 31001}}}},
+        "spec.mooncakeMaster: Forbidden",
+    ),
 ]
 
 

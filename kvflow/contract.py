@@ -26,6 +26,7 @@ __all__ = [
     "MODEL_CACHE_ENV",
     "MOONCAKE_CONFIG_ENV",
     "MOONCAKE_MASTER_METADATA_PORT",
+    "MOONCAKE_MASTER_METRICS_PORT",
     "MOONCAKE_MASTER_RPC_PORT",
     "OPERATOR_HEALTH_PATH",
     "OPERATOR_HEALTH_PORT",
@@ -33,6 +34,7 @@ __all__ = [
     "ROLES",
     "ROLE_LABEL",
     "ROUTER_FLAGS",
+    "ROUTER_READINESS_PATH",
     "RUNTIME_CONFIG_DIR",
     "SERVE_FLAGS",
     "RouterOptions",
@@ -53,11 +55,17 @@ KV_TRANSFER_PORT_RANGE = (17000, 17999)
 # The Mooncake master (shared HiCache store): RPC and HTTP metadata server.
 MOONCAKE_MASTER_RPC_PORT = 50051
 MOONCAKE_MASTER_METADATA_PORT = 8080
+MOONCAKE_MASTER_METRICS_PORT = 9003  # mooncake_master's own default
 
 # HTTP paths served by every runtime pod (and the router).
 HEALTH_PATH = "/health"  # cheap liveness/readiness: no model work
 HEALTH_GENERATE_PATH = "/health_generate"  # runs one token through the model
 METRICS_PATH = "/metrics"  # Prometheus text, SGLang metric names under ``sglang:``
+# The router only (sglang-router's name): 200 while it has a healthy worker of every role it
+# needs (prefill and decode once it knows a PD worker, else unified), else 503. The
+# operator makes it the router pod's readiness probe, so a Ready router pod is the router's
+# own report that the deployment can serve.
+ROUTER_READINESS_PATH = "/readiness"
 OPERATOR_HEALTH_PATH = "/healthz"
 
 # Environment variables.

@@ -15,26 +15,11 @@ from typing import Any
 from kvflow import contract
 
 from . import names
-from .pods import MOONCAKE_CONFIG_FILE, model_mount, serve_options
+from .placement import cluster_master, mooncake_client_config
+from .pods import MOONCAKE_CONFIG_FILE, model_mount, worker_serve_options
 from .spec import ModelDeployment
 
 RUNTIME_CONFIG_FILE = "runtime.json"
-MOONCAKE_LOCAL_BUFFER = 512 * 2**20  # staging buffer of each Mooncake store client
-
-
-def mooncake_client_config(md: ModelDeployment) -> dict[str, Any]:
-    """Mooncake store client settings (``$KVFLOW_MOONCAKE_CONFIG``); ``local_hostname`` is
-    left empty for the runtime to fill from ``$KVFLOW_POD_IP``."""
-    master = f"{names.child_name(md.name, names.MOONCAKE_MASTER)}.{md.namespace}.svc"
-    return {
-        "local_hostname": "",
-        "metadata_server": f"http://{master}:{contract.MOONCAKE_MASTER_METADATA_PORT}/metadata",
-        "master_server_address": f"{master}:{contract.MOONCAKE_MASTER_RPC_PORT}",
-        "global_segment_size": md.hicache.mooncake_segment_bytes,
-        "local_buffer_size": MOONCAKE_LOCAL_BUFFER,
-        "protocol": md.kv_transfer.protocol,
-        "device_name": "",
-    }
 
 
 def worker_config(md: ModelDeployment) -> dict[str, Any]:
@@ -48,7 +33,7 @@ def worker_config(md: ModelDeployment) -> dict[str, Any]:
         "mode": md.mode,
         "model": {"source": md.model.source, "servedModelName": md.model.served_model_name},
         "roles": {
-            worker.role: {"argv": contract.serve_argv(serve_options(md, worker, model_path))}
+            worker.role: {"argv": contract.serve_argv(worker_serve_options(md, worker, model_path))}
             for worker in md.workers
         },
         "kvTransfer": {
@@ -74,9 +59,10 @@ def _documents(md: ModelDeployment, runtime: dict[str, Any]) -> dict[str, str]:
     # Sorted keys: the same spec gives the same bytes, hence the same hash.
     data = {RUNTIME_CONFIG_FILE: json.dumps(runtime, indent=2, sort_keys=True)}
     if md.hicache.store == "mooncake":
-        data[MOONCAKE_CONFIG_FILE] = json.dumps(
-            mooncake_client_config(md), indent=2, sort_keys=True
+        client = mooncake_client_config(
+            cluster_master(md), md.hicache.mooncake_segment_bytes, md.kv_transfer.protocol
         )
+        data[MOONCAKE_CONFIG_FILE] = json.dumps(client, indent=2, sort_keys=True)
     return data
 
 

@@ -1,45 +1,59 @@
 """The Mooncake master (shared HiCache store): a Deployment and its Service.
 
 The master only keeps metadata; the store's memory is lent by the runtime pods. It runs
-from the runtime image, which carries the ``mooncake_master`` binary.
+from the runtime image (which carries the ``mooncake_master`` binary) unless
+``spec.mooncakeMaster.image`` names another.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvflow import contract
-
 from . import names
-from .podparts import container_security_context, pod_security_context
+from .placement import cluster_master, master_argv
+from .podparts import (
+    apply_pod_settings,
+    container_ports,
+    container_resources,
+    container_security_context,
+    pod_security_context,
+    user_mounts,
+)
 from .spec import ModelDeployment
 
-MASTER_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}}
+MASTER_REQUESTS = {"cpu": "100m", "memory": "256Mi"}
+
+
+def _ports(md: ModelDeployment) -> dict[str, int]:
+    master = md.mooncake_master
+    return {
+        "rpc": master.rpc_port,
+        "metadata": master.metadata_port,
+        "metrics": master.metrics_port,
+    }
 
 
 def master_deployment(md: ModelDeployment) -> dict[str, Any]:
     """Deployment ``<name>-mooncake-master`` (one replica: the master holds the index)."""
     component = names.MOONCAKE_MASTER
+    settings = md.mooncake_master.pods
     probe = {"tcpSocket": {"port": "rpc"}, "periodSeconds": 5, "failureThreshold": 3}
-    container = {
+    container: dict[str, Any] = {
         "name": "mooncake-master",
-        "image": md.image,
+        "image": md.mooncake_master_image,
         "imagePullPolicy": md.image_pull_policy,
-        "command": [
-            "mooncake_master",
-            f"--rpc_port={contract.MOONCAKE_MASTER_RPC_PORT}",
-            "--enable_http_metadata_server=true",
-            f"--http_metadata_server_port={contract.MOONCAKE_MASTER_METADATA_PORT}",
-        ],
-        "ports": [
-            {"name": "rpc", "containerPort": contract.MOONCAKE_MASTER_RPC_PORT},
-            {"name": "metadata", "containerPort": contract.MOONCAKE_MASTER_METADATA_PORT},
-        ],
-        "resources": MASTER_RESOURCES,
+        "command": master_argv(cluster_master(md)),
+        "ports": container_ports(_ports(md), settings.host_network),
+        "resources": container_resources({**MASTER_REQUESTS, **settings.requests}, settings.limits),
         "securityContext": container_security_context(),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "readinessProbe": probe,
         "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 6},
     }
+    if settings.env:
+        container["env"] = [dict(e) for e in settings.env]
+    if settings.volume_mounts:
+        container["volumeMounts"] = user_mounts(settings)
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "securityContext": pod_security_context(),
@@ -47,6 +61,7 @@ def master_deployment(md: ModelDeployment) -> dict[str, Any]:
     }
     if md.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": secret} for secret in md.image_pull_secrets]
+    apply_pod_settings(pod_spec, settings)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -65,8 +80,9 @@ def master_deployment(md: ModelDeployment) -> dict[str, Any]:
 
 
 def master_service(md: ModelDeployment) -> dict[str, Any]:
-    """Service ``<name>-mooncake-master``: RPC and HTTP metadata ports."""
+    """Service ``<name>-mooncake-master``: RPC and HTTP metadata ports (metrics stay on the pod)."""
     component = names.MOONCAKE_MASTER
+    ports = _ports(md)
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -74,12 +90,8 @@ def master_service(md: ModelDeployment) -> dict[str, Any]:
         "spec": {
             "selector": names.selector_labels(md.name, component),
             "ports": [
-                {"name": "rpc", "port": contract.MOONCAKE_MASTER_RPC_PORT, "targetPort": "rpc"},
-                {
-                    "name": "metadata",
-                    "port": contract.MOONCAKE_MASTER_METADATA_PORT,
-                    "targetPort": "metadata",
-                },
+                {"name": name, "port": ports[name], "targetPort": name}
+                for name in ("rpc", "metadata")
             ],
         },
     }

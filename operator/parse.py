@@ -8,10 +8,12 @@ cannot check is checked here and reported as :class:`SpecError` naming the field
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from kvflow import contract
 
+from .paths import OPERATOR_VOLUMES
 from .quantity import QuantityError, parse_quantity
 from .spec import (
     DEFAULT_ROUTER_IMAGE,
@@ -22,6 +24,7 @@ from .spec import (
     KVTransfer,
     ModelDeployment,
     ModelSource,
+    MooncakeMaster,
     NetworkPolicySettings,
     PodSettings,
     RouterRole,
@@ -48,8 +51,39 @@ def _quantities(raw: Mapping[str, Any] | None, path: str) -> dict[str, str]:
     return out
 
 
+def _volumes(raw: Mapping[str, Any], path: str) -> tuple[tuple[dict[str, Any], ...], ...]:
+    """``volumes`` and ``volumeMounts``: user volumes beside the operator's own."""
+    volumes = tuple(dict(v) for v in raw.get("volumes") or ())
+    mounts = tuple(dict(m) for m in raw.get("volumeMounts") or ())
+    declared: set[str] = set()
+    for i, volume in enumerate(volumes):
+        name = str(volume.get("name", ""))
+        if not name:
+            raise SpecError(f"{path}.volumes[{i}].name", "required")
+        if name in OPERATOR_VOLUMES or name in declared:
+            taken = "used by the operator" if name in OPERATOR_VOLUMES else "declared twice"
+            raise SpecError(f"{path}.volumes[{i}].name", f"{name!r} is {taken}")
+        declared.add(name)
+    reserved_paths = set(OPERATOR_VOLUMES.values())
+    for i, mount in enumerate(mounts):
+        name, mount_path = str(mount.get("name", "")), str(mount.get("mountPath", ""))
+        if name not in declared:
+            raise SpecError(
+                f"{path}.volumeMounts[{i}].name", f"{name!r} is not one of {path}.volumes"
+            )
+        if not mount_path.startswith("/"):
+            raise SpecError(f"{path}.volumeMounts[{i}].mountPath", "must be an absolute path")
+        if mount_path.rstrip("/") in reserved_paths:
+            raise SpecError(
+                f"{path}.volumeMounts[{i}].mountPath", f"{mount_path} is mounted by the operator"
+            )
+    return volumes, mounts
+
+
 def _pods(raw: Mapping[str, Any], path: str) -> PodSettings:
     resources = raw.get("resources") or {}
+    volumes, mounts = _volumes(raw, path)
+    image = raw.get("image")
     return PodSettings(
         requests=_quantities(resources.get("requests"), f"{path}.resources.requests"),
         limits=_quantities(resources.get("limits"), f"{path}.resources.limits"),
@@ -57,7 +91,18 @@ def _pods(raw: Mapping[str, Any], path: str) -> PodSettings:
         tolerations=tuple(dict(t) for t in raw.get("tolerations") or ()),
         env=tuple(dict(e) for e in raw.get("env") or ()),
         extra_args=tuple(str(a) for a in raw.get("extraArgs") or ()),
+        image=None if image is None else str(image),
+        host_network=bool(raw.get("hostNetwork", False)),
+        volumes=volumes,
+        volume_mounts=mounts,
     )
+
+
+def _port(raw: Mapping[str, Any], name: str, default: int, path: str) -> int:
+    value = (raw.get("ports") or {}).get(name, default)
+    if not isinstance(value, int) or not 1 <= value <= 65535:
+        raise SpecError(f"{path}.ports.{name}", f"must be a port number, got {value!r}")
+    return value
 
 
 def _autoscaling(raw: Mapping[str, Any] | None) -> Autoscaling:
@@ -82,6 +127,7 @@ def _worker(role: str, raw: Mapping[str, Any] | None) -> WorkerRole:
         replicas=int(raw.get("replicas", 1)),
         gpus=int(raw.get("gpus", 0)),
         pods=_pods(raw, f"spec.{role}"),
+        http_port=_port(raw, "http", contract.DEFAULT_API_PORT, f"spec.{role}"),
         max_running_requests=raw.get("maxRunningRequests"),
         startup_timeout_seconds=int(raw.get("startupTimeoutSeconds", 1800)),
         autoscaling=_autoscaling(raw.get("autoscaling")),
@@ -134,6 +180,54 @@ def _hicache(raw: Mapping[str, Any] | None) -> HiCache:
     return hicache
 
 
+def _mooncake_master(raw: Mapping[str, Any] | None) -> MooncakeMaster:
+    raw = raw or {}
+    path = "spec.mooncakeMaster"
+    return MooncakeMaster(
+        pods=_pods(raw, path),
+        rpc_port=_port(raw, "rpc", contract.MOONCAKE_MASTER_RPC_PORT, path),
+        metadata_port=_port(raw, "metadata", contract.MOONCAKE_MASTER_METADATA_PORT, path),
+        metrics_port=_port(raw, "metrics", contract.MOONCAKE_MASTER_METRICS_PORT, path),
+        host=str(raw.get("host", "")),
+    )
+
+
+def _check_ports(md: ModelDeployment) -> None:
+    """Ports one pod binds are distinct, and so are those of every host-network role: host-
+    network pods bind on the node, and a deployment's roles may share one node."""
+    bound: dict[int, str] = {}
+    host_network = []
+    for worker in md.workers:
+        ports = {f"spec.{worker.role}.ports.http": worker.http_port}
+        if worker.role == "prefill":
+            ports["spec.kvTransfer.bootstrapPort"] = md.kv_transfer.bootstrap_port
+        host_network.append((worker.pods.host_network, ports))
+    host_network.append(
+        (md.router.pods.host_network, {"spec.router.ports.http": md.router.http_port})
+    )
+    if md.hicache.store == "mooncake":
+        master = md.mooncake_master
+        ports = {
+            "spec.mooncakeMaster.ports.rpc": master.rpc_port,
+            "spec.mooncakeMaster.ports.metadata": master.metadata_port,
+            "spec.mooncakeMaster.ports.metrics": master.metrics_port,
+        }
+        host_network.append((master.pods.host_network, ports))
+    for on_host, ports in host_network:
+        in_pod: dict[int, str] = {}
+        for field_path, port in ports.items():
+            if port in in_pod:
+                raise SpecError(field_path, f"port {port} is also {in_pod[port]} (same pod)")
+            in_pod[port] = field_path
+            if on_host and port in bound:
+                raise SpecError(
+                    field_path,
+                    f"port {port} is also {bound[port]}; both roles use the host network",
+                )
+            if on_host:
+                bound[port] = field_path
+
+
 def parse_model_deployment(body: Mapping[str, Any]) -> ModelDeployment:
     """Read a ModelDeployment resource body; raises :class:`SpecError` naming the field."""
     meta = body.get("metadata") or {}
@@ -153,7 +247,12 @@ def parse_model_deployment(body: Mapping[str, Any]) -> ModelDeployment:
     kv = spec.get("kvTransfer") or {}
     endpoint = spec.get("endpoint") or {}
     netpol = spec.get("networkPolicy") or {}
-    return ModelDeployment(
+    hicache = _hicache(spec.get("hiCache"))
+    if "mooncakeMaster" in spec and hicache.store != "mooncake":
+        raise SpecError(
+            "spec.mooncakeMaster", "only valid when spec.hiCache.sharedStore.type is mooncake"
+        )
+    md = ModelDeployment(
         name=str(meta["name"]),
         namespace=str(meta.get("namespace") or "default"),
         uid=str(meta.get("uid", "")),
@@ -168,14 +267,16 @@ def parse_model_deployment(body: Mapping[str, Any]) -> ModelDeployment:
             replicas=int(router.get("replicas", 1)),
             image=str(router.get("image", DEFAULT_ROUTER_IMAGE)),
             policy=str(router.get("policy", "cache_aware")),
-            pods=_pods(router, "spec.router"),
+            pods=replace(_pods(router, "spec.router"), image=None),  # the field above
+            http_port=_port(router, "http", contract.DEFAULT_API_PORT, "spec.router"),
         ),
+        mooncake_master=_mooncake_master(spec.get("mooncakeMaster")),
         kv_transfer=KVTransfer(
             backend=str(kv.get("backend", "mooncake")),
             protocol=str(kv.get("protocol", "tcp")),
             bootstrap_port=int(kv.get("bootstrapPort", contract.DEFAULT_BOOTSTRAP_PORT)),
         ),
-        hicache=_hicache(spec.get("hiCache")),
+        hicache=hicache,
         endpoint=Endpoint(
             port=int(endpoint.get("port", contract.DEFAULT_API_PORT)),
             service_type=str(endpoint.get("serviceType", "ClusterIP")),
@@ -186,3 +287,5 @@ def parse_model_deployment(body: Mapping[str, Any]) -> ModelDeployment:
             metrics_namespace_labels=dict(netpol.get("metricsNamespaceSelector") or {}),
         ),
     )
+    _check_ports(md)
+    return md

@@ -14,7 +14,7 @@ from typing import Any
 from kvflow import contract
 
 from .quantity import format_bytes, parse_quantity
-from .spec import SecretKeyRef
+from .spec import PodSettings, SecretKeyRef
 
 RUN_AS_ID = 1000
 API_PORT_NAME = contract.API_PORT_NAME
@@ -47,13 +47,18 @@ def container_security_context(add_capabilities: tuple[str, ...] = ()) -> dict[s
     }
 
 
-def http_probes(startup_timeout_seconds: int, period_seconds: int = 10) -> dict[str, Any]:
-    """Startup, readiness and liveness probes on :data:`contract.HEALTH_PATH`.
+def http_probes(
+    startup_timeout_seconds: int,
+    period_seconds: int = 10,
+    readiness_path: str = contract.HEALTH_PATH,
+) -> dict[str, Any]:
+    """Startup and liveness probes on :data:`contract.HEALTH_PATH`, readiness on
+    ``readiness_path``.
 
     The startup probe allows ``startup_timeout_seconds`` for model loading (weights download,
     conversion, CUDA graph capture); liveness only starts after it succeeds, so a slow load
     is never killed early. Readiness takes a pod out of the Services while it is busy
-    starting or stuck.
+    starting or stuck (the router's: while it has no healthy worker of a role it needs).
     """
     http_get = {"path": contract.HEALTH_PATH, "port": API_PORT_NAME}
     startup_failures = max(1, -(-startup_timeout_seconds // period_seconds))
@@ -65,7 +70,7 @@ def http_probes(startup_timeout_seconds: int, period_seconds: int = 10) -> dict[
             "failureThreshold": startup_failures,
         },
         "readinessProbe": {
-            "httpGet": http_get,
+            "httpGet": {**http_get, "path": readiness_path},
             "periodSeconds": 5,
             "timeoutSeconds": 3,
             "failureThreshold": 3,
@@ -131,3 +136,37 @@ def empty_dir(name: str, size_limit: str | None = None, medium: str = "") -> dic
     if size_limit:
         spec["sizeLimit"] = size_limit
     return {"name": name, "emptyDir": spec}
+
+
+def container_ports(ports: Mapping[str, int], host_network: bool) -> list[dict[str, Any]]:
+    """Named container ports; on the host network each is also the host port it binds."""
+    out = []
+    for name, port in ports.items():
+        entry: dict[str, Any] = {"name": name, "containerPort": port}
+        if host_network:
+            entry["hostPort"] = port
+        out.append(entry)
+    return out
+
+
+def apply_pod_settings(spec: dict[str, Any], pods: PodSettings) -> dict[str, Any]:
+    """Add a role's scheduling, network and volume settings to its pod ``spec``.
+
+    A host-network pod resolves cluster names through ``ClusterFirstWithHostNet`` (the
+    default policy would give it the node's resolver).
+    """
+    if pods.host_network:
+        spec["hostNetwork"] = True
+        spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    if pods.node_selector:
+        spec["nodeSelector"] = dict(pods.node_selector)
+    if pods.tolerations:
+        spec["tolerations"] = [dict(t) for t in pods.tolerations]
+    if pods.volumes:
+        spec["volumes"] = [*spec.get("volumes", []), *(dict(v) for v in pods.volumes)]
+    return spec
+
+
+def user_mounts(pods: PodSettings) -> list[dict[str, Any]]:
+    """The role's own ``volumeMounts``."""
+    return [dict(m) for m in pods.volume_mounts]

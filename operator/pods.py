@@ -1,7 +1,8 @@
 """Pod templates: runtime workers (``kvflow serve``) and the router (``kvflow router``).
 
 Commands come from :mod:`kvflow.contract`, never from string literals, so the operator
-and the runtime cannot disagree about flags, ports or paths.
+and the runtime cannot disagree about flags, ports or paths; what each role runs comes from
+:mod:`.roles`, where it runs from the cluster placement of :mod:`.placement`.
 """
 
 from __future__ import annotations
@@ -12,22 +13,30 @@ from typing import Any
 from kvflow import contract
 
 from . import names
+from .paths import CACHE_DIR, HICACHE_DIR, MODEL_DIR, SHM_DIR, TMP_DIR
+from .placement import (
+    cluster_router_placement,
+    cluster_worker_placement,
+    router_options,
+    serve_options,
+)
 from .podparts import (
     API_PORT_NAME,
     BOOTSTRAP_PORT_NAME,
     api_key_env,
+    apply_pod_settings,
+    container_ports,
     container_resources,
     container_security_context,
     empty_dir,
     http_probes,
     pod_security_context,
     secret_env,
+    user_mounts,
 )
+from .roles import router_runtime, worker_runtime
 from .spec import ModelDeployment, WorkerRole
 
-CACHE_DIR = "/var/cache/kvflow"  # converted/embedded models, Hugging Face cache
-MODEL_DIR = "/models"
-HICACHE_DIR = "/var/lib/kvflow/hicache"
 SHM_SIZE = "1Gi"  # /dev/shm for the runtime's worker processes
 CONFIG_VOLUME = "config"
 MOONCAKE_CONFIG_FILE = "mooncake.json"
@@ -83,33 +92,12 @@ def model_mount(md: ModelDeployment) -> ModelMount:
     return ModelMount("")
 
 
-def mooncake_master_address(md: ModelDeployment) -> str:
-    """``host:port`` of the deployment's Mooncake master RPC endpoint."""
-    host = f"{names.child_name(md.name, names.MOONCAKE_MASTER)}.{md.namespace}.svc"
-    return f"{host}:{contract.MOONCAKE_MASTER_RPC_PORT}"
-
-
-def serve_options(
+def worker_serve_options(
     md: ModelDeployment, worker: WorkerRole, model_path: str
 ) -> contract.ServeOptions:
-    """The runtime flags of one worker role, decided from the spec."""
-    hicache = md.hicache
-    storage_path = {"file": HICACHE_DIR, "mooncake": mooncake_master_address(md)}
-    needs_transfer = md.disaggregated or hicache.store == "mooncake"
-    return contract.ServeOptions(
-        model_path=model_path,
-        served_model_name=md.model.served_model_name,
-        role=worker.role,
-        port=contract.DEFAULT_API_PORT,
-        bootstrap_port=md.kv_transfer.bootstrap_port if worker.role == "prefill" else None,
-        kv_transfer_protocol=md.kv_transfer.protocol if needs_transfer else None,
-        hicache_host_memory_gb=hicache.host_memory_bytes / 2**30 if hicache.enabled else None,
-        hicache_write_policy=hicache.write_policy if hicache.enabled else None,
-        hicache_storage=hicache.store if hicache.store != "none" else None,
-        hicache_storage_path=storage_path.get(hicache.store),
-        max_running_requests=worker.max_running_requests,
-        extra_args=tuple(worker.pods.extra_args),
-    )
+    """The ``kvflow serve`` options of one worker role's pods."""
+    placement = cluster_worker_placement(md, worker, model_path)
+    return serve_options(worker_runtime(md, worker), placement)
 
 
 def _pod_spec(md: ModelDeployment, containers: list[dict[str, Any]]) -> dict[str, Any]:
@@ -124,15 +112,15 @@ def worker_pod_template(
 ) -> dict[str, Any]:
     """The pod template of one runtime role's Deployment."""
     mount = model_mount(md)
-    ports = [{"name": API_PORT_NAME, "containerPort": contract.DEFAULT_API_PORT}]
+    ports = {API_PORT_NAME: worker.http_port}
     annotations = {
         names.ANNOTATION_CONFIG_HASH: config_hash,
         "prometheus.io/scrape": "true",
-        "prometheus.io/port": str(contract.DEFAULT_API_PORT),
+        "prometheus.io/port": str(worker.http_port),
         "prometheus.io/path": contract.METRICS_PATH,
     }
     if worker.role == "prefill":
-        ports.append({"name": BOOTSTRAP_PORT_NAME, "containerPort": md.kv_transfer.bootstrap_port})
+        ports[BOOTSTRAP_PORT_NAME] = md.kv_transfer.bootstrap_port
         annotations[names.ANNOTATION_BOOTSTRAP_PORT] = str(md.kv_transfer.bootstrap_port)
     env: list[dict[str, Any]] = [
         {"name": contract.POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
@@ -155,8 +143,8 @@ def worker_pod_template(
     ]
     mounts = [
         {"name": "cache", "mountPath": CACHE_DIR},
-        {"name": "tmp", "mountPath": "/tmp"},
-        {"name": "shm", "mountPath": "/dev/shm"},
+        {"name": "tmp", "mountPath": TMP_DIR},
+        {"name": "shm", "mountPath": SHM_DIR},
         {"name": CONFIG_VOLUME, "mountPath": config_dir, "readOnly": True},
         *mount.mounts,
     ]
@@ -164,20 +152,24 @@ def worker_pod_template(
         claim = names.child_name(md.name, "hicache")
         volumes.append({"name": "hicache", "persistentVolumeClaim": {"claimName": claim}})
         mounts.append({"name": "hicache", "mountPath": HICACHE_DIR})
+    mounts += user_mounts(worker.pods)
     rdma = ("IPC_LOCK",) if md.kv_transfer.protocol == "rdma" else ()
     extra_memory = md.hicache.host_memory_bytes + md.hicache.mooncake_segment_bytes
     container = {
         "name": "runtime",
-        "image": md.image,
+        "image": md.worker_image(worker),
         "imagePullPolicy": md.image_pull_policy,
-        "command": contract.serve_argv(serve_options(md, worker, mount.model_path)),
-        "ports": ports,
+        "command": contract.serve_argv(worker_serve_options(md, worker, mount.model_path)),
+        "ports": container_ports(ports, worker.pods.host_network),
         "env": env,
         "resources": container_resources(
             worker.pods.requests, worker.pods.limits, worker.gpus, extra_memory
         ),
         "securityContext": container_security_context(rdma),
         "volumeMounts": mounts,
+        # A container that exits (a refused flag, say) leaves its last log lines in its
+        # status, where the ModelDeployment's Degraded condition quotes them.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         **http_probes(worker.startup_timeout_seconds),
     }
     spec = _pod_spec(md, [container])
@@ -188,45 +180,34 @@ def worker_pod_template(
     )
     if mount.init_containers:
         spec["initContainers"] = mount.init_containers
-    if worker.pods.node_selector:
-        spec["nodeSelector"] = dict(worker.pods.node_selector)
-    if worker.pods.tolerations:
-        spec["tolerations"] = [dict(t) for t in worker.pods.tolerations]
+    apply_pod_settings(spec, worker.pods)
     return {
         "metadata": {"labels": names.labels(md.name, worker.role), "annotations": annotations},
         "spec": spec,
     }
 
 
-def router_selector(md: ModelDeployment) -> str:
-    """Label selector the router uses to discover this deployment's workers."""
-    roles = ",".join(worker.role for worker in md.workers)
-    return f"{names.LABEL_DEPLOYMENT}={md.name},{names.LABEL_ROLE} in ({roles})"
-
-
 def router_pod_template(md: ModelDeployment) -> dict[str, Any]:
     """The router's pod template: discovers workers by label through the Kubernetes API."""
     router = md.router
-    argv = contract.router_argv(
-        contract.RouterOptions(
-            policy=router.policy,
-            port=contract.DEFAULT_API_PORT,
-            discover_namespace=md.namespace,
-            discover_selector=router_selector(md),
-            extra_args=tuple(router.pods.extra_args),
-        )
-    )
+    argv = contract.router_argv(router_options(router_runtime(md), cluster_router_placement(md)))
     container = {
         "name": "router",
         "image": router.image,
         "imagePullPolicy": md.image_pull_policy,
         "command": argv,
-        "ports": [{"name": API_PORT_NAME, "containerPort": contract.DEFAULT_API_PORT}],
+        "ports": container_ports({API_PORT_NAME: router.http_port}, router.pods.host_network),
         "env": [*api_key_env(md.endpoint.api_key), *(dict(e) for e in router.pods.env)],
         "resources": container_resources(router.pods.requests, router.pods.limits),
         "securityContext": container_security_context(),
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-        **http_probes(ROUTER_STARTUP_TIMEOUT_SECONDS, period_seconds=2),
+        "volumeMounts": [{"name": "tmp", "mountPath": TMP_DIR}, *user_mounts(router.pods)],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        # Ready only while the router has a healthy worker of every role it needs.
+        **http_probes(
+            ROUTER_STARTUP_TIMEOUT_SECONDS,
+            period_seconds=2,
+            readiness_path=contract.ROUTER_READINESS_PATH,
+        ),
     }
     spec = _pod_spec(md, [container])
     spec.update(
@@ -234,13 +215,10 @@ def router_pod_template(md: ModelDeployment) -> dict[str, Any]:
         terminationGracePeriodSeconds=30,
         volumes=[empty_dir("tmp")],
     )
-    if router.pods.node_selector:
-        spec["nodeSelector"] = dict(router.pods.node_selector)
-    if router.pods.tolerations:
-        spec["tolerations"] = [dict(t) for t in router.pods.tolerations]
+    apply_pod_settings(spec, router.pods)
     annotations = {
         "prometheus.io/scrape": "true",
-        "prometheus.io/port": str(contract.DEFAULT_API_PORT),
+        "prometheus.io/port": str(router.http_port),
         "prometheus.io/path": contract.METRICS_PATH,
     }
     return {

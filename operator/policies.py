@@ -89,8 +89,8 @@ def network_policies(md: ModelDeployment) -> list[dict[str, Any]]:
         policies.append(_policy(md, role, ingress))
     if md.hicache.store == "mooncake":
         master_ports = [
-            {"protocol": "TCP", "port": contract.MOONCAKE_MASTER_RPC_PORT},
-            {"protocol": "TCP", "port": contract.MOONCAKE_MASTER_METADATA_PORT},
+            {"protocol": "TCP", "port": "rpc"},
+            {"protocol": "TCP", "port": "metadata"},
         ]
         master_from = [{"from": [_pods(md, *worker_roles)], "ports": master_ports}]
         policies.append(_policy(md, names.MOONCAKE_MASTER, master_from))

@@ -65,7 +65,12 @@ class Autoscaling:
 
 @dataclass(frozen=True)
 class PodSettings:
-    """What every role's pods share: placement, resources, env and extra flags."""
+    """One role's pod settings: image, scheduling, resources, env, volumes, extra flags.
+
+    ``image`` is None when the role takes the deployment's default image. ``host_network``
+    runs the pods in the node's network namespace (RDMA deployments do; the pods then bind
+    the role's ports on the node, so roles sharing a node need distinct ports).
+    """
 
     requests: Mapping[str, str] = field(default_factory=dict)
     limits: Mapping[str, str] = field(default_factory=dict)
@@ -73,6 +78,10 @@ class PodSettings:
     tolerations: Sequence[Mapping[str, Any]] = ()
     env: Sequence[Mapping[str, Any]] = ()
     extra_args: Sequence[str] = ()
+    image: str | None = None
+    host_network: bool = False
+    volumes: Sequence[Mapping[str, Any]] = ()
+    volume_mounts: Sequence[Mapping[str, Any]] = ()
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,7 @@ class WorkerRole:
     replicas: int = 1
     gpus: int = 0
     pods: PodSettings = field(default_factory=PodSettings)
+    http_port: int = contract.DEFAULT_API_PORT  # API, /health and /metrics
     max_running_requests: int | None = None
     startup_timeout_seconds: int = 1800
     autoscaling: Autoscaling = field(default_factory=Autoscaling)
@@ -103,6 +113,23 @@ class RouterRole:
     image: str = DEFAULT_ROUTER_IMAGE
     policy: str = "cache_aware"
     pods: PodSettings = field(default_factory=PodSettings)
+    http_port: int = contract.DEFAULT_API_PORT  # API, /health, /readiness and /metrics
+
+
+@dataclass(frozen=True)
+class MooncakeMaster:
+    """``spec.mooncakeMaster``: the Mooncake master's pods and ports (mooncake store only).
+
+    ``host`` is where runtime pods reach the master; empty means its Service's DNS name.
+    A host-network master on a node without Service routing (the loopback test node) is
+    reached at the node's address instead.
+    """
+
+    pods: PodSettings = field(default_factory=PodSettings)
+    rpc_port: int = contract.MOONCAKE_MASTER_RPC_PORT
+    metadata_port: int = contract.MOONCAKE_MASTER_METADATA_PORT
+    metrics_port: int = contract.MOONCAKE_MASTER_METRICS_PORT
+    host: str = ""
 
 
 @dataclass(frozen=True)
@@ -172,6 +199,7 @@ class ModelDeployment:
     image_pull_secrets: Sequence[str] = ()
     workers: Sequence[WorkerRole] = (WorkerRole("unified"),)
     router: RouterRole = field(default_factory=RouterRole)
+    mooncake_master: MooncakeMaster = field(default_factory=MooncakeMaster)
     kv_transfer: KVTransfer = field(default_factory=KVTransfer)
     hicache: HiCache = field(default_factory=HiCache)
     endpoint: Endpoint = field(default_factory=Endpoint)
@@ -180,3 +208,12 @@ class ModelDeployment:
     @property
     def disaggregated(self) -> bool:
         return self.mode == "disaggregated"
+
+    def worker_image(self, worker: WorkerRole) -> str:
+        """The image a worker role runs: its own, else the deployment's."""
+        return worker.pods.image or self.image
+
+    @property
+    def mooncake_master_image(self) -> str:
+        """The Mooncake master's image: its own, else the runtime image (which carries it)."""
+        return self.mooncake_master.pods.image or self.image

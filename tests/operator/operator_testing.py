@@ -17,6 +17,7 @@ SPECS = {
     "disaggregated-hicache": REPO / "examples" / "disaggregated-hicache.yaml",
     "hicache-file": Path(__file__).parent / "specs" / "hicache-file.yaml",
     "disaggregated-pvc": Path(__file__).parent / "specs" / "disaggregated-pvc.yaml",
+    "host-network": Path(__file__).parent / "specs" / "host-network.yaml",
 }
 
 

@@ -3,6 +3,7 @@ exact bytes; these say why the bytes are right)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -59,20 +60,29 @@ def test_pods_meet_the_restricted_pod_security_standard(spec_name: str) -> None:
 
 def test_runtime_pods_follow_the_contract(spec_name: str) -> None:
     children = children_of(spec_name)
+    md = parse_model_deployment(load_model_deployment(SPECS[spec_name]))
+    http_ports = {f"{md.name}-{w.role}": w.http_port for w in md.workers}
+    http_ports[f"{md.name}-router"] = md.router.http_port
     for name, pod in pod_specs(children).items():
         (container,) = pod["containers"]
         argv = container["command"]
         if container["name"] == "mooncake-master":
-            assert f"--rpc_port={contract.MOONCAKE_MASTER_RPC_PORT}" in argv
+            assert f"--rpc_port={md.mooncake_master.rpc_port}" in argv
             continue
         flags = contract.SERVE_FLAGS if argv[1] == "serve" else contract.ROUTER_FLAGS
         assert argv[0] == "kvflow" and argv[1] in ("serve", "router"), name
         for flag in [a for a in argv[2:] if a.startswith("--")]:
             extra = flag in ("--max-prefill-tokens",)  # user extraArgs come last
             assert flag in flags or extra, (name, flag)
-        assert container["ports"][0]["containerPort"] == contract.DEFAULT_API_PORT
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container["ports"][0]["containerPort"] == http_ports[name]
+        assert argv[argv.index("--port") + 1] == str(http_ports[name])
+        for probe in ("startupProbe", "livenessProbe"):
             assert container[probe]["httpGet"]["path"] == contract.HEALTH_PATH
+        # A worker is ready once its model answers /health; the router once it has a
+        # healthy worker of every role it needs.
+        readiness = contract.HEALTH_PATH if argv[1] == "serve" else contract.ROUTER_READINESS_PATH
+        assert container["readinessProbe"]["httpGet"]["path"] == readiness
+        assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
         startup = container["startupProbe"]
         if argv[1] == "serve":  # model loading may take the whole startup window
             window = startup["periodSeconds"] * startup["failureThreshold"]
@@ -237,3 +247,66 @@ def test_spec_errors_name_the_field(patch: dict[str, Any], field: str) -> None:
         parse_model_deployment(body)
     assert caught.value.field_path == field
     assert str(caught.value).startswith(field)
+
+
+def test_host_network_roles_bind_distinct_host_ports_and_resolve_cluster_names() -> None:
+    pods = pod_specs(children_of("host-network"))
+    bound: list[int] = []
+    for name, pod in pods.items():
+        assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+        for port in pod["containers"][0]["ports"]:
+            assert port["hostPort"] == port["containerPort"], name
+            bound.append(port["hostPort"])
+    assert len(bound) == len(set(bound)) == 7  # prefill 2, decode 1, router 1, master 3
+    for name, pod in pod_specs(children_of("unified-embedded")).items():
+        assert "hostNetwork" not in pod and "dnsPolicy" not in pod
+        assert all("hostPort" not in p for p in pod["containers"][0]["ports"]), name
+
+
+def test_role_images_env_volumes_and_mounts_are_rendered() -> None:
+    children = children_of("host-network")
+    pods = pod_specs(children)
+    images = {name: pod["containers"][0]["image"] for name, pod in pods.items()}
+    assert images == {
+        "hostnet-prefill": "localhost/kvflow/runtime:prefill",
+        "hostnet-decode": "localhost/kvflow/runtime:dev",  # spec.image, the default
+        "hostnet-router": "localhost/kvflow/router:dev",
+        "hostnet-mooncake-master": "localhost/kvflow/runtime:master",
+    }
+    prefill = pods["hostnet-prefill"]
+    volumes = {v["name"]: v for v in prefill["volumes"]}
+    assert volumes["rdma-devices"]["hostPath"] == {"path": "/dev/infiniband", "type": "Directory"}
+    assert {"cache", "tmp", "shm", "config", "triton-cache"} <= set(volumes)
+    mounts = {m["mountPath"]: m["name"] for m in prefill["containers"][0]["volumeMounts"]}
+    assert mounts["/dev/infiniband"] == "rdma-devices"
+    assert mounts["/var/cache/triton"] == "triton-cache"
+    env = {e["name"]: e.get("value") for e in prefill["containers"][0]["env"]}
+    assert env["MC_LOG_LEVEL"] == "warning"
+    router_env = {e["name"]: e.get("value") for e in pods["hostnet-router"]["containers"][0]["env"]}
+    assert router_env["KVFLOW_ROUTER_LOG"] == "debug"
+
+
+def test_mooncake_master_placement_reaches_every_client() -> None:
+    children = children_of("host-network")
+    master = pod_specs(children)["hostnet-mooncake-master"]["containers"][0]
+    assert master["command"] == [
+        "mooncake_master",
+        "--rpc_port=30300",
+        "--enable_http_metadata_server=true",
+        "--http_metadata_server_port=30301",
+        "--metrics_port=30302",
+    ]
+    (config_map,) = by_kind(children, "ConfigMap").values()
+    client = json.loads(config_map["data"]["mooncake.json"])
+    assert client["master_server_address"] == "127.0.0.1:30300"
+    assert client["metadata_server"] == "http://127.0.0.1:30301/metadata"
+    for role in ("prefill", "decode"):
+        argv = pod_specs(children)[f"hostnet-{role}"]["containers"][0]["command"]
+        assert argv[argv.index("--hicache-storage-path") + 1] == "127.0.0.1:30300"
+    service = by_kind(children, "Service")["hostnet-mooncake-master"]
+    assert [p["port"] for p in service["spec"]["ports"]] == [30300, 30301]
+    # Without spec.mooncakeMaster.host, clients use the master's Service name.
+    default = children_of("disaggregated-hicache")
+    (config_map,) = by_kind(default, "ConfigMap").values()
+    client = json.loads(config_map["data"]["mooncake.json"])
+    assert client["master_server_address"] == "smollm2-pd-mooncake-master.models.svc:50051"
