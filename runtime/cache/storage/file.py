@@ -124,20 +124,15 @@ class FileStore(PageStore):
         path = self._path(key)
         payload = byte_view(buffer)
         try:
-            with open(path, "rb", buffering=0) as page_file:
-                if os.fstat(page_file.fileno()).st_size != HEADER_BYTES + payload.nbytes:
-                    return self._corrupt(path, "size")
+            # Sizes are checked by reading, not by fstat: the object must end exactly
+            # after the payload (one more read returns nothing).
+            with open(path, "rb") as page_file:
                 header = page_file.read(HEADER_BYTES)
                 crc = check_header(header, key, payload.nbytes)
                 if crc is None:
-                    return self._corrupt(path, "header")
-                view = memoryview(payload)
-                got = 0
-                while got < payload.nbytes:
-                    step = page_file.readinto(view[got:])
-                    if not step:
-                        return self._corrupt(path, "truncated")
-                    got += step
+                    return self._corrupt(path, "header or size")
+                if page_file.readinto(payload.data) != payload.nbytes or page_file.read(1):
+                    return self._corrupt(path, "size")
         except FileNotFoundError:
             return False
         except OSError as exc:
