@@ -118,6 +118,16 @@ class EngineConfig:
     cpu_kv_cache_gb: float = 1.0  # CPU: KV pool budget when max_total_tokens is unset
     disable_radix_cache: bool = False
 
+    # HiCache (SGLang's names): a host-memory KV tier under the radix cache, and a shared
+    # storage tier under that (see kvflow.runtime.cache.hiradix and .storage).
+    hicache_host_memory_gb: float = 0.0  # 0: no host tier
+    hicache_write_policy: str = "write_through"  # write_through | write_back
+    hicache_storage: str = "none"  # none | file | mooncake
+    hicache_storage_path: str = ""  # file: a directory; mooncake: the master's host:port
+    # Seconds a request may wait for its pages to arrive from storage before it runs with
+    # what has arrived (best effort; storage never stalls the scheduler).
+    hicache_prefetch_timeout: float = 0.5
+
     # scheduling
     max_running_requests: int = 256
     max_queued_requests: int | None = None

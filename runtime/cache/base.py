@@ -15,10 +15,13 @@ __all__ = ["MatchResult", "PrefixCache"]
 
 
 class MatchResult(NamedTuple):
-    """A cached prefix: its KV slots (int64 ``[prefix_len]``) and the node that ends it."""
+    """A cached prefix: its KV slots on the device (int64 ``[prefix_len]``) and the node
+    that ends it; with a host tier, the tokens cached on host only right after it."""
 
     kv_indices: torch.Tensor
     last_node: Any
+    host_hit_len: int = 0  # tokens after ``kv_indices`` whose KV is on host (HiCache L2)
+    host_last_node: Any = None  # the node that ends them
 
 
 class PrefixCache(ABC):
@@ -40,6 +43,14 @@ class PrefixCache(ABC):
     @abstractmethod
     def match_prefix(self, token_ids: list[int], extra_key: str | None = None) -> MatchResult:
         """Longest cached, page-aligned prefix of ``token_ids`` in namespace ``extra_key``."""
+
+    def load_back(self, match: MatchResult) -> MatchResult:
+        """Bring a match's host part onto the device (a tiered cache); the match extends
+        only as far as device memory allowed. The caller locks the result."""
+        return match
+
+    def poll(self) -> None:  # noqa: B027 (optional hook: most caches have nothing to finish)
+        """Finish background work (copies, storage I/O); called once per scheduler step."""
 
     @abstractmethod
     def cache_unfinished_req(self, req: Req) -> None:

@@ -55,6 +55,9 @@ class RadixCache(PrefixCache):
         self.reset()
 
     # -- tree primitives ------------------------------------------------------------------
+    def _new_node(self, key: list[int], value: Any, parent: TreeNode | None) -> TreeNode:
+        return TreeNode(key, value, parent)
+
     def reset(self) -> None:
         self._roots: dict[str | None, TreeNode] = {}
         self._evictable = 0
@@ -64,7 +67,7 @@ class RadixCache(PrefixCache):
     def _root(self, extra_key: str | None) -> TreeNode:
         root = self._roots.get(extra_key)
         if root is None:
-            root = TreeNode([], torch.empty(0, dtype=torch.int64), None)
+            root = self._new_node([], torch.empty(0, dtype=torch.int64), None)
             root.lock_ref = 1  # roots are never evicted
             self._roots[extra_key] = root
         return root
@@ -86,7 +89,7 @@ class RadixCache(PrefixCache):
 
     def _split(self, child: TreeNode, at: int) -> TreeNode:
         assert child.parent is not None
-        head = TreeNode(child.key[:at], child.value[:at], child.parent)
+        head = self._new_node(child.key[:at], child.value[:at], child.parent)
         head.lock_ref, head.last_access = child.lock_ref, child.last_access
         child.parent.children[self._edge(head.key)] = head
         child.key, child.value, child.parent = child.key[at:], child.value[at:], head
@@ -130,7 +133,7 @@ class RadixCache(PrefixCache):
         while key:
             child = node.children.get(self._edge(key))
             if child is None:
-                leaf = TreeNode(list(key), value.clone(), node)
+                leaf = self._new_node(list(key), value.clone(), node)
                 self._touch(leaf)
                 node.children[self._edge(key)] = leaf
                 self._evictable += len(key)

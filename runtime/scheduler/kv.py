@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -11,7 +12,7 @@ from kvflow.runtime.mem import ReqToTokenPool, TokenToKVPoolAllocator
 from kvflow.runtime.scheduler.batch import host_to_device
 from kvflow.runtime.scheduler.req import Req
 
-__all__ = ["DecodeGrowth", "KVManager"]
+__all__ = ["DecodeGrowth", "KVManager", "TierHits"]
 
 
 class DecodeGrowth(NamedTuple):
@@ -20,6 +21,15 @@ class DecodeGrowth(NamedTuple):
     out_cache_loc: torch.Tensor  # [B] on the device; already recorded in the table
     # Per request: the host ``last_loc`` before, and the slot when it opened a new page.
     undo: list[tuple[Req, int | None, int | None]]
+
+
+@dataclass
+class TierHits:
+    """Prompt tokens requests found cached at their first admission, by where the KV was."""
+
+    device: int = 0
+    host: int = 0
+    storage: int = 0
 
 
 class KVManager:
@@ -32,6 +42,7 @@ class KVManager:
         self.allocator = allocator
         self.cache = cache
         self.page_size = allocator.page_size
+        self.hit_tokens = TierHits()
 
     def available_tokens(self) -> int:
         """Tokens that could be allocated now, counting what eviction would free."""
@@ -42,16 +53,21 @@ class KVManager:
         return self.allocator.pages_needed(req.kv_len, num_new) * self.page_size
 
     def match(self, req: Req) -> int:
-        """Length of the cached prefix the request would reuse (no lock taken)."""
+        """Length of the cached prefix the request would reuse, on the device or on the
+        host tier (no lock taken, nothing moved)."""
         ids = req.all_token_ids()[:-1]  # at least one token must run to produce logits
-        return len(self.cache.match_prefix(ids, req.extra_key).kv_indices)
+        match = self.cache.match_prefix(ids, req.extra_key)
+        return len(match.kv_indices) + match.host_hit_len
 
     def admit(self, req: Req) -> bool:
-        """Give a waiting request a row and lock its cached prefix. False if no row is free."""
+        """Give a waiting request a row and lock its cached prefix (a host-tier part is
+        loaded back to the device first). False if no row is free."""
         slot = self.req_to_token.alloc()
         if slot is None:
             return False
         match = self.cache.match_prefix(req.all_token_ids()[:-1], req.extra_key)
+        on_device = len(match.kv_indices)
+        match = self.cache.load_back(match)
         self.cache.inc_lock_ref(match.last_node)
         req.req_pool_idx = slot
         req.prefix_indices, req.last_node = match.kv_indices, match.last_node
@@ -61,6 +77,11 @@ class KVManager:
         if not req.admitted:
             req.cached_tokens = req.kv_len
             req.admitted = True
+            loaded = req.kv_len - on_device
+            from_storage = min(loaded, req.storage_hit_tokens)
+            self.hit_tokens.device += on_device
+            self.hit_tokens.host += loaded - from_storage
+            self.hit_tokens.storage += from_storage
         return True
 
     def _alloc_host(self, req: Req, num_new: int, evict: bool = True) -> list[int] | None:

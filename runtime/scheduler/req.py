@@ -69,6 +69,7 @@ class Req:
         self.last_loc: int | None = None  # slot of position kv_len - 1, when known on the host
         self.extend_len = 0  # new tokens in the current prefill step
         self.cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
+        self.storage_hit_tokens = 0  # of those, tokens prefetched from HiCache's storage tier
         self.admitted = False
         self.retractions = 0
         self.finished_reason: FinishReason | None = None
@@ -107,9 +108,9 @@ class Req:
         if self.first_token_at is None:
             self.first_token_at = time.monotonic()
         params = self.sampling
-        if len(self.output_ids) >= params.min_new_tokens:
         if self.grammar is not None and not self._advance_grammar(token_id):
             return
+        if len(self.output_ids) >= params.min_new_tokens:
             if token_id in self.stop_token_set:
                 self.finished_reason = FinishReason("stop", token_id)
                 return
@@ -125,7 +126,6 @@ class Req:
         if len(self.output_ids) >= params.max_new_tokens or self.seq_len >= context_len:
             self.finished_reason = FinishReason("length")
 
-    def may_finish_on_next_token(self, context_len: int) -> bool:
     def _advance_grammar(self, token_id: int) -> bool:
         """Feed the token to the grammar; False when that finished the request (the grammar
         reached its end: ``stop``; or refused the token, which its mask prevents: abort)."""
@@ -137,14 +137,15 @@ class Req:
             return False
         return True
 
+    def may_finish_on_next_token(self, context_len: int) -> bool:
         """Whether appending one more token could finish the request, whatever its id
         (False: only lengths decide, and they do not end it on that token)."""
         count = len(self.output_ids) + 1
         if count >= self.sampling.max_new_tokens or self.seq_len + 1 >= context_len:
             return True
-        if count < self.sampling.min_new_tokens:
         if self.grammar is not None:
             return True  # the grammar may end on it
+        if count < self.sampling.min_new_tokens:
             return False  # stop tokens and strings are not checked yet
         return bool(self.stop_token_set) or self._stop_text is not None
 

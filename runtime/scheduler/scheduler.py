@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from kvflow.runtime.cache import NoPrefixCache, PrefixCache, RadixCache
+from kvflow.runtime.cache.factory import make_prefix_cache
 from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.model_runner import ModelRunner
@@ -69,11 +69,10 @@ class Scheduler:
     def __init__(self, config: EngineConfig, runner: ModelRunner) -> None:
         self.config = config
         self.runner = runner
-        cache_cls: type[PrefixCache] = NoPrefixCache if config.disable_radix_cache else RadixCache
-        self.cache = cache_cls(runner.req_to_token, runner.allocator)
+        self.cache = make_prefix_cache(config, runner)
         self.kv = KVManager(runner.req_to_token, runner.allocator, self.cache)
-        self.grammar_wait: list[Req] = []  # their grammar compiles (kvflow.runtime.grammar)
         self.waiting: list[Req] = []
+        self.grammar_wait: list[Req] = []  # their grammar compiles (kvflow.runtime.grammar)
         self.running: list[Req] = []
         self.chunked: Req | None = None
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
@@ -183,8 +182,8 @@ class Scheduler:
         batch end with an ``abort`` naming the error, their KV (taken slots included) is
         freed, and every other request goes on (see :meth:`_fail_batch`).
         """
-        refused = self._poll_grammars()
         self._batch = []
+        refused = self._poll_grammars()
         try:
             return refused + self._step()
         except Exception as err:
@@ -230,6 +229,7 @@ class Scheduler:
         return outputs
 
     def _step(self) -> list[TokenOutput]:
+        self.cache.poll()
         if self.waiting or self.chunked is not None:
             self._drop_next()  # a prefill may be planned: its budget sees all free memory
         plan = self._plan_prefill()

@@ -1,0 +1,164 @@
+"""Copies of KV pages between the device pool and the host pool (HiCache L1 <-> L2).
+
+On CPU a copy is two indexed assignments per layer and is done when the call returns.
+On CUDA copies run on a side stream, so they overlap with the compute stream:
+
+- ``to_device`` (load-back of a host hit): the host pages are gathered into a pinned
+  staging buffer, copied and scattered into the device pool on the side stream, and the
+  compute stream waits on an event, so the request's prefill (queued later) reads them.
+- ``to_host`` (backup): the side stream waits for the compute stream (the KV must be
+  written), gathers the device pages into a staging tensor, and the compute stream
+  waits only for that gather (the pages may be reused right after); the device-to-host
+  copy then overlaps with compute and lands in the host pool when :meth:`TierCopy.poll`
+  (or :meth:`Copy.wait`) sees it finished.
+
+Both sides must wait for the compute stream before writing: a step built ahead and undone
+may free a page while its forward is still queued (see the scheduler's NOTE).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from kvflow.runtime.mem import KVPool
+from kvflow.runtime.mem.host_pool import HostKVPool
+
+__all__ = ["Copy", "TierCopy"]
+
+
+class Copy:
+    """One copy in flight; ``done()`` polls, ``wait()`` blocks, each finishes it once."""
+
+    def __init__(
+        self, event: torch.cuda.Event | None = None, finish: Callable[[], None] | None = None
+    ) -> None:
+        self._event = event
+        self._finish = finish
+        self.finished = event is None
+        if self.finished and finish is not None:
+            finish()
+
+    def done(self) -> bool:
+        if not self.finished and self._event is not None and self._event.query():
+            self._complete()
+        return self.finished
+
+    def wait(self) -> None:
+        if not self.finished:
+            assert self._event is not None
+            self._event.synchronize()
+            self._complete()
+
+    def _complete(self) -> None:
+        self.finished = True
+        if self._finish is not None:
+            self._finish()
+        self._event = self._finish = None
+
+
+class TierCopy:
+    """Moves whole pages between ``device`` (the model's KV pool) and ``host``."""
+
+    def __init__(self, device: KVPool, host: HostKVPool) -> None:
+        self.device = device
+        self.host = host
+        self.page_size = host.page_size
+        self.on_cuda = device.k_buffer[0].is_cuda
+        self._stream = torch.cuda.Stream() if self.on_cuda else None
+        self._in_flight: list[Copy] = []
+        self.bytes_to_host = 0
+        self.bytes_to_device = 0
+
+    def _pages(self, slots: torch.Tensor) -> torch.Tensor:
+        return slots.view(-1, self.page_size)[:, 0] // self.page_size
+
+    def _layer_pages(self, layer: int, kv: int) -> torch.Tensor:
+        buf = (self.device.k_buffer if kv == 0 else self.device.v_buffer)[layer]
+        return buf.view(-1, self.page_size, buf.shape[1], buf.shape[2])
+
+    def to_host(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> Copy:
+        """Copy the KV at ``device_slots`` into ``host_slots`` (both whole pages)."""
+        host_pages = self._pages(host_slots.cpu())
+        self.bytes_to_host += len(host_pages) * self.host.page_bytes
+        if not self.on_cuda:
+            dev_pages = self._pages(device_slots)
+            for layer in range(self.host.num_layers):
+                for kv in (0, 1):
+                    self.host.data[host_pages, layer, kv] = self._layer_pages(layer, kv)[dev_pages]
+            return Copy()
+        return self._to_host_cuda(device_slots, host_pages)
+
+    def to_device(self, host_slots: torch.Tensor, device_slots: torch.Tensor) -> Copy:
+        """Copy the KV at ``host_slots`` into ``device_slots`` (both whole pages)."""
+        host_pages = self._pages(host_slots.cpu())
+        self.bytes_to_device += len(host_pages) * self.host.page_bytes
+        if not self.on_cuda:
+            dev_pages = self._pages(device_slots)
+            block = self.host.data[host_pages]
+            for layer in range(self.host.num_layers):
+                for kv in (0, 1):
+                    self._layer_pages(layer, kv)[dev_pages] = block[:, layer, kv]
+            return Copy()
+        return self._to_device_cuda(host_pages, device_slots)
+
+    def poll(self) -> None:
+        """Finish the copies the GPU has completed (their host pages become readable)."""
+        self._in_flight = [c for c in self._in_flight if not c.done()]
+
+    def wait_all(self) -> None:
+        for copy in self._in_flight:
+            copy.wait()
+        self._in_flight = []
+
+    # -- CUDA ------------------------------------------------------------------------------
+    def _to_host_cuda(self, device_slots: torch.Tensor, host_pages: torch.Tensor) -> Copy:
+        assert self._stream is not None
+        compute = torch.cuda.current_stream()
+        dev_pages = self._pages(device_slots.to(self.device.k_buffer[0].device))
+        staging = torch.empty(
+            self.host.data[host_pages].shape, dtype=self.host.dtype, pin_memory=True
+        )
+        self._stream.wait_stream(compute)
+        gathered, landed = torch.cuda.Event(), torch.cuda.Event()
+        with torch.cuda.stream(self._stream):
+            block = torch.stack(
+                [
+                    torch.stack([self._layer_pages(layer, kv)[dev_pages] for kv in (0, 1)], dim=1)
+                    for layer in range(self.host.num_layers)
+                ],
+                dim=1,
+            )
+            gathered.record()
+            staging.copy_(block, non_blocking=True)
+            landed.record()
+        compute.wait_event(gathered)  # the pages may be reused once gathered
+
+        def finish() -> None:
+            self.host.data[host_pages] = staging
+
+        copy = Copy(landed, finish)
+        self._in_flight.append(copy)
+        return copy
+
+    def _to_device_cuda(self, host_pages: torch.Tensor, device_slots: torch.Tensor) -> Copy:
+        assert self._stream is not None
+        compute = torch.cuda.current_stream()
+        staging = torch.empty(
+            self.host.data[host_pages].shape, dtype=self.host.dtype, pin_memory=True
+        )
+        torch.index_select(self.host.data, 0, host_pages, out=staging)
+        dev_pages = self._pages(device_slots.to(self.device.k_buffer[0].device))
+        self._stream.wait_stream(compute)
+        landed = torch.cuda.Event()
+        with torch.cuda.stream(self._stream):
+            block = staging.to(self.device.k_buffer[0].device, non_blocking=True)
+            for layer in range(self.host.num_layers):
+                for kv in (0, 1):
+                    self._layer_pages(layer, kv)[dev_pages] = block[:, layer, kv]
+            landed.record()
+        compute.wait_event(landed)  # the prefill that reads them is queued after this
+        copy = Copy(landed, lambda: staging)  # keeps the pinned buffer alive until done
+        self._in_flight.append(copy)
+        return copy
