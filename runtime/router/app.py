@@ -23,7 +23,9 @@ __all__ = ["FORWARDER", "create_app"]
 log = logging.getLogger("kvflow.router")
 
 FORWARDER: web.AppKey[Forwarder] = web.AppKey("forwarder", Forwarder)
-_OPEN_PATHS = frozenset({contract.HEALTH_PATH, contract.METRICS_PATH})
+_OPEN_PATHS = frozenset(
+    {contract.HEALTH_PATH, contract.ROUTER_READINESS_PATH, contract.METRICS_PATH}
+)
 # route -> may go through PD pairing (a generation request, rather than a GET)
 _MODEL_ROUTES = {"/v1/chat/completions": True, "/v1/completions": True, "/generate": True}
 
@@ -71,6 +73,17 @@ async def _health(request: web.Request) -> web.Response:
     return web.json_response(
         {"status": "ok", "workers": len(workers), "available": sum(w.available for w in workers)}
     )
+
+
+async def _readiness(request: web.Request) -> web.Response:
+    """200 while a worker of every role the router needs is available (see the contract)."""
+    registry = request.app[FORWARDER].registry
+    roles = ("prefill", "decode") if registry.has_pd() else ("unified",)
+    available = {role: len(registry.available(role)) for role in roles}
+    missing = [registry.why_none(role) for role, count in available.items() if not count]
+    if missing:
+        return _error(503, "not ready: " + "; ".join(missing))
+    return web.json_response({"status": "ready", "available": available})
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -135,6 +148,7 @@ def create_app(forwarder: Forwarder, api_key: str | None) -> web.Application:
     app.router.add_get("/v1/models", _proxy("/v1/models", False))
     app.router.add_get(contract.HEALTH_GENERATE_PATH, _proxy(contract.HEALTH_GENERATE_PATH, False))
     app.router.add_get(contract.HEALTH_PATH, _health)
+    app.router.add_get(contract.ROUTER_READINESS_PATH, _readiness)
     app.router.add_get(contract.METRICS_PATH, _metrics)
     app.router.add_get("/workers", _list_workers)
     app.router.add_post("/workers", _add_worker)
