@@ -51,7 +51,7 @@ async def serve(config: RouterConfig, stop: asyncio.Event | None = None) -> None
     if config.discovers:
         kube = importlib.import_module(_KUBE_DISCOVERY)
         discovery = kube.KubeDiscovery(
-            namespace=config.discover_namespace or "default",
+            namespace=config.discover_namespace,  # None: the pod's own namespace
             selector=config.discover_selector or "",
             sink=registry,
         )
@@ -82,7 +82,7 @@ async def serve(config: RouterConfig, stop: asyncio.Event | None = None) -> None
             config.port,
             config.policy,
             len(registry.all()),
-            f", discovering in {config.discover_namespace}" if discovery is not None else "",
+            f", discovering in {discovery.namespace}" if discovery is not None else "",
         )
         await stop.wait()
     finally:

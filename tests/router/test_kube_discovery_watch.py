@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from discovery_testing import RecordingSink, pod
 
 from kvflow.runtime.router.discovery import KubeDiscovery, WorkerSpec
+from kvflow.runtime.router.discovery.kube import SERVICE_ACCOUNT_NAMESPACE, discovery_namespace
 from kvflow.runtime.router.discovery.kube_client import WatchExpired, kube_pod_source
 
 Step = list[dict[str, Any]] | Exception
@@ -149,3 +151,25 @@ def test_client_config_is_in_cluster_only_without_a_kubeconfig(
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
     kube_pod_source("ns", "x=y", None, 5).close()  # $KUBECONFIG, then ~/.kube/config
     assert loaded == ["in-cluster", "/tmp/kc", None]
+
+
+def test_namespace_is_the_flag_else_the_pods_own_else_default(tmp_path: Path) -> None:
+    own = tmp_path / "namespace"  # what Kubernetes mounts at SERVICE_ACCOUNT_NAMESPACE
+    own.write_text("team-a\n")
+    empty = tmp_path / "empty"
+    empty.write_text("")
+
+    def namespace(given: str | None, file: Path) -> str:
+        source = ScriptedSource(lists=[], watches=[])
+        return KubeDiscovery(
+            given, "x=y", RecordingSink(), source=source, service_account_file=file
+        ).namespace
+
+    assert namespace("given", own) == "given"
+    assert namespace(None, own) == "team-a"
+    assert namespace("", own) == "team-a"
+    assert namespace(None, tmp_path / "absent") == "default"  # outside a cluster
+    assert namespace(None, empty) == "default"
+    assert discovery_namespace(None, own) == "team-a"
+    in_pod = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+    assert str(SERVICE_ACCOUNT_NAMESPACE) == in_pod

@@ -22,13 +22,14 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from .base import WorkerSink
 from .kube_client import PodSource, WatchExpired, kube_pod_source
 from .pods import PodWorkers, pod_key, worker_spec_from_pod
 
-__all__ = ["KubeDiscovery"]
+__all__ = ["SERVICE_ACCOUNT_NAMESPACE", "KubeDiscovery", "discovery_namespace"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +37,27 @@ WATCH_TIMEOUT_SECONDS = 240  # the server ends each watch after this; we re-watc
 BACKOFF_FIRST_SECONDS = 0.5
 BACKOFF_MAX_SECONDS = 30.0
 STOP_JOIN_SECONDS = 5.0
+# Kubernetes mounts this into every pod whose service account token is mounted.
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def discovery_namespace(
+    given: str | None, service_account_file: Path = SERVICE_ACCOUNT_NAMESPACE
+) -> str:
+    """The namespace to watch: ``given``, else the router pod's own (from its service
+    account's ``namespace`` file), else ``default`` (outside a cluster)."""
+    if given:
+        return given
+    try:
+        own = service_account_file.read_text().strip()
+    except OSError:
+        return "default"
+    return own or "default"
 
 
 class KubeDiscovery:
-    """Keeps ``sink`` equal to the Ready worker pods matching ``selector`` in ``namespace``.
+    """Keeps ``sink`` equal to the Ready worker pods matching ``selector`` in ``namespace``
+    (``None``: the namespace :func:`discovery_namespace` finds).
 
     The client configuration is the in-cluster one when ``kubeconfig`` is not given and
     ``KUBERNETES_SERVICE_HOST`` is set, else ``kubeconfig`` (or ``$KUBECONFIG``, or
@@ -48,15 +66,16 @@ class KubeDiscovery:
 
     def __init__(
         self,
-        namespace: str,
+        namespace: str | None,
         selector: str,
         sink: WorkerSink,
         *,
         kubeconfig: str | None = None,
         watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
         source: PodSource | None = None,
+        service_account_file: Path = SERVICE_ACCOUNT_NAMESPACE,
     ) -> None:
-        self.namespace = namespace
+        self.namespace = discovery_namespace(namespace, service_account_file)
         self.selector = selector
         self._kubeconfig = kubeconfig
         self._watch_timeout_seconds = watch_timeout_seconds
