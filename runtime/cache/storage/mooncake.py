@@ -15,9 +15,12 @@ misses) and clients reconnect on their own.
 
 Failures never raise (see :class:`PageStore`):
 
-- Start-up: ``setup`` blocks ~90 s when the master is unreachable, so it runs on a
-  background thread, retried every ``retry_interval_s``; until it succeeds every call is a
-  miss or a dropped write (``skipped_calls``).
+- Start-up: ``setup`` holds the GIL for as long as it runs (measured: ~1 s against a live
+  master, ~90 s of internal retries against a dead one, stalling every Python thread). So
+  it runs on a background thread, and only once the master's RPC and metadata ports accept
+  a TCP connection (probed from Python, without the GIL held); it is retried every
+  ``retry_interval_s``. Until it succeeds every call is a miss or a dropped write
+  (``skipped_calls``). The one GIL-holding setup (~1 s) remains.
 - Mid-run: a failed RPC marks the store down for ``retry_interval_s``: calls in that window
   return at once (``skipped_calls``), then one call tries again. Measured with a killed
   master: exists/get fail at once (RPC_FAIL, -900), a put after ~4.4 s.
@@ -29,11 +32,13 @@ import json
 import logging
 import math
 import os
+import socket
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -69,6 +74,7 @@ INVALID_PARAMS = -600  # get: the object does not fit the buffers (a size mismat
 OBJECT_NOT_FOUND = -704
 OBJECT_ALREADY_EXISTS = -705  # put: the first object stays (stored, as far as we care)
 LEASE_EXPIRED = -707  # get: bytes arrived but the lease ran out; asked once more
+TRANSFER_FAIL = -800
 ARENA_SLOTS = 256  # header slots per thread: the largest batch of one store call
 # Store calls abandoned by close() keep their client alive here: destroying a client while a
 # call still runs inside it would crash the process.
@@ -138,6 +144,23 @@ def _engine_env(retry_interval_s: float) -> dict[str, str]:
     }
 
 
+def _unreachable(cfg: MooncakeStoreConfig, timeout_s: float = 1.0) -> str | None:
+    """The first of the master's endpoints (RPC, HTTP metadata) refusing a TCP connection,
+    or None when both accept."""
+    metadata = urlsplit(cfg.metadata_server)
+    endpoints = [cfg.master_server_address]
+    if metadata.scheme in ("http", "https") and metadata.hostname:
+        port = metadata.port or (443 if metadata.scheme == "https" else 80)
+        endpoints.append(f"{metadata.hostname}:{port}")
+    for endpoint in endpoints:
+        host, _, port_text = endpoint.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port_text)), timeout_s).close()
+        except (OSError, ValueError):
+            return endpoint
+    return None
+
+
 class MooncakeStore(PageStore):
     """See the module docstring: zero-copy batches, background connect, a down window."""
 
@@ -173,7 +196,21 @@ class MooncakeStore(PageStore):
             )
             return
         cfg = self.config
+        warned = False
         while not self._closed:
+            unreachable = _unreachable(cfg)
+            if unreachable:
+                self._counters.add(errors=1)
+                log = logger.warning if not warned else logger.debug
+                warned = True
+                log(
+                    "Mooncake store: %s does not accept connections; retrying in %.0f s, "
+                    "serving without L3 meanwhile",
+                    unreachable,
+                    cfg.retry_interval_s,
+                )
+                time.sleep(cfg.retry_interval_s)
+                continue
             client = MooncakeDistributedStore()
             status = client.setup(
                 self.hostname,
@@ -313,11 +350,24 @@ class MooncakeStore(PageStore):
             elif status >= 0 or status == INVALID_PARAMS:  # an object of another size
                 self._counters.add(corrupt_pages=1)
                 found.append(False)
+            elif status == TRANSFER_FAIL and self._size_differs(client, key, view.nbytes):
+                self._counters.add(corrupt_pages=1)  # an object smaller than the buffers
+                found.append(False)
             else:
                 if status != OBJECT_NOT_FOUND:
                     self._failed("batch_get_into_multi_buffers", status)
                 found.append(False)
         return found
+
+    @staticmethod
+    def _size_differs(client: Any, key: str, payload_len: int) -> bool:
+        # NOTE: a get into buffers larger than the object fails as a whole transfer
+        # (TRANSFER_FAIL, -800), as a real transfer failure does; its size tells them apart.
+        try:
+            size = client.get_size(key)
+        except Exception:
+            return False
+        return bool(size >= 0 and size != HEADER_BYTES + payload_len)
 
     def put(self, keys: Sequence[str], buffers: Sequence[PageBuffer]) -> list[bool]:
         _check_batch(keys, buffers)
