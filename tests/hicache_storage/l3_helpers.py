@@ -59,8 +59,9 @@ def wait_port(port: int, timeout_s: float) -> None:
 class MooncakeMaster:
     """A real ``mooncake_master`` with its HTTP metadata server, on free loopback ports."""
 
-    def __init__(self, log: Path) -> None:
-        self.rpc_port, self.metadata_port = free_port(), free_port()
+    def __init__(self, log: Path, rpc_port: int = 0, metadata_port: int = 0) -> None:
+        self.rpc_port = rpc_port or free_port()
+        self.metadata_port = metadata_port or free_port()
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
