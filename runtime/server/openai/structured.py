@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+
+from kvflow.runtime.wire.errors import RequestError
 
 __all__ = ["JsonSchemaFormat", "ResponseFormat", "grammar_sampling"]
 
@@ -38,6 +40,11 @@ class ResponseFormat(BaseModel):
 
     type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> ResponseFormat:
+        self.grammar()  # a format missing its parts is refused while the body is parsed
+        return self
 
     def grammar(self) -> tuple[str, str] | None:
         """``(sampling parameter, value)`` of this format, or None for ``text``."""
@@ -76,7 +83,7 @@ def grammar_sampling(
     if found is not None:
         kind, text = found
         if values.get(kind) is not None:
-            raise ValueError(f"give {kind} or response_format, not both")
+            raise RequestError(400, f"give {kind} or response_format, not both")
         values[kind] = text
     if logit_bias:
         values["logit_bias"] = logit_bias
