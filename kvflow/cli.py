@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "route requests over workers (cache-aware, PD pairing)",
     ),
     "operator": ("kvflow.operator.main", "main", "run the Kubernetes operator"),
+    "up": ("kvflow.up", "main", "run a ModelDeployment file as local processes"),
 }
 
 

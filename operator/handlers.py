@@ -4,7 +4,8 @@
 - Every ``drift_interval`` seconds: full reconcile of every ModelDeployment (``drift.py``;
   repairs what the event path below missed, re-tries after API outages).
 - A child deleted, or edited by another field manager: full reconcile of its owner at once.
-- A child Deployment's status moved: status refresh of its owner.
+- A child Deployment's status moved, or a pod's readiness or failure did: status refresh of
+  its owner (pods are read, never written).
 
 Transient failures become ``kopf.TemporaryError`` (kopf retries with a delay); permanent
 ones are written to the ``Degraded`` condition and end the handler with
@@ -14,7 +15,7 @@ ones are written to the ``Degraded`` condition and end the handler with
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import kopf
@@ -22,6 +23,7 @@ import kopf
 from . import names
 from .drift import DriftRepair
 from .kube import ApiFailure, Cluster
+from .podstatus import PodReport
 from .reconcile import Outcome, Reconciler
 from .render import CHILD_KINDS
 
@@ -78,25 +80,37 @@ class EditFilter:
         self._repaired.pop(str(body.get("metadata", {}).get("uid")), None)
 
 
-class _StatusFilter:
-    """Remembers each Deployment's last status summary so unchanged ones are skipped."""
+def deployment_summary(body: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What of a Deployment's status the ModelDeployment's status reads."""
+    status = body.get("status") or {}
+    return (
+        body.get("metadata", {}).get("generation"),
+        tuple(
+            status.get(k)
+            for k in ("observedGeneration", "replicas", "readyReplicas", "updatedReplicas")
+        ),
+        tuple(
+            (c.get("type"), c.get("status"), c.get("reason"))
+            for c in status.get("conditions") or ()
+        ),
+    )
 
-    def __init__(self) -> None:
+
+def pod_summary(body: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What of a pod the ModelDeployment's status reads: readiness and failure."""
+    report = PodReport.from_pod(body)
+    return (report.ready, report.failure_reason, report.failure_message)
+
+
+class _StatusFilter:
+    """Remembers each object's last status summary so unchanged ones are skipped."""
+
+    def __init__(self, summarize: Callable[[Mapping[str, Any]], tuple[Any, ...]]) -> None:
+        self._summarize = summarize
         self._seen: dict[str, tuple[Any, ...]] = {}
 
     def changed(self, body: Mapping[str, Any]) -> bool:
-        status = body.get("status") or {}
-        summary = (
-            body.get("metadata", {}).get("generation"),
-            tuple(
-                status.get(k)
-                for k in ("observedGeneration", "replicas", "readyReplicas", "updatedReplicas")
-            ),
-            tuple(
-                (c.get("type"), c.get("status"), c.get("reason"))
-                for c in status.get("conditions") or ()
-            ),
-        )
+        summary = self._summarize(body)
         uid = str(body.get("metadata", {}).get("uid"))
         if self._seen.get(uid) == summary:
             return False
@@ -146,7 +160,8 @@ def register(
             )
             _raise_for(outcome)
 
-    deployments = _StatusFilter()
+    deployments = _StatusFilter(deployment_summary)
+    pods = _StatusFilter(pod_summary)
     edits = EditFilter()
 
     def child_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
@@ -176,6 +191,28 @@ def register(
                 reconciler.refresh(namespace, owner)
         except ApiFailure as exc:  # the drift sweep will come back to it
             log.warning("%s/%s: %s", namespace, owner, exc.message)
+
+    def pod_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        owner = body.metadata.labels.get(names.LABEL_DEPLOYMENT)
+        namespace = body.metadata.namespace
+        if not owner or not namespace or event.get("type") is None:
+            return
+        if event.get("type") == "DELETED":
+            pods.forget(body)
+        elif not pods.changed(body):
+            return
+        try:
+            reconciler.refresh(namespace, owner)
+        except ApiFailure as exc:  # the drift sweep will come back to it
+            log.warning("%s/%s: %s", namespace, owner, exc.message)
+
+    kopf.on.event(
+        "v1",
+        "pods",
+        labels={names.LABEL_MANAGED_BY: names.MANAGED_BY},
+        id="pod-status",
+        registry=registry,
+    )(pod_event)
 
     for api_version, kind in CHILD_KINDS:
         kopf.on.event(

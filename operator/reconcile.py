@@ -19,6 +19,7 @@ from typing import Any
 from . import names
 from .kube import PERMANENT_FAILURES, ApiFailure, Cluster
 from .parse import parse_model_deployment
+from .podstatus import PodReport
 from .render import CHILD_KINDS, child_key, render_children
 from .spec import ModelDeployment, SpecError
 from .status import Failure, Observation, ServiceReport, WorkloadReport, compute_status
@@ -174,7 +175,12 @@ class Reconciler:
                 workloads[report.component] = report
             elif child["kind"] == "Service" and child["metadata"]["name"] == name:
                 endpoint = ServiceReport.from_service(child)
-        return Observation(workloads, endpoint, generations)
+        pods: dict[str, list[PodReport]] = {}
+        for pod in self._cluster.list_objects("v1", "Pod", namespace, names.owned_selector(name)):
+            if not pod["metadata"].get("deletionTimestamp"):
+                report = PodReport.from_pod(pod)
+                pods.setdefault(report.component, []).append(report)
+        return Observation(workloads, endpoint, generations, pods)
 
     def _report(
         self, body: Mapping[str, Any], components: Sequence[str] | None, failure: Failure | None

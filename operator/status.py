@@ -13,21 +13,30 @@ Component states, from one Deployment's report::
     Unavailable rollout finished but fewer pods ready than desired (pods lost readiness)
     Ready       ready >= desired
 
+The pods add what the Deployments cannot say (:mod:`.podstatus`): a pod whose container
+crash-loops or cannot start is failing, with the kubelet's reason and the container's last
+words. A worker pod is Ready once its readiness probe (``/health``, which answers only once
+the model is loaded) passes; the router pod once its ``/readiness`` does, which is the
+router's own report that it has a healthy worker of every role.
+
 Conditions: ``Ready`` (every component Ready and the endpoint Service exists),
 ``Progressing`` (something is rolling out or missing, or the spec is not applied yet),
-``Degraded`` (apply failed, or a component is Failed/Unavailable), and ``<Component>Ready``
-per component. ``lastTransitionTime`` only moves when a condition's status flips.
+``Degraded`` (apply failed, a pod is failing (reason: the pod's, e.g. ``CrashLoopBackOff``),
+or a component is Failed/Unavailable), and ``<Component>Ready`` per component.
+``lastTransitionTime`` only moves when a condition's status flips.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import names
+from .podstatus import PodReport
 
 NEW_RS_AVAILABLE = "NewReplicaSetAvailable"  # Deployment controller: rollout complete
+MAX_PODS_NAMED = 3  # failing pods quoted in one condition message
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,11 @@ class Observation:
     workloads: Mapping[str, WorkloadReport]
     endpoint: ServiceReport | None
     rendered_generations: Sequence[int]  # the kvflow.dev/generation annotation of each child
+    pods: Mapping[str, Sequence[PodReport]] = field(default_factory=dict)  # by component
+
+    def failing(self, component: str) -> list[PodReport]:
+        """The component's failing pods, by name."""
+        return sorted((p for p in self.pods.get(component, ()) if p.failing), key=lambda p: p.name)
 
 
 @dataclass(frozen=True)
@@ -141,13 +155,19 @@ def _condition(type_: str, ok: bool, reason: str, message: str) -> dict[str, Any
     }
 
 
-def _component_condition(component: str, report: WorkloadReport | None) -> dict[str, Any]:
+def _component_condition(
+    component: str, report: WorkloadReport | None, failing: Sequence[PodReport]
+) -> dict[str, Any]:
     if report is None:
         return _condition(condition_type(component), False, "Missing", "no Deployment found")
     message = f"{report.ready}/{report.desired} ready, {report.updated} updated"
     if report.failure:
         message += f": {report.failure}"
-    return _condition(condition_type(component), report.state == "Ready", report.state, message)
+    reason = report.state
+    if failing and report.state != "Ready":
+        reason = str(failing[0].failure_reason)
+        message += "; " + "; ".join(p.describe() for p in failing[:MAX_PODS_NAMED])
+    return _condition(condition_type(component), report.state == "Ready", reason, message)
 
 
 def compute_status(
@@ -184,8 +204,18 @@ def compute_status(
         )
 
     broken = [c for c in components if states[c] in ("Failed", "Unavailable")]
+    failing = [
+        (c, pod) for c in components if states[c] != "Ready" for pod in observation.failing(c)
+    ]
     if failure is not None:
         degraded = _condition("Degraded", True, failure.reason, failure.message)
+    elif failing:
+        degraded = _condition(
+            "Degraded",
+            True,
+            str(failing[0][1].failure_reason),
+            "; ".join(f"{c} {pod.describe()}" for c, pod in failing[:MAX_PODS_NAMED]),
+        )
     elif broken:
         reason = (
             "RolloutFailed" if any(states[c] == "Failed" for c in broken) else "ReplicasUnavailable"
@@ -197,7 +227,9 @@ def compute_status(
         degraded = _condition("Degraded", False, "AsExpected", "no failures reported")
 
     conditions = [ready, progressing, degraded]
-    conditions += [_component_condition(c, reports.get(c)) for c in components]
+    conditions += [
+        _component_condition(c, reports.get(c), observation.failing(c)) for c in components
+    ]
     previous = {c.get("type"): c for c in previous_conditions}
     for condition in conditions:
         before = previous.get(condition["type"])

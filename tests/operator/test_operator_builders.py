@@ -114,14 +114,16 @@ def test_api_key_comes_from_the_secret_into_the_contract_env_var() -> None:
 
 def test_memory_requests_include_hicache_tiers() -> None:
     gib = 2**30
-    # 8Gi requested + 8Gi host tier + 4Gi lent to the Mooncake store.
+    # 1Gi requested + 1Gi host tier + 1Gi lent to the Mooncake store.
     pods = pod_specs(children_of("disaggregated-hicache"))
     for role in ("prefill", "decode"):
         resources = pods[f"smollm2-pd-{role}"]["containers"][0]["resources"]
-        assert parse_quantity(resources["requests"]["memory"]) == 20 * gib
-        assert (
-            resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == "1"
-        )
+        assert parse_quantity(resources["requests"]["memory"]) == 3 * gib
+    # GPUs are requested and limited alike.
+    resources = pod_specs(children_of("disaggregated-pvc"))["llama-pd-prefill"]["containers"][0][
+        "resources"
+    ]
+    assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == "2"
     # 24Gi + 16Gi host tier; the 32Gi limit grows by the same 16Gi. A file store lends no memory.
     resources = pod_specs(children_of("hicache-file"))["llama-files-unified"]["containers"][0][
         "resources"
@@ -132,7 +134,7 @@ def test_memory_requests_include_hicache_tiers() -> None:
     resources = pod_specs(children_of("unified-embedded"))["smollm2-unified"]["containers"][0][
         "resources"
     ]
-    assert resources["requests"] == {"cpu": "1", "memory": "2Gi"}
+    assert resources["requests"] == {"cpu": "500m", "memory": "2Gi"}
 
 
 def test_children_per_variant() -> None:
@@ -217,6 +219,11 @@ def test_config_change_rolls_pods_and_replica_change_does_not() -> None:
 
 def test_autoscaled_replicas_are_clamped_into_bounds() -> None:
     body = load_model_deployment(SPECS["disaggregated-hicache"])
+    body["spec"]["decode"]["autoscaling"] = {
+        "enabled": True,
+        "maxReplicas": 4,
+        "targets": {"queuePerReplica": 8},
+    }
     body["spec"]["decode"]["replicas"] = 9  # maxReplicas is 4
     deployments = by_kind(render_children(parse_model_deployment(body)), "Deployment")
     assert deployments["smollm2-pd-decode"]["spec"]["replicas"] == 4

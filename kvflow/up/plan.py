@@ -1,0 +1,303 @@
+"""A ModelDeployment placed on this machine: the processes ``kvflow up`` starts (pure).
+
+The operator's own parser reads the file and its own role builders decide what each role
+runs (:mod:`kvflow.operator.roles`); this module only places them locally: every process on
+127.0.0.1 with its own port, the embedded model or a local folder, the file store in a
+directory, the Mooncake master as a process, the router given the workers' URLs. What the
+operator would do that has no local meaning (scheduling, images, Services) is listed as not
+applied; what would change the behaviour and cannot be done here is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvflow import contract
+from kvflow.operator.placement import (
+    MasterPlacement,
+    RouterPlacement,
+    WorkerPlacement,
+    master_argv,
+    mooncake_client_config,
+    router_options,
+    serve_options,
+)
+from kvflow.operator.roles import router_runtime, worker_runtime
+from kvflow.operator.spec import ModelDeployment, PodSettings
+
+LOOPBACK = "127.0.0.1"
+MOONCAKE_CONFIG_FILE = "mooncake.json"
+MASTER_START_TIMEOUT_S = 60.0
+
+
+class LocalRefusal(ValueError):
+    """Fields of the spec ``kvflow up`` cannot honour on this machine, one line each."""
+
+    def __init__(self, reasons: Sequence[str]) -> None:
+        super().__init__("\n".join(reasons))
+        self.reasons = list(reasons)
+
+
+@dataclass(frozen=True)
+class Health:
+    """How to tell a process is serving: an HTTP path answering 200, or a TCP port open."""
+
+    port: int
+    path: str | None = None  # None: a TCP connect is enough
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}{self.path or ''}"
+
+
+@dataclass(frozen=True)
+class LocalProcess:
+    """One process of the topology: its name (log prefix), command, environment, health."""
+
+    name: str
+    argv: list[str]
+    env: Mapping[str, str]
+    health: Health
+    start_timeout_s: float
+    stage: int  # started after every process of a lower stage is healthy
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    """Everything ``kvflow up`` starts, and what it reports."""
+
+    processes: list[LocalProcess]
+    endpoint: str  # the router's base URL
+    api_key: str | None
+    not_applied: list[str] = field(default_factory=list)  # cluster-only fields that are set
+
+
+def _kvflow(argv: Sequence[str]) -> list[str]:
+    """A contract command (``kvflow serve ...``) run with this interpreter."""
+    assert argv[0] == "kvflow"
+    return [sys.executable, "-P", "-m", "kvflow", *argv[1:]]
+
+
+def _env_values(pods: PodSettings, path: str, refusals: list[str]) -> dict[str, str]:
+    values = {}
+    for entry in pods.env:
+        if "valueFrom" in entry:
+            refusals.append(
+                f"{path}.env[{entry['name']}]: valueFrom reads the cluster (Secrets, the "
+                "downward API); give a value"
+            )
+        else:
+            values[str(entry["name"])] = str(entry.get("value", ""))
+    return values
+
+
+def _pod_refusals(pods: PodSettings, path: str, refusals: list[str]) -> None:
+    if pods.volumes or pods.volume_mounts:
+        refusals.append(
+            f"{path}.volumes/volumeMounts: Kubernetes volumes cannot be mounted locally"
+        )
+
+
+def _cluster_only(md: ModelDeployment, body: Mapping[str, Any]) -> list[str]:
+    """Set fields that place pods in a cluster and mean nothing for local processes."""
+    spec = body.get("spec") or {}
+    found = [
+        key
+        for key in ("image", "imagePullPolicy", "imagePullSecrets", "networkPolicy")
+        if key in spec
+    ]
+    if "serviceType" in (spec.get("endpoint") or {}):
+        found.append("endpoint.serviceType")
+    roles = [w.role for w in md.workers] + ["router", "mooncakeMaster"]
+    for role in roles:
+        raw = spec.get(role) or {}
+        for key in ("resources", "nodeSelector", "tolerations", "image", "hostNetwork", "ports"):
+            if key in raw:
+                found.append(f"{role}.{key}")
+    if (spec.get("mooncakeMaster") or {}).get("host"):
+        found.append("mooncakeMaster.host")
+    if ((spec.get("hiCache") or {}).get("sharedStore") or {}).get("storageClassName"):
+        found.append("hiCache.sharedStore.storageClassName")
+    if "bootstrapPort" in (spec.get("kvTransfer") or {}):
+        found.append("kvTransfer.bootstrapPort")
+    return found
+
+
+def local_gpu_count() -> int:
+    """NVIDIA GPUs this machine has (the driver's own listing; no torch)."""
+    listing = Path("/proc/driver/nvidia/gpus")
+    return len(list(listing.iterdir())) if listing.is_dir() else 0
+
+
+def _refusals(
+    md: ModelDeployment, secrets: Mapping[str, Mapping[str, str]], gpus_here: int
+) -> list[str]:
+    refusals: list[str] = []
+    source = md.model.source
+    if source in ("pvc", "huggingFace"):
+        hint = (
+            "a local folder: model.source hostPath"
+            if source == "pvc"
+            else "hf download, then hostPath"
+        )
+        refusals.append(f"spec.model.source {source}: not reachable locally (use {hint})")
+    if source == "hostPath" and not Path(md.model.host_path).is_dir():
+        refusals.append(f"spec.model.hostPath.path: {md.model.host_path} is not a folder here")
+    gpus = sum(w.gpus * w.desired_replicas for w in md.workers)
+    if gpus > gpus_here:
+        refusals.append(f"spec.*.gpus: {gpus} GPUs asked, {gpus_here} on this machine")
+    for worker in md.workers:
+        path = f"spec.{worker.role}"
+        if worker.autoscaling.enabled:
+            refusals.append(
+                f"{path}.autoscaling.enabled: kvflow up runs fixed replicas (no autoscaler); "
+                "set replicas and turn autoscaling off"
+            )
+        _pod_refusals(worker.pods, path, refusals)
+    _pod_refusals(md.router.pods, "spec.router", refusals)
+    if md.hicache.store == "mooncake":
+        _pod_refusals(md.mooncake_master.pods, "spec.mooncakeMaster", refusals)
+        if shutil.which("mooncake_master", path=_bin_path()) is None:
+            refusals.append(
+                "spec.hiCache.sharedStore.type mooncake: no mooncake_master binary on PATH "
+                "(pip install mooncake-transfer-engine-non-cuda)"
+            )
+    if md.kv_transfer.protocol == "rdma" and not Path("/sys/class/infiniband").is_dir():
+        refusals.append("spec.kvTransfer.protocol rdma: this machine has no RDMA device")
+    ref = md.endpoint.api_key
+    if ref is not None and ref.key not in secrets.get(ref.name, {}):
+        refusals.append(
+            f"spec.endpoint.apiKeySecretRef: put the Secret {ref.name!r} (key {ref.key!r}) "
+            "in the same file"
+        )
+    return refusals
+
+
+def _bin_path() -> str:
+    """PATH plus this interpreter's folder (a venv's console scripts live there)."""
+    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+
+
+def local_plan(
+    md: ModelDeployment,
+    body: Mapping[str, Any],
+    secrets: Mapping[str, Mapping[str, str]],
+    state_dir: Path,
+    router_port: int,
+    free_port: Callable[[], int],
+    gpus_here: int = 0,
+) -> LocalPlan:
+    """Place ``md`` on this machine; raises :class:`LocalRefusal` listing what cannot be.
+
+    ``free_port`` hands out unused loopback ports (one call per port); ``state_dir`` holds
+    the file store, the Mooncake client config and the logs.
+    """
+    refusals = _refusals(md, secrets, gpus_here)
+    env_by_role = {w.role: _env_values(w.pods, f"spec.{w.role}", refusals) for w in md.workers}
+    router_env = _env_values(md.router.pods, "spec.router", refusals)
+    if refusals:
+        raise LocalRefusal(refusals)
+
+    api_key = None
+    if md.endpoint.api_key is not None:
+        api_key = secrets[md.endpoint.api_key.name][md.endpoint.api_key.key]
+    base_env = {contract.POD_IP_ENV: LOOPBACK, "PYTHONUNBUFFERED": "1"}
+    if api_key:
+        base_env[contract.API_KEY_ENV] = api_key
+    processes: list[LocalProcess] = []
+    master = None
+    if md.hicache.store == "mooncake":
+        master = MasterPlacement(
+            host=LOOPBACK,
+            rpc_port=free_port(),
+            metadata_port=free_port(),
+            metrics_port=free_port(),
+            bind_host=LOOPBACK,
+        )
+        config = mooncake_client_config(
+            master, md.hicache.mooncake_segment_bytes, md.kv_transfer.protocol
+        )
+        config_path = state_dir / MOONCAKE_CONFIG_FILE
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
+        base_env[contract.MOONCAKE_CONFIG_ENV] = str(config_path)
+        argv = master_argv(master)
+        argv[0] = shutil.which("mooncake_master", path=_bin_path()) or argv[0]
+        processes.append(
+            LocalProcess(
+                "mooncake-master",
+                argv,
+                {},
+                Health(master.rpc_port),
+                MASTER_START_TIMEOUT_S,
+                stage=0,
+            )
+        )
+    store_dir = state_dir / "hicache"
+    if md.hicache.store == "file":
+        store_dir.mkdir(parents=True, exist_ok=True)
+    model_path = md.model.host_path if md.model.source == "hostPath" else ""
+
+    urls: dict[str, list[str]] = {"unified": [], "prefill": [], "decode": []}
+    gpu_next = 0
+    for worker in md.workers:
+        runtime = worker_runtime(md, worker)
+        for index in range(worker.desired_replicas):
+            port = free_port()
+            bootstrap = free_port() if worker.role == "prefill" else None
+            placement = WorkerPlacement(
+                host=LOOPBACK,
+                port=port,
+                model_path=model_path,
+                bootstrap_port=bootstrap,
+                file_store_dir=str(store_dir),
+                master=master,
+            )
+            env = {**base_env, **env_by_role[worker.role]}
+            if worker.gpus:
+                devices = range(gpu_next, gpu_next + worker.gpus)
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+                gpu_next += worker.gpus
+            url = f"http://{LOOPBACK}:{port}"
+            urls[worker.role].append(f"{url}#{bootstrap}" if bootstrap else url)
+            argv = contract.serve_argv(serve_options(runtime, placement))
+            processes.append(
+                LocalProcess(
+                    f"{worker.role}-{index}",
+                    _kvflow(argv),
+                    env,
+                    Health(port, contract.HEALTH_PATH),
+                    float(worker.startup_timeout_seconds),
+                    stage=1,
+                )
+            )
+    router_placement = RouterPlacement(
+        host=LOOPBACK,
+        port=router_port,
+        worker_urls=urls["unified"],
+        prefill_urls=urls["prefill"],
+        decode_urls=urls["decode"],
+    )
+    router_argv = contract.router_argv(router_options(router_runtime(md), router_placement))
+    processes.append(
+        LocalProcess(
+            "router",
+            _kvflow(router_argv),
+            {**base_env, **router_env},
+            Health(router_port, contract.ROUTER_READINESS_PATH),
+            60.0,
+            stage=2,
+        )
+    )
+    return LocalPlan(
+        processes=processes,
+        endpoint=f"http://{LOOPBACK}:{router_port}",
+        api_key=api_key,
+        not_applied=_cluster_only(md, body),
+    )

@@ -1,0 +1,178 @@
+"""``kvflow up``'s local placement, without starting anything: the processes of each
+example, what a cluster-only field does, and what is refused locally."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kvflow import contract
+from kvflow.operator import parse_model_deployment
+from kvflow.up.cli import read_file
+from kvflow.up.plan import LocalRefusal, local_plan
+
+REPO = Path(__file__).resolve().parents[2]
+UNIFIED = REPO / "examples" / "unified-embedded.yaml"
+DISAGGREGATED = REPO / "examples" / "disaggregated-hicache.yaml"
+
+
+def plan_of(
+    body: dict[str, Any], secrets: dict[str, dict[str, str]], tmp_path: Path, gpus: int = 0
+):
+    ports = itertools.count(20000)
+    return local_plan(
+        parse_model_deployment(body), body, secrets, tmp_path, 8000, lambda: next(ports), gpus
+    )
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_unified_example_is_workers_then_a_router_given_their_urls(tmp_path: Path) -> None:
+    body, secrets = read_file(UNIFIED)
+    plan = plan_of(body, secrets, tmp_path)
+    names = [p.name for p in plan.processes]
+    assert names == ["unified-0", "unified-1", "router"]
+    workers, router = plan.processes[:2], plan.processes[2]
+    for worker in workers:
+        assert worker.argv[:5] == [sys.executable, "-P", "-m", "kvflow", "serve"]
+        assert flag(worker.argv, "--host") == "127.0.0.1" and "--model-path" not in worker.argv
+        assert worker.health.url == f"http://127.0.0.1:{flag(worker.argv, '--port')}/health"
+        assert worker.env[contract.POD_IP_ENV] == "127.0.0.1" and worker.stage == 1
+    urls = [f"http://127.0.0.1:{flag(w.argv, '--port')}" for w in workers]
+    assert flag(router.argv, "--worker-urls") == ",".join(urls)
+    assert flag(router.argv, "--port") == "8000" and router.stage == 2
+    assert router.health.path == contract.ROUTER_READINESS_PATH
+    assert plan.endpoint == "http://127.0.0.1:8000" and plan.api_key is None
+    assert plan.not_applied == ["unified.resources"]
+
+
+def test_same_runtime_options_as_the_operator_at_another_placement(tmp_path: Path) -> None:
+    """Only placement flags differ between a pod's command and the local process's."""
+    from kvflow.operator import render_children
+
+    body, secrets = read_file(DISAGGREGATED)
+    md = parse_model_deployment(body)
+    plan = plan_of(body, secrets, tmp_path)
+    pods = {
+        c["metadata"]["labels"]["kvflow.dev/role"]: c["spec"]["template"]["spec"]["containers"][0]
+        for c in render_children(md)
+        if c["kind"] == "Deployment"
+    }
+    placement = {"--host", "--port", "--bootstrap-port", "--hicache-storage-path", "--model-path"}
+
+    def runtime_flags(argv: list[str]) -> dict[str, str]:
+        pairs = itertools.pairwise(argv)
+        return {a: b for a, b in pairs if a.startswith("--") and a not in placement}
+
+    for process in plan.processes:
+        role = process.name.rsplit("-", 1)[0]
+        if role in ("prefill", "decode"):
+            cluster = pods[role]["command"]
+            assert runtime_flags(process.argv[5:]) == runtime_flags(cluster[2:])
+    master = next(p for p in plan.processes if p.name == "mooncake-master")
+    rpc = flag(plan.processes[1].argv, "--hicache-storage-path")
+    assert rpc == f"127.0.0.1:{master.health.port}" and master.stage == 0
+    assert "--rpc_address=127.0.0.1" in master.argv
+    router = plan.processes[-1]
+    prefill = plan.processes[1]
+    bootstrap = flag(prefill.argv, "--bootstrap-port")
+    assert flag(router.argv, "--prefill-urls") == (
+        f"http://127.0.0.1:{flag(prefill.argv, '--port')}#{bootstrap}"
+    )
+    assert len(flag(router.argv, "--decode-urls").split(",")) == 2
+    # The API key comes from the Secret in the same file, to every process.
+    assert plan.api_key == "change-me"
+    assert all(p.env.get(contract.API_KEY_ENV) == "change-me" for p in plan.processes[1:])
+    config = Path(prefill.env[contract.MOONCAKE_CONFIG_ENV])
+    assert config.parent == tmp_path and f'"127.0.0.1:{master.health.port}"' in config.read_text()
+
+
+def edited(path: Path, edit: Any) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
+    body, secrets = read_file(path)
+    body = copy.deepcopy(body)
+    edit(body["spec"])
+    return body, secrets
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (
+            lambda s: s.update(model={"source": "pvc", "pvc": {"claimName": "m"}}),
+            "spec.model.source pvc",
+        ),
+        (lambda s: s["unified"].update(gpus=1), "spec.*.gpus: 2 GPUs asked, 0 on this machine"),
+        (
+            lambda s: s["unified"].update(
+                autoscaling={"enabled": True, "targets": {"queuePerReplica": 4}}
+            ),
+            "spec.unified.autoscaling.enabled",
+        ),
+        (
+            lambda s: s["unified"].update(
+                volumes=[{"name": "d", "emptyDir": {}}],
+                volumeMounts=[{"name": "d", "mountPath": "/d"}],
+            ),
+            "spec.unified.volumes/volumeMounts",
+        ),
+        (
+            lambda s: s["router"].update(
+                env=[{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+            ),
+            "spec.router.env[X]: valueFrom",
+        ),
+        (
+            lambda s: s.update(endpoint={"apiKeySecretRef": {"name": "elsewhere"}}),
+            "put the Secret 'elsewhere'",
+        ),
+        (lambda s: s.update(kvTransfer={"protocol": "rdma"}), "rdma"),
+    ],
+)
+def test_what_cannot_be_honoured_locally_is_refused(tmp_path: Path, edit: Any, reason: str) -> None:
+    body, secrets = edited(UNIFIED, edit)
+    if reason == "rdma" and Path("/sys/class/infiniband").is_dir():
+        pytest.skip("this machine has RDMA devices")
+    with pytest.raises(LocalRefusal) as refused:
+        plan_of(body, secrets, tmp_path)
+    assert any(reason in line for line in refused.value.reasons), refused.value.reasons
+
+
+def test_gpus_are_given_out_one_process_at_a_time(tmp_path: Path) -> None:
+    body, secrets = edited(UNIFIED, lambda s: s["unified"].update(gpus=2))
+    plan = plan_of(body, secrets, tmp_path, gpus=4)
+    devices = [p.env.get("CUDA_VISIBLE_DEVICES") for p in plan.processes]
+    assert devices == ["0,1", "2,3", None]
+
+
+def test_cli_refuses_with_every_reason_and_dry_run_prints_the_commands(tmp_path: Path) -> None:
+    spec = tmp_path / "md.yaml"
+    body, _ = edited(
+        UNIFIED, lambda s: s.update(model={"source": "huggingFace", "huggingFace": {"id": "a/b"}})
+    )
+    body["spec"]["unified"]["autoscaling"] = {"enabled": True, "targets": {"itlMs": 5}}
+    spec.write_text(yaml.safe_dump(body))
+    run = [sys.executable, "-P", "-m", "kvflow", "up", "-f", str(spec)]
+    refused = subprocess.run(run, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "cannot run locally" in refused.stderr
+    assert "spec.model.source huggingFace" in refused.stderr
+    assert "spec.unified.autoscaling.enabled" in refused.stderr
+    dry = subprocess.run(
+        [*run[:-1], str(UNIFIED), "--dry-run", "--state-dir", str(tmp_path / "s")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert dry.returncode == 0, dry.stderr
+    assert "[kvflow up] router: " in dry.stdout and "--worker-urls" in dry.stdout
+    assert "not applied locally: unified.resources" in dry.stdout
