@@ -28,31 +28,27 @@ Failures never raise (see :class:`PageStore`):
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
-import socket
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 
-from kvflow.contract import (
-    KV_TRANSFER_PORT_RANGE,
-    MOONCAKE_MASTER_METADATA_PORT,
-    POD_IP_ENV,
-)
+from kvflow.contract import POD_IP_ENV
 from kvflow.runtime.cache.storage.base import (
     PageStore,
     StorageConfig,
     StoreCounters,
     StoreStats,
     _check_batch,
+)
+from kvflow.runtime.cache.storage.mooncake_config import (
+    MooncakeStoreConfig,
+    engine_env,
+    unreachable_endpoint,
 )
 from kvflow.runtime.cache.storage.page import (
     HEADER_BYTES,
@@ -81,84 +77,8 @@ ARENA_SLOTS = 256  # header slots per thread: the largest batch of one store cal
 _ABANDONED: list[object] = []
 
 
-@dataclass(frozen=True)
-class MooncakeStoreConfig:
-    """Client settings, as SGLang's ``mooncake_store`` config names them.
-
-    ``local_hostname`` empty: ``$KVFLOW_POD_IP``, else 127.0.0.1.
-    """
-
-    master_server_address: str
-    metadata_server: str
-    local_hostname: str = ""
-    global_segment_size: int = 256 * 2**20
-    local_buffer_size: int = 64 * 2**20
-    protocol: str = "tcp"
-    device_name: str = ""
-    retry_interval_s: float = 5.0
-
-    @classmethod
-    def resolve(cls, path: str = "", config_file: str | None = None) -> MooncakeStoreConfig:
-        """From ``$KVFLOW_MOONCAKE_CONFIG``'s JSON and/or ``--hicache-storage-path``
-        (``host:port`` of the master; its metadata server is then ``http://host:8080/metadata``
-        unless the JSON names one). Both given and naming different masters is an error."""
-        fields: dict[str, Any] = {}
-        if config_file:
-            with open(config_file) as handle:
-                raw = json.load(handle)
-            known = set(cls.__dataclass_fields__)
-            fields = {key: value for key, value in raw.items() if key in known}
-            unknown = sorted(set(raw) - known)
-            if unknown:
-                logger.warning("mooncake config %s: ignoring unknown keys %s", config_file, unknown)
-        if path:
-            master = fields.get("master_server_address")
-            if master and master != path:
-                raise ValueError(
-                    f"--hicache-storage-path {path!r} and {config_file} "
-                    f"(master_server_address {master!r}) name different Mooncake masters"
-                )
-            fields["master_server_address"] = path
-        if not fields.get("master_server_address"):
-            raise ValueError("the Mooncake store needs a master address (host:port)")
-        if not fields.get("metadata_server"):
-            host = fields["master_server_address"].rpartition(":")[0]
-            fields["metadata_server"] = f"http://{host}:{MOONCAKE_MASTER_METADATA_PORT}/metadata"
-        return cls(**fields)
-
-
 def open_mooncake_store(config: StorageConfig) -> MooncakeStore:
     return MooncakeStore(MooncakeStoreConfig.resolve(config.path, config.mooncake_config_file))
-
-
-def _engine_env(retry_interval_s: float) -> dict[str, str]:
-    """The client's transfer-engine knobs, each only where the user has not set it: its
-    listening ports inside the contract's range (the NetworkPolicy opens exactly that)."""
-    low, high = KV_TRANSFER_PORT_RANGE
-    timeout = str(max(1, math.ceil(retry_interval_s)))
-    return {
-        "MC_MIN_RPC_PORT": str(low),
-        "MC_MAX_RPC_PORT": str(high),
-        "MC_TCP_PROGRESS_TIMEOUT_SEC": timeout,
-        "MC_HANDSHAKE_CONNECT_TIMEOUT": timeout,
-    }
-
-
-def _unreachable(cfg: MooncakeStoreConfig, timeout_s: float = 1.0) -> str | None:
-    """The first of the master's endpoints (RPC, HTTP metadata) refusing a TCP connection,
-    or None when both accept."""
-    metadata = urlsplit(cfg.metadata_server)
-    endpoints = [cfg.master_server_address]
-    if metadata.scheme in ("http", "https") and metadata.hostname:
-        port = metadata.port or (443 if metadata.scheme == "https" else 80)
-        endpoints.append(f"{metadata.hostname}:{port}")
-    for endpoint in endpoints:
-        host, _, port_text = endpoint.rpartition(":")
-        try:
-            socket.create_connection((host.strip("[]"), int(port_text)), timeout_s).close()
-        except (OSError, ValueError):
-            return endpoint
-    return None
 
 
 class MooncakeStore(PageStore):
@@ -175,7 +95,7 @@ class MooncakeStore(PageStore):
         self._regions: list[tuple[int, int]] = []  # (address, bytes) to register
         self._local = threading.local()  # per-thread header arena
         self._arenas: list[np.ndarray] = []
-        for key, value in _engine_env(config.retry_interval_s).items():
+        for key, value in engine_env(config.retry_interval_s).items():
             os.environ.setdefault(key, value)
         self._connector = threading.Thread(
             target=self._connect_loop, name="mooncake-store-connect", daemon=True
@@ -198,7 +118,7 @@ class MooncakeStore(PageStore):
         cfg = self.config
         warned = False
         while not self._closed:
-            unreachable = _unreachable(cfg)
+            unreachable = unreachable_endpoint(cfg)
             if unreachable:
                 self._counters.add(errors=1)
                 log = logger.warning if not warned else logger.debug
