@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1.7
-# The kvflow router (`kvflow router`, kvflow.runtime.router): FastAPI + httpx, no torch
+# The kvflow router (`kvflow router`, kvflow.runtime.router): aiohttp + uvloop, no torch
 # (a build step checks). Build from the repository root:
 #   docker build -f images/router.Dockerfile -t ghcr.io/kvflow/router:0.1.0 .
 ARG PYTHON_VERSION=3.11
@@ -12,10 +12,10 @@ COPY pyproject.toml setup.py README.md ./
 COPY kvflow/ kvflow/
 # The router lives in the runtime package; only its torch-free modules are imported.
 COPY runtime/ runtime/
-# Only the router extra (it carries the Kubernetes client for worker discovery). The check:
-# the command runs, and no heavy package came along.
+# Only the router extra (aiohttp, prometheus-client, uvloop and the Kubernetes client for
+# worker discovery). The check: the command runs, and no heavy package came along.
 RUN /opt/kvflow/bin/pip install --upgrade pip setuptools wheel \
- && /opt/kvflow/bin/pip install ".[router]" "kubernetes>=29" \
+ && /opt/kvflow/bin/pip install ".[router]" \
  && /opt/kvflow/bin/kvflow router --help >/dev/null \
  && /opt/kvflow/bin/python -c "import importlib.util as u; heavy = [m for m in ('torch', 'numpy', 'triton', 'transformers') if u.find_spec(m)]; assert not heavy, heavy"
 
