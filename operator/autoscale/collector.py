@@ -14,17 +14,20 @@ staleness limit the decision holds (``signals.role_signals``).
 
 from __future__ import annotations
 
+import http.client
+import json
 import logging
 import math
 import re
 import time
+import urllib.parse
+import urllib.request
 from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvflow import contract
@@ -118,19 +121,34 @@ class Source(Protocol):
     def read(self, namespace: str, pods: Sequence[PodTarget], now: float) -> list[PodSample]: ...
 
 
+# No proxy from the environment: pod IPs are reached directly.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _get(url: str, timeout: float) -> str:
+    """Body of a GET (stdlib only: the operator image carries no HTTP client library);
+    HTTP errors raise (``HTTPError`` is an ``OSError``)."""
+    with _OPENER.open(url, timeout=timeout) as response:
+        return response.read().decode()
+
+
 class ScrapeSource:
     """GET ``<pod url>/metrics`` of every pod in parallel."""
 
     def __init__(self, timeout: float = 2.0, parallel: int = 8) -> None:
-        self._client = httpx.Client(timeout=timeout)
+        self._timeout = timeout
         self._pool = ThreadPoolExecutor(parallel, thread_name_prefix="kvflow-scrape")
 
     def _one(self, pod: PodTarget, now: float) -> PodSample | None:
         try:
-            response = self._client.get(pod.url + contract.METRICS_PATH)
-            response.raise_for_status()
-            return sample_from_text(pod.name, now, response.text)
-        except (httpx.HTTPError, ValueError) as exc:
+            return sample_from_text(
+                pod.name, now, _get(pod.url + contract.METRICS_PATH, self._timeout)
+            )
+        except (
+            OSError,
+            ValueError,
+            http.client.HTTPException,
+        ) as exc:  # URLError, timeouts: OSError
             log.info("autoscaler: cannot read %s: %s", pod.url, exc)
             return None
 
@@ -139,7 +157,6 @@ class ScrapeSource:
         return [s for s in results if s is not None]
 
     def close(self) -> None:
-        self._client.close()
         self._pool.shutdown(wait=False)
 
 
@@ -148,7 +165,7 @@ class PrometheusSource:
 
     def __init__(self, url: str, timeout: float = 5.0) -> None:
         self._url = url.rstrip("/")
-        self._client = httpx.Client(timeout=timeout)
+        self._timeout = timeout
 
     def query(self, namespace: str, pods: Sequence[PodTarget]) -> str:
         names = [*GAUGES, *(f"{h}_bucket" for h in HISTOGRAMS)]
@@ -159,13 +176,11 @@ class PrometheusSource:
     def read(self, namespace: str, pods: Sequence[PodTarget], now: float) -> list[PodSample]:
         if not pods:
             return []
+        params = urllib.parse.urlencode({"query": self.query(namespace, pods)})
         try:
-            response = self._client.get(
-                f"{self._url}/api/v1/query", params={"query": self.query(namespace, pods)}
-            )
-            response.raise_for_status()
-            result = response.json()["data"]["result"]
-        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            body = _get(f"{self._url}/api/v1/query?{params}", self._timeout)
+            result = json.loads(body)["data"]["result"]
+        except (OSError, ValueError, KeyError, http.client.HTTPException) as exc:
             log.warning("autoscaler: Prometheus query failed: %s", exc)
             return []
         by_pod: dict[str, list[tuple[str, Mapping[str, str], float]]] = defaultdict(list)
@@ -177,7 +192,7 @@ class PrometheusSource:
         return [sample_from_series(p.name, now, by_pod[p.name]) for p in pods if p.name in by_pod]
 
     def close(self) -> None:
-        self._client.close()
+        pass
 
 
 class Collector:
@@ -191,8 +206,8 @@ class Collector:
     def collect(
         self, namespace: str, pods: Sequence[PodTarget], now: float | None = None
     ) -> dict[str, list[PodSample]]:
-        """Read ``pods`` once and return each one's window (oldest first). Windows of pods
-        of ``namespace`` no longer passed in are dropped by :meth:`forget`."""
+        """Read ``pods`` once and return each one's window (oldest first); windows of
+        deleted pods are dropped by :meth:`drop`."""
         now = time.monotonic() if now is None else now
         for sample in self._source.read(namespace, pods, now):
             window = self._windows.setdefault((namespace, sample.pod), deque())
@@ -205,8 +220,7 @@ class Collector:
             result[pod.name] = list(window)
         return result
 
-    def forget(self, namespace: str, keep: Iterable[str]) -> None:
-        """Drop the windows of ``namespace``'s pods not in ``keep`` (deleted pods)."""
-        kept = set(keep)
-        for key in [k for k in self._windows if k[0] == namespace and k[1] not in kept]:
-            del self._windows[key]
+    def drop(self, namespace: str, pods: Iterable[str]) -> None:
+        """Drop the windows of ``namespace``'s ``pods`` (deleted pods)."""
+        for pod in pods:
+            self._windows.pop((namespace, pod), None)
