@@ -178,8 +178,8 @@ class Reconciler:
         pods: dict[str, list[PodReport]] = {}
         for pod in self._cluster.list_objects("v1", "Pod", namespace, names.owned_selector(name)):
             if not pod["metadata"].get("deletionTimestamp"):
-                report = PodReport.from_pod(pod)
-                pods.setdefault(report.component, []).append(report)
+                pod_report = PodReport.from_pod(pod)
+                pods.setdefault(pod_report.component, []).append(pod_report)
         return Observation(workloads, endpoint, generations, pods)
 
     def _report(
