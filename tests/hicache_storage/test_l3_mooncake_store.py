@@ -19,6 +19,7 @@ from kvflow.runtime.cache.storage import HEADER_BYTES, StorageConfig, StoreNames
 from kvflow.runtime.cache.storage.mooncake import MooncakeStore, MooncakeStoreConfig
 
 NS = StoreNamespace("test-model", "bfloat16", 16, 2, 2, 64)
+REGISTERED_POOL = torch.zeros(300, PAGE_BYTES, dtype=torch.uint8)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +83,7 @@ def test_round_trip_bit_exact(store):
 def test_round_trip_inside_a_registered_pool(store):
     """Pages as views into one registered host pool (how the host tier hands them over),
     batches larger than the header arena."""
-    pool = torch.zeros(300, PAGE_BYTES, dtype=torch.uint8)
+    pool = REGISTERED_POOL  # registered memory must outlive the store: module-level
     store.register(pool)
     keys = page_keys(NS, [7] * (16 * 300))
     sent = torch.randint(0, 256, (300, PAGE_BYTES), dtype=torch.uint8)
