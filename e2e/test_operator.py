@@ -226,6 +226,70 @@ def test_disaggregated_example_reconciles_to_ready(
     assert wide[1].split()[1:6] == ["disaggregated", "True", "1/1", "2/2", "1/1"]
 
 
+def test_crash_looping_pod_is_degraded_with_its_reason_until_replaced(
+    kube: Kube, ns: str, operator: OperatorProcess
+) -> None:
+    """kwok runs no containers, so the kubelet's report of a container that exits at once
+    (a refused flag: exit 2) is written into one pod's status, as a kubelet would."""
+    victim = next(
+        p
+        for p in pods(kube, ns, "smollm2")
+        if p["metadata"]["labels"]["kvflow.dev/role"] == "unified"
+    )
+    name = victim["metadata"]["name"]
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    refused = "kvflow serve: error: argument --role: invalid choice: 'mixed'"
+    status = {
+        "conditions": [
+            {"type": t, "status": "False", "lastTransitionTime": now}
+            for t in ("Ready", "ContainersReady")
+        ],
+        "containerStatuses": [
+            {
+                "name": "runtime",
+                "image": victim["spec"]["containers"][0]["image"],
+                "imageID": "",
+                "ready": False,
+                "restartCount": 4,
+                "state": {
+                    "waiting": {
+                        "reason": "CrashLoopBackOff",
+                        "message": "back-off 1m20s restarting failed container=runtime",
+                    }
+                },
+                "lastState": {
+                    "terminated": {
+                        "exitCode": 2,
+                        "reason": "Error",
+                        "message": refused,
+                        "startedAt": now,
+                        "finishedAt": now,
+                    }
+                },
+            }
+        ],
+    }
+    kube.kubectl(
+        "patch", "pod", name, "-n", ns, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": status}),
+    )  # fmt: skip
+
+    def degraded() -> dict[str, Any] | None:
+        body = md(kube, ns, "smollm2")
+        return body if condition(body, "Degraded").get("status") == "True" else None
+
+    body = wait_body(kube, degraded, 30, "Degraded")
+    got = condition(body, "Degraded")
+    assert got["reason"] == "CrashLoopBackOff", got
+    assert name in got["message"] and "exit code 2" in got["message"] and refused in got["message"]
+    assert condition(body, "Ready")["status"] == "False"
+    assert condition(body, "UnifiedReady")["reason"] == "CrashLoopBackOff"
+    # The Deployment replaces a deleted pod; the new one is Ready and the condition clears.
+    kube.kubectl("delete", "pod", name, "-n", ns, "--wait=false")
+    body = wait_ready(kube, ns, "smollm2")
+    assert condition(body, "Degraded")["status"] == "False"
+
+
 def test_spec_change_rolls_out(kube: Kube, ns: str, operator: OperatorProcess) -> None:
     before = md(kube, ns, "smollm2")
     old_pods = {
