@@ -100,3 +100,29 @@ def test_disaggregated_hicache_example_answers_through_prefill_and_decode(tmp_pa
         stop_and_check_nothing_left(up)
     finally:
         up.kill()
+
+
+def test_a_refused_command_stops_everything_with_the_reason(tmp_path):
+    """A worker whose flags ``kvflow serve`` refuses (exit 2) is not restarted: kvflow up
+    reports the runtime's own message, stops the rest and exits 1."""
+    body = (REPO / "examples" / "unified-embedded.yaml").read_text()
+    body = body.replace("  unified:\n", "  unified:\n    extraArgs: [--no-such-flag]\n", 1)
+    spec = tmp_path / "md.yaml"
+    spec.write_text(body)
+    up = UpProcess(spec, free_port(), tmp_path / "state")
+    try:
+        assert up.proc.wait(240) == 1, "\n".join(up.lines[-40:])
+        up.wait_line(r"failed: unified-\d refused its command \(exit 2\)", 5)
+        up.wait_line(r"unrecognized arguments: --no-such-flag", 5)
+        assert up.lines[-1] == "[kvflow up] stopped"
+        # Nothing it started is left: no process carries the refused flag any more.
+        left = []
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                if b"--no-such-flag" in (proc / "cmdline").read_bytes():
+                    left.append(proc.name)
+            except OSError:
+                continue
+        assert not alive({int(pid) for pid in left}), left
+    finally:
+        up.kill()
