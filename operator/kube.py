@@ -32,7 +32,8 @@ PLURALS: Mapping[tuple[str, str], str] = {
     ("v1", "ServiceAccount"): "serviceaccounts",
     ("v1", "Service"): "services",
     ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
-    ("v1", "Pod"): "pods",  # read only: the status reads what the pods report
+    ("v1", "Pod"): "pods",  # read, and annotated with deletion costs by the autoscaler
+    ("v1", "Event"): "events",  # the autoscaler's decisions
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("apps/v1", "Deployment"): "deployments",
@@ -187,6 +188,26 @@ class Cluster:
             item.setdefault("apiVersion", names.API_VERSION)
             item.setdefault("kind", names.KIND)
         return items
+
+    def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        """Merge ``annotations`` into a pod's (a pod gone meanwhile is fine)."""
+        path = resource_path("v1", "Pod", namespace, name)
+        try:
+            self._request(
+                "patch",
+                path,
+                f"annotate Pod/{name}",
+                body={"metadata": {"annotations": dict(annotations)}},
+                content_type="application/merge-patch+json",
+            )
+        except ApiFailure as failure:
+            if failure.status != 404:
+                raise
+
+    def create_event(self, event: Mapping[str, Any]) -> None:
+        """Create a core/v1 Event in its namespace."""
+        path = resource_path("v1", "Event", event["metadata"]["namespace"])
+        self._request("post", path, f"create Event {event.get('reason')}", body=dict(event))
 
     def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """JSON merge patch of the status subresource (``None`` values delete keys)."""

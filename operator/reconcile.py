@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from . import names
+from .autoscale.scale import with_autoscaled_replicas, without_autoscaling
 from .kube import PERMANENT_FAILURES, ApiFailure, Cluster
 from .parse import parse_model_deployment
 from .podstatus import PodReport
@@ -94,7 +95,8 @@ class Reconciler:
             applied = pruned = 0
             components: list[str] | None = None
             try:
-                md = parse_model_deployment(body)
+                # autoscaled roles render the size the autoscaler decided (in status)
+                md = with_autoscaled_replicas(parse_model_deployment(body), body.get("status"))
                 components = expected_components(md)
                 children = render_children(md)
                 for child in children:
@@ -187,7 +189,8 @@ class Reconciler:
     ) -> dict[str, Any]:
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        old = dict(body.get("status") or {})
+        # the autoscaler's entries are its own: never compared, never patched from here
+        old = without_autoscaling(body.get("status") or {})
         try:
             observation = self._observe(namespace, name, meta["uid"])
             if components is None:  # unparseable spec: report what exists

@@ -26,13 +26,13 @@ __all__ = [
     "STATUS_KEY",
     "AutoscalerSettings",
     "deletion_costs",
-    "keep_autoscaling_status",
     "policy_for",
     "ready_targets",
     "role_status",
     "scale_event",
     "status_replicas",
     "with_autoscaled_replicas",
+    "without_autoscaling",
 ]
 
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
@@ -102,15 +102,19 @@ def with_autoscaled_replicas(
     return replace(md, workers=tuple(workers))
 
 
-def keep_autoscaling_status(old: Mapping[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """``new`` status with each role's autoscaling entry carried over from ``old`` (the
-    reconciler computes status from the children, which know nothing of decisions)."""
-    old_roles = old.get("roles") or {}
-    for key, entry in (new.get("roles") or {}).items():
-        kept = (old_roles.get(key) or {}).get(STATUS_KEY)
-        if kept is not None:
-            entry[STATUS_KEY] = kept
-    return new
+def without_autoscaling(status: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``status`` without the roles' autoscaling entries: the part the reconciler
+    computes and patches. Leaving the entries out of its merge patch (rather than carrying
+    them over) means a reconcile that read the object before a decision never writes the
+    older entry back."""
+    copy = dict(status)
+    roles = status.get("roles")
+    if isinstance(roles, Mapping):
+        copy["roles"] = {
+            key: {k: v for k, v in (entry or {}).items() if k != STATUS_KEY}
+            for key, entry in roles.items()
+        }
+    return copy
 
 
 def role_status(

@@ -10,13 +10,13 @@ from kvflow.operator.autoscale.scale import (
     DELETION_COST_ANNOTATION,
     AutoscalerSettings,
     deletion_costs,
-    keep_autoscaling_status,
     policy_for,
     ready_targets,
     role_status,
     scale_event,
     status_replicas,
     with_autoscaled_replicas,
+    without_autoscaling,
 )
 
 
@@ -100,11 +100,10 @@ def test_status_entry_and_carry_over():
     hold = Decision(3, "hold", "fits")
     later = role_status(hold, 3, 3, "2026-01-01T00:01:00Z", entry)
     assert later["lastScale"] == entry["lastScale"]
-    old = {"roles": {"decode": {"desired": 2, "autoscaling": entry}, "gone": {"autoscaling": {}}}}
-    new = {"roles": {"decode": {"desired": 3}, "prefill": {"desired": 1}}}
-    kept = keep_autoscaling_status(old, new)
-    assert kept["roles"]["decode"] == {"desired": 3, "autoscaling": entry}
-    assert "autoscaling" not in kept["roles"]["prefill"] and "gone" not in kept["roles"]
+    old = {"roles": {"decode": {"desired": 2, "autoscaling": entry}}, "endpoint": "x"}
+    assert without_autoscaling(old) == {"roles": {"decode": {"desired": 2}}, "endpoint": "x"}
+    assert old["roles"]["decode"]["autoscaling"] is entry  # the input is left alone
+    assert without_autoscaling({}) == {}
 
 
 def pod(name, ready=True, ip="10.0.0.5", deleting=False, port=8000):
