@@ -162,11 +162,11 @@ class StorageIO:
     def _submit(self, kind, keys, buffers, budget_s, tag, jobs: queue.Queue) -> int:
         now = time.monotonic()
         job = _Job(next(self._ids), kind, list(keys), list(buffers), now, now + budget_s, tag)
-        with self._lock:
+        with self._lock:  # NOTE: enqueued under the lock, so never behind close()'s sentinels
             if self._closed:
                 raise RuntimeError("StorageIO is closed")
             self._unfinished += 1
-        jobs.put(job)
+            jobs.put(job)
         return job.job_id
 
     def cancel(self, job_id: int) -> None:
@@ -206,12 +206,12 @@ class StorageIO:
         behind as a daemon). Does not close the store."""
         with self._lock:
             self._closed = True
-        for jobs, count in (
-            (self._reads, self.config.num_readers),
-            (self._writes, self.config.num_writers),
-        ):
-            for _ in range(count):
-                jobs.put(None)
+            for jobs, count in (
+                (self._reads, self.config.num_readers),
+                (self._writes, self.config.num_writers),
+            ):
+                for _ in range(count):
+                    jobs.put(None)
         deadline = time.monotonic() + self.config.close_timeout_s
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))

@@ -112,10 +112,15 @@ def page_keys(
             f"page_size {page_size} differs from the namespace's {namespace.page_size}"
         )
     previous = namespace.root(extra_key) if prior_key is None else _chain_of(namespace, prior_key)
+    if hasattr(token_ids, "tolist"):  # a tensor or an array: one conversion, not per item
+        token_ids = token_ids.tolist()
+    num_pages = len(token_ids) // page_size
+    tokens = _token_bytes(token_ids[: num_pages * page_size])
+    page_len = 8 * page_size
     keys: list[str] = []
-    for start in range(0, len(token_ids) - page_size + 1, page_size):
-        step = hashlib.blake2b(previous, digest_size=_CHAIN_BYTES)
-        step.update(_token_bytes(token_ids[start : start + page_size]))
-        previous = step.digest()
+    for start in range(0, num_pages * page_len, page_len):
+        previous = hashlib.blake2b(
+            previous + tokens[start : start + page_len], digest_size=_CHAIN_BYTES
+        ).digest()
         keys.append(f"{namespace.digest}-{previous.hex()}")
     return keys
