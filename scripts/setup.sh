@@ -30,4 +30,7 @@ fi
 # SGLang's router in its own venv (it pins its own packages): the PD compatibility test
 # and `make bench-router` drive kvflow with it; tests themselves reach no network.
 "$VENV/bin/python" benchmarks/sglang_venv.py || echo "setup: sglang-router not installed (its PD test will skip)"
+# SGLang's frontend language (sglang --no-deps + a few light packages, its own venv seeing
+# .venv's packages): tests/frontend run its programs against kvflow serve.
+"$VENV/bin/python" benchmarks/sglang_frontend_venv.py || echo "setup: sglang frontend not installed (tests/frontend will skip)"
 echo "setup: done ($VENV)"

@@ -121,7 +121,6 @@ REFUSED_UNLESS_DEFAULT: dict[str, tuple[tuple[Any, ...], str]] = {
             "custom_logit_processor",
             "custom_params",
             "watermark",
-            "stop_regex",
             "thinking",
             "task",
             "verbosity",
@@ -147,6 +146,7 @@ REFUSED_UNLESS_DEFAULT: dict[str, tuple[tuple[Any, ...], str]] = {
         )
     },
     "no_stop_trim": ((False, None), _CHANGES),
+    "stop_regex": ((None, [], ""), _CHANGES),  # SGLang's frontend always sends []
     "continue_final_message": ((False, None), _CHANGES),
     "best_of": ((None, 1), _CHANGES),
 }
