@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 from l3_helpers import PAGE_BYTES, MooncakeMaster, free_port, mooncake_installed, page_bytes
 
 from kvflow.runtime.cache.storage import IOConfig, Outcome, StorageIO, StoreNamespace, page_keys
@@ -17,6 +18,7 @@ pytestmark = pytest.mark.skipif(not mooncake_installed(), reason="Mooncake is no
 
 NS = StoreNamespace("test-model", "bfloat16", 16, 2, 2, 64)
 RETRY_S = 1.0
+HOST_POOL = torch.zeros(4, PAGE_BYTES, dtype=torch.uint8)  # registered: lives as long as stores
 
 
 def store_for(rpc_port: int, metadata_port: int) -> MooncakeStore:
@@ -51,13 +53,18 @@ def test_master_unreachable_at_start_then_up(tmp_path):
         assert not stats.available and stats.skipped_calls == 3
         time.sleep(2.5 * RETRY_S)
         assert store.stats().errors >= 1  # the failed connection attempts
+        # The host pool is registered before the client exists (as the cache factory does):
+        # the store registers it once connected.
+        store.register(HOST_POOL)
         master = MooncakeMaster(tmp_path / "master.log", rpc_port, metadata_port)
         try:
             assert store.wait_connected(30)
-            assert store.put(keys, buffers) == [True, True]
-            out = [np.zeros(PAGE_BYTES, np.uint8) for _ in keys]
-            assert store.get(keys, out) == [True, True]
-            assert all(np.array_equal(a, b) for a, b in zip(out, buffers, strict=True))
+            HOST_POOL[:2] = torch.from_numpy(np.stack(buffers))
+            assert store.put(keys, list(HOST_POOL[:2])) == [True, True]
+            assert store.get(keys, list(HOST_POOL[2:4])) == [True, True]
+            assert all(
+                np.array_equal(a.numpy(), b) for a, b in zip(HOST_POOL[2:4], buffers, strict=True)
+            )
         finally:
             store.close()
             master.stop()
