@@ -30,6 +30,7 @@ __all__ = [
     "MOONCAKE_MASTER_RPC_PORT",
     "OPERATOR_HEALTH_PATH",
     "OPERATOR_HEALTH_PORT",
+    "OPERATOR_METRICS_PORT",
     "POD_IP_ENV",
     "ROLES",
     "ROLE_LABEL",
@@ -47,6 +48,7 @@ __all__ = [
 DEFAULT_API_PORT = 8000
 DEFAULT_BOOTSTRAP_PORT = 8998  # prefill pods: KV-transfer bootstrap endpoint
 OPERATOR_HEALTH_PORT = 8080
+OPERATOR_METRICS_PORT = 8081  # the operator's Prometheus /metrics (autoscaler series)
 # KV transfer engine (Mooncake) listening ports, RPC and TCP data, of prefill/decode pods and
 # of Mooncake store clients: the runtime has the engine pick them inside this inclusive
 # range (its MC_MIN_RPC_PORT / MC_MAX_RPC_PORT settings; it ignores a port given in its local

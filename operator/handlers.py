@@ -5,7 +5,10 @@
   repairs what the event path below missed, re-tries after API outages).
 - A child deleted, or edited by another field manager: full reconcile of its owner at once.
 - A child Deployment's status moved, or a pod's readiness or failure did: status refresh of
-  its owner (pods are read, never written).
+  its owner (pods are read, never written here).
+- Every ``--autoscaler-interval`` seconds: the autoscaler thread decides each autoscaled
+  role's size from its pods' metrics (``autoscale/loop.py``), annotates pods with deletion
+  costs before a scale-in, and reconciles what it changed.
 
 Transient failures become ``kopf.TemporaryError`` (kopf retries with a delay); permanent
 ones are written to the ``Degraded`` condition and end the handler with
@@ -21,6 +24,9 @@ from typing import Any
 import kopf
 
 from . import names
+from .autoscale.loop import Autoscaler
+from .autoscale.metrics import AutoscalerMetrics
+from .autoscale.scale import AutoscalerSettings
 from .drift import DriftRepair
 from .kube import ApiFailure, Cluster
 from .podstatus import PodReport
@@ -126,12 +132,21 @@ def register(
     cluster: Cluster,
     namespaces: Sequence[str],
     drift_interval: float,
+    autoscaler_settings: AutoscalerSettings | None = None,
+    autoscaler_metrics: AutoscalerMetrics | None = None,
 ) -> None:
     """Register the operator's handlers in ``registry`` (watching ``namespaces``, or every
-    namespace when empty)."""
+    namespace when empty); the autoscaler thread runs beside drift repair."""
     md = (names.GROUP, names.VERSION, names.PLURAL)
     reconciler = Reconciler(cluster)
     drift = DriftRepair(cluster, reconciler, namespaces, drift_interval)
+    autoscaler = Autoscaler(
+        cluster,
+        reconciler.reconcile,
+        namespaces,
+        autoscaler_settings or AutoscalerSettings(),
+        autoscaler_metrics or AutoscalerMetrics(),
+    )
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> Any:
@@ -140,10 +155,12 @@ def register(
     @kopf.on.startup(registry=registry)
     def start_drift_repair(**_: Any) -> None:
         drift.start()
+        autoscaler.start()
 
     @kopf.on.cleanup(registry=registry)
     def stop_drift_repair(**_: Any) -> None:
         drift.stop()
+        autoscaler.stop()
 
     @kopf.on.resume(*md, id="apply-spec", registry=registry)
     @kopf.on.create(*md, id="apply-spec", registry=registry)

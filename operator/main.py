@@ -14,9 +14,12 @@ import os
 import kopf
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from prometheus_client import start_http_server
 
 from kvflow import contract
 
+from .autoscale.metrics import AutoscalerMetrics
+from .autoscale.scale import AutoscalerSettings
 from .handlers import register
 from .kube import Cluster
 
@@ -47,7 +50,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--workers", type=int, default=4, help="threads running reconciles")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every event")
+    parser.add_argument("--metrics-host", default="0.0.0.0", help="address of /metrics")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help=f"port of the autoscaler's Prometheus /metrics (0, the default, disables it; "
+        f"the chart uses {contract.OPERATOR_METRICS_PORT})",
+    )
+    auto = parser.add_argument_group("autoscaler (roles with autoscaling.enabled)")
+    d = AutoscalerSettings()
+    for flag, field, kind, text in (
+        ("--autoscaler-interval", "interval_s", float, "seconds between decisions"),
+        ("--autoscaler-scale-up-window", "scale_up_window_s", float, "seconds pressure must last before a scale-out"),
+        ("--autoscaler-scale-up-cooldown", "scale_up_cooldown_s", float, "least seconds between scale-outs of a role"),
+        ("--autoscaler-scale-down-cooldown", "scale_down_cooldown_s", float, "least seconds after any change before a scale-in"),
+        ("--autoscaler-stale-after", "stale_s", float, "a pod whose newest metrics are older holds the size"),
+        ("--autoscaler-prometheus-url", "prometheus_url", str, "read pod metrics from this Prometheus (series labelled namespace and pod, as a PodMonitor does) instead of scraping pods"),
+    ):  # fmt: skip
+        auto.add_argument(flag, dest=field, type=kind, default=getattr(d, field), help=text)
     return parser
+
+
+def autoscaler_settings(args: argparse.Namespace) -> AutoscalerSettings:
+    names = ("interval_s", "scale_up_window_s", "scale_up_cooldown_s", "scale_down_cooldown_s")
+    values = {n: getattr(args, n) for n in (*names, "stale_s", "prometheus_url")}
+    return AutoscalerSettings(**values)
 
 
 def _api_client() -> k8s.ApiClient:
@@ -86,7 +114,17 @@ def main(argv: list[str]) -> int:
         for handler in logging.getLogger().handlers:
             handler.addFilter(_QuietChildEvents())
     registry = kopf.OperatorRegistry()
-    register(registry, Cluster(_api_client()), args.namespace, args.drift_interval)
+    metrics = AutoscalerMetrics()
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr=args.metrics_host, registry=metrics.registry)
+    register(
+        registry,
+        Cluster(_api_client()),
+        args.namespace,
+        args.drift_interval,
+        autoscaler_settings(args),
+        metrics,
+    )
     liveness = None
     if args.health_port:
         liveness = f"http://{args.health_host}:{args.health_port}{contract.OPERATOR_HEALTH_PATH}"

@@ -46,7 +46,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 RBAC rules for the objects the operator reads and writes in a watched namespace. They
 mirror kvflow.operator.render.CHILD_KINDS (a test checks): create/patch for server-side
 apply, list/watch for pruning, status and drift events, delete for pruning. Reading pods is
-needed to grant the router's Role (RBAC refuses to grant what the granter lacks).
+needed to grant the router's Role (RBAC refuses to grant what the granter lacks); patching
+pods is the autoscaler's (pod-deletion-cost annotations before a scale-in).
 */}}
 {{- define "kvflow-operator.namespacedRules" -}}
 - apiGroups: ["kvflow.dev"]
@@ -75,7 +76,7 @@ needed to grant the router's Role (RBAC refuses to grant what the granter lacks)
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
