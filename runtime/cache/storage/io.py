@@ -82,6 +82,10 @@ class Completion:
 
 @dataclass(frozen=True)
 class IOConfig:
+    """Worker threads per direction; pages per store call (the budget's granularity); the
+    most write pages queued before writes are dropped; whether writes skip present pages;
+    how long :meth:`StorageIO.close` waits for its threads."""
+
     num_readers: int = 2
     num_writers: int = 1
     chunk_pages: int = 16
