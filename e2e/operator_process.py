@@ -33,8 +33,10 @@ class OperatorProcess:
         namespaces: Sequence[str],
         log_path: Path,
         drift_interval: float = 5.0,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.env = env
+        self.extra_args = list(extra_args)
         self.namespaces = list(namespaces)
         self.log_path = log_path
         self.drift_interval = drift_interval
@@ -55,6 +57,7 @@ class OperatorProcess:
         ]
         for namespace in self.namespaces:
             argv += ["--namespace", namespace]
+        argv += self.extra_args
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         log.close()
