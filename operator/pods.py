@@ -34,7 +34,7 @@ from .podparts import (
     secret_env,
     user_mounts,
 )
-from .roles import router_runtime, worker_runtime
+from .roles import router_runtime, uses_hicache, worker_runtime
 from .spec import ModelDeployment, WorkerRole
 
 SHM_SIZE = "1Gi"  # /dev/shm for the runtime's worker processes
@@ -129,7 +129,8 @@ def worker_pod_template(
         *api_key_env(md.endpoint.api_key),
     ]
     config_dir = contract.RUNTIME_CONFIG_DIR
-    if md.hicache.store == "mooncake":
+    tiered = uses_hicache(md, worker)
+    if tiered and md.hicache.store == "mooncake":
         env.append(
             {"name": contract.MOONCAKE_CONFIG_ENV, "value": f"{config_dir}/{MOONCAKE_CONFIG_FILE}"}
         )
@@ -148,13 +149,15 @@ def worker_pod_template(
         {"name": CONFIG_VOLUME, "mountPath": config_dir, "readOnly": True},
         *mount.mounts,
     ]
-    if md.hicache.store == "file":
+    if tiered and md.hicache.store == "file":
         claim = names.child_name(md.name, "hicache")
         volumes.append({"name": "hicache", "persistentVolumeClaim": {"claimName": claim}})
         mounts.append({"name": "hicache", "mountPath": HICACHE_DIR})
     mounts += user_mounts(worker.pods)
     rdma = ("IPC_LOCK",) if md.kv_transfer.protocol == "rdma" else ()
-    extra_memory = md.hicache.host_memory_bytes + md.hicache.mooncake_segment_bytes
+    extra_memory = (
+        md.hicache.host_memory_bytes + md.hicache.mooncake_segment_bytes if tiered else 0
+    )
     container = {
         "name": "runtime",
         "image": md.worker_image(worker),

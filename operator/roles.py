@@ -36,17 +36,24 @@ class RouterRuntime:
     extra_args: tuple[str, ...] = ()
 
 
+def uses_hicache(md: ModelDeployment, worker: WorkerRole) -> bool:
+    """Whether a worker role runs the HiCache tiers: prefill and unified workers do; the
+    decode role keeps no prefix cache (every prompt's KV comes from the prefill)."""
+    return md.hicache.enabled and worker.role != "decode"
+
+
 def worker_runtime(md: ModelDeployment, worker: WorkerRole) -> WorkerRuntime:
     """The runtime options of one worker role, decided from the spec."""
     hicache = md.hicache
-    needs_transfer = md.disaggregated or hicache.store == "mooncake"
+    tiered = uses_hicache(md, worker)
+    needs_transfer = md.disaggregated or (tiered and hicache.store == "mooncake")
     return WorkerRuntime(
         role=worker.role,
         served_model_name=md.model.served_model_name,
         kv_transfer_protocol=md.kv_transfer.protocol if needs_transfer else None,
-        hicache_host_memory_gb=hicache.host_memory_bytes / 2**30 if hicache.enabled else None,
-        hicache_write_policy=hicache.write_policy if hicache.enabled else None,
-        hicache_storage=hicache.store if hicache.store != "none" else None,
+        hicache_host_memory_gb=hicache.host_memory_bytes / 2**30 if tiered else None,
+        hicache_write_policy=hicache.write_policy if tiered else None,
+        hicache_storage=hicache.store if tiered and hicache.store != "none" else None,
         max_running_requests=worker.max_running_requests,
         extra_args=tuple(worker.pods.extra_args),
     )

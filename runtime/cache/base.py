@@ -49,8 +49,15 @@ class PrefixCache(ABC):
         only as far as device memory allowed. The caller locks the result."""
         return match
 
-    def poll(self) -> None:  # noqa: B027 (optional hook: most caches have nothing to finish)
-        """Finish background work (copies, storage I/O); called once per scheduler step."""
+    def start_prefetch(self, req: Req) -> bool:
+        """Start reading the request's uncached prefix from a storage tier; True when the
+        request must wait for it (its release comes out of :meth:`poll`)."""
+        return False
+
+    def poll(self) -> list[Req]:
+        """Finish background work (copies, storage I/O); called once per scheduler step.
+        Returns the requests whose prefetch ended (they may be admitted now)."""
+        return []
 
     @abstractmethod
     def cache_unfinished_req(self, req: Req) -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvflow.runtime.cache.base import PrefixCache
 from kvflow.runtime.utils.registry import Registry
 
 if TYPE_CHECKING:
+    from kvflow.runtime.cache.storage_tier import StorageTier
     from kvflow.runtime.config import EngineConfig
+    from kvflow.runtime.mem.host_pool import HostKVPool
     from kvflow.runtime.model_runner import ModelRunner
 
 __all__ = ["PREFIX_CACHES", "make_prefix_cache", "prefix_cache_kind"]
@@ -48,6 +51,36 @@ def _hiradix(config: EngineConfig, runner: ModelRunner) -> PrefixCache:
     from kvflow.runtime.mem.host_pool import HostKVPool
 
     host = HostKVPool.sized(runner.kv_pool, runner.page_size, config.hicache_host_memory_gb)
+    storage = _storage_tier(config, runner, host) if config.hicache_storage != "none" else None
     return HiRadixCache(
-        runner.req_to_token, runner.allocator, runner.kv_pool, host, config.hicache_write_policy
+        runner.req_to_token,
+        runner.allocator,
+        runner.kv_pool,
+        host,
+        config.hicache_write_policy,
+        storage,
     )
+
+
+def _storage_tier(config: EngineConfig, runner: ModelRunner, host: HostKVPool) -> StorageTier:
+    """The L3 link: a store of the configured backend behind a background I/O worker, in
+    a namespace of this model's identity (same model, dtype, page layout -> same keys)."""
+    from kvflow.runtime.cache.storage import StorageConfig, StorageIO, StoreNamespace, create_store
+    from kvflow.runtime.cache.storage_tier import StorageTier
+
+    mc = runner.model_config
+    namespace = StoreNamespace(
+        model=Path(runner.model_path).name,
+        dtype=str(runner.dtype).removeprefix("torch."),
+        page_size=runner.page_size,
+        num_layers=mc.num_layers,
+        num_kv_heads=mc.num_kv_heads,
+        head_dim=mc.head_dim,
+        layout="page_first",
+        kv_bytes_per_token=host.page_bytes // runner.page_size,
+    )
+    store = create_store(
+        StorageConfig.from_flags(config.hicache_storage, config.hicache_storage_path)
+    )
+    store.register(host.data)  # page buffers are views into it
+    return StorageTier(StorageIO(store), namespace, host, config.hicache_prefetch_timeout)

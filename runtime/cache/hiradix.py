@@ -32,6 +32,7 @@ import torch
 
 from kvflow.runtime.cache.base import MatchResult
 from kvflow.runtime.cache.radix import RadixCache, TreeNode
+from kvflow.runtime.cache.storage_tier import MIN_PREFETCH_TOKENS, StorageTier
 from kvflow.runtime.cache.tier_copy import Copy, TierCopy
 from kvflow.runtime.wire.hicache import HICACHE_WRITE_POLICIES
 
@@ -47,13 +48,14 @@ WRITE_POLICIES = HICACHE_WRITE_POLICIES
 class HiTreeNode(TreeNode):
     """A radix node with a host copy: ``value`` is None once the device evicted it."""
 
-    __slots__ = ("backup", "host_value", "pins")
+    __slots__ = ("backup", "host_value", "page_keys", "pins")
 
     def __init__(self, key: list[int], value: Any, parent: TreeNode | None) -> None:
         super().__init__(key, value, parent)
         self.host_value: torch.Tensor | None = None
         self.backup: Copy | None = None  # the device-to-host copy, until it has landed
         self.pins = 0  # host copy in use (load-back, storage write): not host-evictable
+        self.page_keys: list[str] | None = None  # L3 keys of its pages, once computed
 
     @property
     def on_device(self) -> bool:
@@ -81,6 +83,7 @@ class HiRadixCache(RadixCache):
         device_pool: KVPool,
         host_pool: HostKVPool,
         write_policy: str = "write_through",
+        storage: StorageTier | None = None,
     ) -> None:
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"unknown write policy {write_policy!r}; choose from {WRITE_POLICIES}")
@@ -90,6 +93,8 @@ class HiRadixCache(RadixCache):
         self.copier = TierCopy(device_pool, host_pool)
         self.write_policy = write_policy
         self.counters = TierCounters()
+        self.storage = storage
+        self._to_store: list[HiTreeNode] = []  # backed up; written to L3 once the copy lands
         super().__init__(req_to_token, allocator)
 
     def _new_node(self, key: list[int], value: Any, parent: TreeNode | None) -> TreeNode:
@@ -99,6 +104,9 @@ class HiRadixCache(RadixCache):
         """Drop every entry, host copies included (``/flush_cache``)."""
         if hasattr(self, "_roots"):
             self.copier.wait_all()
+            if self.storage is not None:  # writes in flight still read host pages
+                self.storage.io.drain(30.0)
+                self.poll()
             for node in self._nodes():
                 if node.host_value is not None:
                     self.host.allocator.free(node.host_value)
@@ -156,6 +164,9 @@ class HiRadixCache(RadixCache):
         if child.host_value is not None:
             head.host_value, child.host_value = child.host_value[:at], child.host_value[at:]
         head.pins = child.pins
+        if child.page_keys is not None:
+            cut = at // self.page_size
+            head.page_keys, child.page_keys = child.page_keys[:cut], child.page_keys[cut:]
         return head
 
     def load_back(self, match: MatchResult) -> MatchResult:
@@ -269,6 +280,8 @@ class HiRadixCache(RadixCache):
             assert node.value is not None and parent is not None
             size = len(node.key)
             if node.host_value is None and not self._backup(node):
+                if self._subtree_pinned(node):
+                    continue  # a storage write still reads its subtree's host pages
                 self._remove_subtree(node)
                 self.counters.dropped_tokens += size
             else:
@@ -282,6 +295,16 @@ class HiRadixCache(RadixCache):
             if isinstance(parent, HiTreeNode) and self._is_device_leaf(parent):
                 heapq.heappush(heap, parent)
         return freed
+
+    @staticmethod
+    def _subtree_pinned(node: HiTreeNode) -> bool:
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if n.pins:
+                return True
+            stack.extend(n.children.values())  # type: ignore[arg-type]
+        return False
 
     def _remove_subtree(self, node: HiTreeNode) -> None:
         """Take ``node`` out of the tree: free its device KV and its subtree's host KV."""
@@ -310,6 +333,8 @@ class HiRadixCache(RadixCache):
         copy = self.copier.to_host(node.value, node.host_value)
         node.backup = None if copy.finished else copy
         self.counters.backed_up_tokens += size
+        if self.storage is not None:
+            self._to_store.append(node)
         return True
 
     def _drop_host(self, node: HiTreeNode) -> None:
@@ -347,6 +372,97 @@ class HiRadixCache(RadixCache):
                 heapq.heappush(heap, parent)
         return freed
 
-    def poll(self) -> None:
+    # -- storage tier (L3) -----------------------------------------------------------------
+    def _extra_key(self, root: TreeNode) -> str | None:
+        return next(k for k, r in self._roots.items() if r is root)
+
+    def _keys_of(self, node: HiTreeNode) -> list[str]:
+        """The L3 keys of ``node``'s pages (chained from the root; cached on the node)."""
+        assert self.storage is not None
+        if node.page_keys is None:
+            parent = node.parent
+            assert parent is not None
+            if parent.parent is None:
+                node.page_keys = self.storage.keys(node.key, self._extra_key(parent), None)
+            else:
+                prior = self._keys_of(parent)  # type: ignore[arg-type]
+                node.page_keys = self.storage.keys(node.key, None, prior[-1])
+        return node.page_keys
+
+    def start_prefetch(self, req: Any) -> bool:
+        """Look for the request's uncached full pages in L3, into fresh host pages."""
+        if self.storage is None:
+            return False
+        tokens = req.all_token_ids()[:-1]
+        match = self.match_prefix(tokens, req.extra_key)
+        covered = len(match.kv_indices) + match.host_hit_len
+        end = len(tokens) - len(tokens) % self.page_size
+        if end - covered < max(self.page_size, MIN_PREFETCH_TOKENS):
+            return False
+        last = match.host_last_node if match.host_hit_len else match.last_node
+        if last.parent is None:
+            keys = self.storage.keys(tokens[covered:end], req.extra_key, None)
+        else:
+            keys = self.storage.keys(tokens[covered:end], None, self._keys_of(last)[-1])
+        host_slots = self._take_host(end - covered)
+        if host_slots is None:
+            return False
+        self.storage.start(req, tokens[:end], covered, keys, host_slots)
+        return True
+
+    def _take_host(self, num_tokens: int) -> torch.Tensor | None:
+        slots = self.host.allocator.alloc_for_request(0, 0, num_tokens)
+        if slots is None:
+            self._evict_host(num_tokens - self.host.allocator.available_size())
+            slots = self.host.allocator.alloc_for_request(0, 0, num_tokens)
+        return None if slots is None else torch.tensor(slots, dtype=torch.int64)
+
+    def _insert_host(
+        self, tokens: list[int], start: int, slots: torch.Tensor, extra_key: Any
+    ) -> int:
+        """Add KV that arrived in host ``slots`` for ``tokens[start:]`` as a host-only
+        leaf after whatever the tree already holds; frees the slots it does not use.
+        Returns the tokens added (0 when the tree no longer reaches ``start``)."""
+        match = self.match_prefix(tokens, extra_key)
+        covered = len(match.kv_indices) + match.host_hit_len
+        if covered < start or covered >= len(tokens):
+            self.host.allocator.free(slots)
+            return 0
+        used = covered - start
+        if used:
+            self.host.allocator.free(slots[:used])
+        parent = match.host_last_node if match.host_hit_len else match.last_node
+        leaf: HiTreeNode = self._new_node(tokens[covered:], None, parent)  # type: ignore[assignment]
+        leaf.host_value = slots[used:].clone()
+        self._touch(leaf)
+        parent.children[self._edge(leaf.key)] = leaf
+        return len(leaf.key)
+
+    def poll(self) -> list[Any]:
         self.copier.poll()
-        # Copies that landed: nothing else to finish for L2 (their host KV is readable).
+        if self.storage is None:
+            return []
+        pending = []
+        for node in self._to_store:
+            if node.backup is not None and not node.backup.done():
+                pending.append(node)
+                continue
+            node.backup = None
+            if node.host_value is not None:  # still in the tree with its host copy
+                self.storage.write(node, self._keys_of(node))
+        self._to_store = pending
+        done, late, _ = self.storage.poll()
+        ready = list(late)
+        for job, pages in done:
+            usable = pages * self.page_size
+            self.host.allocator.free(job.host_slots[usable:])  # pages that did not arrive
+            added = 0
+            if usable:
+                end = job.start + usable
+                added = self._insert_host(
+                    job.tokens[:end], job.start, job.host_slots[:usable], job.req.extra_key
+                )
+            if not job.released:
+                job.req.storage_hit_tokens = added
+                ready.append(job.req)
+        return ready

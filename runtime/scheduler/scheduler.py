@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -40,6 +41,8 @@ NEW_TOKEN_RATIO_DECAY = 0.001
 RETRACT_NEW_TOKEN_RATIO = 0.9
 # With nothing else to run, a step waits this long for a grammar compile to end.
 GRAMMAR_IDLE_WAIT_S = 0.002
+# ... or for a HiCache storage prefetch to end.
+STORAGE_IDLE_WAIT_S = 0.002
 
 
 class _NextDecode(NamedTuple):
@@ -73,6 +76,7 @@ class Scheduler:
         self.kv = KVManager(runner.req_to_token, runner.allocator, self.cache)
         self.waiting: list[Req] = []
         self.grammar_wait: list[Req] = []  # their grammar compiles (kvflow.runtime.grammar)
+        self.storage_wait: list[Req] = []  # their prefix is read from HiCache's storage tier
         self.running: list[Req] = []
         self.chunked: Req | None = None
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
@@ -94,6 +98,8 @@ class Scheduler:
         self.check_fits(req)
         if req.grammar is not None and not req.grammar.ready:
             self.grammar_wait.append(req)
+        elif self.cache.start_prefetch(req):
+            self.storage_wait.append(req)
         else:
             self.waiting.append(req)
 
@@ -113,7 +119,7 @@ class Scheduler:
     def abort_request(self, rid: str, message: str = "aborted by the client") -> TokenOutput | None:
         """Abort a waiting or running request, releasing its memory. None if unknown."""
         self._drop_next()
-        for queue in (self.waiting, self.grammar_wait):
+        for queue in (self.waiting, self.grammar_wait, self.storage_wait):
             req = next((r for r in queue if r.rid == rid), None)
             if req is not None:
                 queue.remove(req)
@@ -131,7 +137,9 @@ class Scheduler:
         return None
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked or self.grammar_wait)
+        return bool(
+            self.waiting or self.running or self.chunked or self.grammar_wait or self.storage_wait
+        )
 
     def num_requests(self) -> int:
         return (
@@ -139,6 +147,7 @@ class Scheduler:
             + len(self.running)
             + (1 if self.chunked else 0)
             + len(self.grammar_wait)
+            + len(self.storage_wait)
         )
 
     def flush_cache(self) -> bool:
@@ -184,6 +193,7 @@ class Scheduler:
         """
         self._batch = []
         refused = self._poll_grammars()
+        self._poll_storage()
         try:
             return refused + self._step()
         except Exception as err:
@@ -208,6 +218,16 @@ class Scheduler:
                 outputs.append(self.make_output(req, []))
         return outputs
 
+    def _poll_storage(self) -> None:
+        """Requests whose storage prefetch ended (or ran out of time) join the waiting
+        queue; with nothing else to run, wait briefly instead of spinning."""
+        if self.storage_wait and not (self.waiting or self.running or self.chunked):
+            time.sleep(STORAGE_IDLE_WAIT_S)
+        for req in self.cache.poll():
+            if req in self.storage_wait:
+                self.storage_wait.remove(req)
+                self.waiting.append(req)
+
     def _fail_batch(self, err: Exception) -> list[TokenOutput]:
         """End every request of the failed step with an error and give back its memory."""
         try:
@@ -229,7 +249,6 @@ class Scheduler:
         return outputs
 
     def _step(self) -> list[TokenOutput]:
-        self.cache.poll()
         if self.waiting or self.chunked is not None:
             self._drop_next()  # a prefill may be planned: its budget sees all free memory
         plan = self._plan_prefill()

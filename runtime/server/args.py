@@ -18,6 +18,7 @@ from kvflow.runtime.attention import ATTENTION_BACKENDS
 from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.scheduler.policy import SCHEDULE_POLICIES
 from kvflow.runtime.server.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
+from kvflow.runtime.wire.hicache import HICACHE_STORAGES, HICACHE_WRITE_POLICIES
 
 __all__ = ["ServerArgs", "build_parser", "parse_args"]
 
@@ -28,8 +29,8 @@ _CHOICES = {
     "schedule_policy": list(SCHEDULE_POLICIES),
     "attention_backend": ["auto", *ATTENTION_BACKENDS.choices()],
 }
-# Contract flags whose features this runtime does not implement yet: refused when set.
-_UNSUPPORTED = (
+# Contract flags that map onto EngineConfig fields of the same name (None: not given).
+_CONTRACT_ENGINE_FIELDS = (
     "hicache_host_memory_gb",
     "hicache_write_policy",
     "hicache_storage",
@@ -98,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
             kwargs.update(choices=["tcp", "rdma"], default="tcp")
         elif flag == "--hicache-host-memory-gb":
             kwargs["type"] = float
+        elif flag == "--hicache-write-policy":
+            kwargs["choices"] = list(HICACHE_WRITE_POLICIES)
+        elif flag == "--hicache-storage":
+            kwargs["choices"] = ["none", *HICACHE_STORAGES]
         contract_group.add_argument(flag, **kwargs)
     server = parser.add_argument_group("server")
     server.add_argument(
@@ -139,18 +144,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_hicache(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """Refuse HiCache settings that cannot work together (parser.error exits 2)."""
+    host_gb = ns.hicache_host_memory_gb or 0.0
+    if host_gb < 0:
+        parser.error("--hicache-host-memory-gb must be >= 0")
+    storage = ns.hicache_storage or "none"
+    tiered = host_gb > 0
+    if not tiered and (storage != "none" or ns.hicache_write_policy):
+        parser.error(
+            "--hicache-storage and --hicache-write-policy need the host tier: "
+            "add --hicache-host-memory-gb > 0"
+        )
+    if storage != "none" and not ns.hicache_storage_path and storage == "file":
+        parser.error("--hicache-storage file needs --hicache-storage-path DIRECTORY")
+    if tiered and ns.disable_radix_cache:
+        parser.error("HiCache is a tier under the radix cache: drop --disable-radix-cache")
+    if tiered and ns.role == "decode":
+        parser.error(
+            "the decode role keeps no prefix cache (every prompt's KV comes from the "
+            "prefill): HiCache belongs on the prefill or unified role"
+        )
+
+
 def parse_args(argv: list[str]) -> ServerArgs:
     parser = build_parser()
     ns = parser.parse_args(argv)
-    for name in _UNSUPPORTED:
-        if getattr(ns, name) not in (None, ""):
-            parser.error(
-                f"--{name.replace('_', '-')} is part of the contract but not implemented "
-                "by this runtime version"
-            )
     if ns.bootstrap_port is not None and ns.role != "prefill":
         parser.error("--bootstrap-port is the prefill role's endpoint; add --role prefill")
     engine_kwargs = {f.name: getattr(ns, f.name) for f in _engine_fields()}
+    for name in _CONTRACT_ENGINE_FIELDS:
+        if engine_kwargs[name] is None:
+            del engine_kwargs[name]
+    _check_hicache(parser, ns)
     if ns.max_running_requests is not None:
         engine_kwargs["max_running_requests"] = ns.max_running_requests
     else:

@@ -114,11 +114,12 @@ def test_api_key_comes_from_the_secret_into_the_contract_env_var() -> None:
 
 def test_memory_requests_include_hicache_tiers() -> None:
     gib = 2**30
-    # 1Gi requested + 1Gi host tier + 1Gi lent to the Mooncake store.
+    # Prefill: 1Gi requested + 1Gi host tier + 1Gi lent to the Mooncake store. The decode
+    # role keeps no prefix cache, so it runs no tiers and requests what the spec says.
     pods = pod_specs(children_of("disaggregated-hicache"))
-    for role in ("prefill", "decode"):
+    for role, expected in (("prefill", 3 * gib), ("decode", gib)):
         resources = pods[f"smollm2-pd-{role}"]["containers"][0]["resources"]
-        assert parse_quantity(resources["requests"]["memory"]) == 3 * gib
+        assert parse_quantity(resources["requests"]["memory"]) == expected
     # GPUs are requested and limited alike.
     resources = pod_specs(children_of("disaggregated-pvc"))["llama-pd-prefill"]["containers"][0][
         "resources"
@@ -307,9 +308,13 @@ def test_mooncake_master_placement_reaches_every_client() -> None:
     client = json.loads(config_map["data"]["mooncake.json"])
     assert client["master_server_address"] == "127.0.0.1:30300"
     assert client["metadata_server"] == "http://127.0.0.1:30301/metadata"
-    for role in ("prefill", "decode"):
-        argv = pod_specs(children)[f"hostnet-{role}"]["containers"][0]["command"]
-        assert argv[argv.index("--hicache-storage-path") + 1] == "127.0.0.1:30300"
+    argv = pod_specs(children)["hostnet-prefill"]["containers"][0]["command"]
+    assert argv[argv.index("--hicache-storage-path") + 1] == "127.0.0.1:30300"
+    # the decode role keeps no prefix cache: no tiers, no store client
+    assert (
+        "--hicache-storage-path"
+        not in pod_specs(children)["hostnet-decode"]["containers"][0]["command"]
+    )
     service = by_kind(children, "Service")["hostnet-mooncake-master"]
     assert [p["port"] for p in service["spec"]["ports"]] == [30300, 30301]
     # Without spec.mooncakeMaster.host, clients use the master's Service name.
