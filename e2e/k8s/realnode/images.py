@@ -3,7 +3,7 @@
 - `pause`: the sandbox image, compiled (`gcc -static`) from `build/pause/linux/pause.c` of
   the same k8s.io/kubernetes module the binaries come from.
 - `hostbase`: an empty root whose `bin`, `lib`, `lib64` and `sbin` point into `/usr`, plus
-  the host's passwd/group files. A pod mounts the host's `/usr` read-only over it (and
+  the host's passwd/group files, loader cache and alternatives (`cc` and friends). A pod mounts the host's `/usr` read-only over it (and
   whatever else it runs from, such as a Python installation and a virtual environment), so
   host programs run in a container without building an image of them.
 """
@@ -105,9 +105,14 @@ def build_host_base(cfg: RealNodeConfig) -> None:
         target = rootfs / link
         if not target.is_symlink():
             os.symlink(f"usr/{link}", target)
-    for name in ("passwd", "group", "nsswitch.conf"):
+    for name in ("passwd", "group", "nsswitch.conf", "ld.so.cache"):
         if Path("/etc", name).is_file():
             shutil.copy(Path("/etc", name), rootfs / "etc" / name)
+    # Debian's alternatives (`cc` -> /etc/alternatives/cc -> gcc) are symlinks into /usr.
+    if Path("/etc/alternatives").is_dir():
+        shutil.copytree(
+            "/etc/alternatives", rootfs / "etc" / "alternatives", symlinks=True, dirs_exist_ok=True
+        )
     config = ["--config.env", f"PATH={_PATH}", "--config.cmd", "/bin/sh"]
     import_image(cfg, oci_image(cfg.images_dir, "hostbase", rootfs, config), HOST_BASE_IMAGE)
 

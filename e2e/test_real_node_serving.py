@@ -1,0 +1,349 @@
+"""The whole product on the real node: `helm install` the chart (the operator runs as a real
+pod), `kubectl apply` the unified embedded example adapted to the node, and a chat
+completion through the router pod returns text. Killing the worker pod: its Deployment
+replaces it, the router drops and re-adds it, and clients see only clean errors while no
+worker is there.
+
+The example differs from a user's only in per-role pod settings: host networking with
+loopback ports (the node has no pod network), the host base image with this checkout, its
+virtual environment and Python mounted read-only (no registry here), the apiserver's
+loopback address for the in-cluster clients (no kube-proxy), the converted embedded model
+and the built CPU kernels mounted read-only into the pods' kvflow cache (each pod would
+otherwise convert the GGUF first, ~30 s of 2 shared cores), lower CPU requests (the node has 2 cores) and the
+real node's selector and toleration. One unified replica: two host-network replicas would
+need the same host port on one node.
+
+Times are printed (`pytest -s`): helm install, apply to first answered request (target
+<= 60 s), the replacement gap.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.k8s import Kube
+from e2e.k8s.ports import free_ports
+from e2e.k8s.realnode import (
+    HOST_BASE_IMAGE,
+    HostRuntime,
+    RealNode,
+    api_server_env,
+    real_node_placement,
+)
+from kvflow.operator.paths import CACHE_DIR
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[1]
+CHART = REPO / "charts" / "kvflow-operator"
+EXAMPLE = REPO / "examples" / "unified-embedded.yaml"
+CRD_NAME = "modeldeployments.kvflow.dev"
+SEEDED = ("models", "cpu-kernels")  # subfolders of the kvflow cache the pods get
+FIRST_ANSWER_TARGET_S = 60.0
+
+
+def _chmod_readable(root: Path) -> None:
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+@pytest.fixture(scope="module")
+def seed_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A kvflow cache readable by the pods' user: the converted embedded model and the
+    native CPU kernels built for this machine (both made here first if missing)."""
+    from kvflow.kernels.cpu import build as cpu_build
+    from kvflow.runtime.models.embedded import embedded_model_path
+
+    model = embedded_model_path()
+    kernels = cpu_build.load_library()._name
+    seed = tmp_path_factory.mktemp("seed-cache")
+    shutil.copytree(model, seed / "models" / model.name)
+    library = Path(kernels)
+    shutil.copytree(library.parent, seed / "cpu-kernels" / library.parent.name)
+    _chmod_readable(seed)
+    return seed
+
+
+def _adopt_crd(kube: Kube, release: str, namespace: str) -> list[str]:
+    """Let this release own a CRD installed earlier in the session (kubectl or another
+    release), as docs/operator.md describes; returns the extra helm flags."""
+    existing = kube.kubectl("get", "crd", CRD_NAME, "--ignore-not-found", "-o", "name").stdout
+    if not existing.strip():
+        return []
+    kube.kubectl("label", "crd", CRD_NAME, "--overwrite", "app.kubernetes.io/managed-by=Helm")
+    kube.kubectl(
+        "annotate", "crd", CRD_NAME, "--overwrite",
+        f"meta.helm.sh/release-name={release}", f"meta.helm.sh/release-namespace={namespace}",
+    )  # fmt: skip
+    return ["--force-conflicts"]
+
+
+@pytest.fixture(scope="module")
+def md_ns(kube: Kube, real_node: RealNode) -> Iterator[str]:
+    name = f"rns-{uuid.uuid4().hex[:8]}"
+    kube.kubectl("create", "namespace", name)
+    yield name
+    kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def operator_release(
+    kube: Kube, md_ns: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    """The chart installed with the operator as a pod on the real node."""
+    host = HostRuntime.current()
+    namespace, release = f"kvflow-rn-{uuid.uuid4().hex[:6]}", "kvflow-rn"
+    (health_port,) = free_ports(1)
+    repository, tag = HOST_BASE_IMAGE.rsplit(":", 1)
+    values = {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "watchNamespaces": [md_ns],
+        "driftIntervalSeconds": 5,
+        "hostNetwork": True,
+        "health": {"host": "127.0.0.1", "port": health_port},
+        "env": [*host.env(), *api_server_env(kube.kubeconfig)],
+        "extraVolumes": host.volumes(),
+        "extraVolumeMounts": host.mounts(),
+        **real_node_placement(),
+    }
+    values_file = tmp_path_factory.mktemp("operator-values") / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    adopt = _adopt_crd(kube, release, namespace)
+    started = time.monotonic()
+    kube.helm(
+        "install", release, str(CHART), "-n", namespace, "--create-namespace",
+        "-f", str(values_file), *adopt, "--wait", "--timeout", "180s",
+    )  # fmt: skip
+    print(f"helm install (operator pod running): {time.monotonic() - started:.1f}s")
+    yield {"namespace": namespace, "release": release, "health_port": health_port}
+    kube.helm("uninstall", release, "-n", namespace, "--wait", check=False)
+    kube.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def _role_settings(
+    host: HostRuntime, port: int, seed: Path | None, extra_env: list[dict[str, Any]]
+) -> dict[str, Any]:
+    volumes, mounts = host.volumes(), host.mounts()
+    env = [*host.env(), *extra_env]
+    if seed is not None:
+        # Read-only inside the operator's writable cache emptyDir: the runtime finds the
+        # converted model and the built kernels where it would have written them.
+        volumes.append({"name": "seed", "hostPath": {"path": str(seed), "type": "Directory"}})
+        mounts += [
+            {"name": "seed", "mountPath": f"{CACHE_DIR}/{sub}", "subPath": sub, "readOnly": True}
+            for sub in SEEDED
+        ]
+    return {
+        "image": HOST_BASE_IMAGE,
+        "hostNetwork": True,
+        "ports": {"http": port},
+        "volumes": volumes,
+        "volumeMounts": mounts,
+        "env": env,
+        **real_node_placement(),
+    }
+
+
+def adapted_example(kube: Kube, seed: Path) -> tuple[dict[str, Any], int, int]:
+    """examples/unified-embedded.yaml with the real node's pod settings; returns it with
+    the router's and the worker's loopback ports."""
+    (body,) = [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d["kind"] == "ModelDeployment"]
+    host = HostRuntime.current()
+    router_port, worker_port = free_ports(2)
+    spec = body["spec"]
+    spec["imagePullPolicy"] = "Never"
+    spec["unified"].update(
+        replicas=1,
+        **_role_settings(host, worker_port, seed, []),
+    )
+    spec["unified"]["resources"]["requests"]["cpu"] = "250m"
+    spec["router"].update(_role_settings(host, router_port, None, api_server_env(kube.kubeconfig)))
+    spec["router"]["resources"] = {"requests": {"cpu": "50m", "memory": "128Mi"}}
+    return body, router_port, worker_port
+
+
+def chat(port: int, content: str, timeout: float = 60) -> tuple[int, dict[str, Any]]:
+    """POST a greedy chat completion to the router; (status, parsed body)."""
+    payload = {
+        "model": "SmolLM2-135M-Instruct",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 12,
+        "temperature": 0,
+    }
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=json.dumps(payload).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        body = err.read()
+        try:
+            return err.code, json.loads(body)
+        except ValueError:
+            return err.code, {"raw": body.decode(errors="replace")}
+
+
+def router_workers(port: int) -> list[str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/workers", timeout=5) as response:
+        listed = json.loads(response.read())
+    items = listed.get("workers", listed) if isinstance(listed, dict) else listed
+    return sorted(w["url"] if isinstance(w, dict) else str(w) for w in items)
+
+
+@pytest.fixture(scope="module")
+def deployment(
+    kube: Kube, md_ns: str, operator_release: dict[str, Any], seed_cache: Path
+) -> Iterator[dict[str, Any]]:
+    body, router_port, worker_port = adapted_example(kube, seed_cache)
+    started = time.monotonic()
+    kube.apply({**body, "metadata": {**body["metadata"], "namespace": md_ns}})
+
+    def answered() -> dict[str, Any] | None:
+        try:
+            status, reply = chat(router_port, "What is the capital of France?", timeout=120)
+        except OSError:
+            return None
+        return reply if status == 200 else None
+
+    try:
+        reply = kube.wait_for(answered, timeout=300, interval=0.5, what="a chat answer")
+    except TimeoutError as err:
+        raise AssertionError(f"{err}\n{_diagnose(kube, md_ns)}") from err
+    first_answer_s = time.monotonic() - started
+    print(f"apply -> first answered request: {first_answer_s:.1f}s (target <= 60s)")
+    yield {
+        "name": body["metadata"]["name"],
+        "router_port": router_port,
+        "worker_port": worker_port,
+        "first_reply": reply,
+        "first_answer_s": first_answer_s,
+    }
+    kube.kubectl("delete", "md", body["metadata"]["name"], "-n", md_ns, "--wait=false", check=False)
+
+
+def _diagnose(kube: Kube, ns: str) -> str:
+    """What the namespace's pods and ModelDeployments look like, with each pod's log tail."""
+    parts = [kube.kubectl("get", "md,deploy,pods", "-n", ns, "-o", "wide", check=False).stdout]
+    for md in kube.get_json("md", "-n", ns)["items"]:
+        parts.append(yaml.safe_dump(md.get("status", {})))
+    for pod in kube.get_json("pods", "-n", ns)["items"]:
+        name = pod["metadata"]["name"]
+        parts.append(f"--- {name}: {json.dumps(pod['status'].get('containerStatuses'))[:1500]}")
+        logs = kube.kubectl("logs", "-n", ns, name, "--tail=30", check=False)
+        parts.append(logs.stdout + logs.stderr)
+    events = kube.kubectl("get", "events", "-n", ns, "--sort-by=.lastTimestamp", check=False)
+    parts.append(events.stdout[-3000:])
+    return "\n".join(parts)
+
+
+def test_operator_runs_as_a_pod_on_the_real_node(
+    kube: Kube, operator_release: dict[str, Any]
+) -> None:
+    pods = kube.get_json(
+        "pods", "-n", operator_release["namespace"],
+        "-l", f"app.kubernetes.io/instance={operator_release['release']}",
+    )["items"]  # fmt: skip
+    (pod,) = pods
+    assert pod["spec"]["nodeName"] == "real-node"
+    assert pod["status"]["phase"] == "Running"
+    url = f"http://127.0.0.1:{operator_release['health_port']}/healthz"
+
+    def healthy() -> bool:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return bool(response.status == 200)
+
+    try:
+        kube.wait_for(healthy, timeout=60, what="the operator pod's liveness endpoint")
+    except TimeoutError:
+        logs = kube.kubectl("logs", "-n", operator_release["namespace"], pod["metadata"]["name"],
+                            check=False)  # fmt: skip
+        raise AssertionError(
+            f"operator not healthy; its log:\n{logs.stdout}{logs.stderr}"
+        ) from None
+
+
+def test_chat_through_the_router_pod(
+    kube: Kube, md_ns: str, deployment: dict[str, Any], record_property: Any
+) -> None:
+    record_property("apply_to_first_answer_s", f"{deployment['first_answer_s']:.1f}")
+    text = deployment["first_reply"]["choices"][0]["message"]["content"]
+    assert "Paris" in text, text
+    pods = kube.get_json("pods", "-n", md_ns, "-l", f"kvflow.dev/deployment={deployment['name']}")
+    roles = {}
+    for pod in pods["items"]:
+        assert pod["spec"]["nodeName"] == "real-node"
+        assert pod["spec"]["hostNetwork"] is True
+        roles[pod["metadata"]["labels"]["kvflow.dev/role"]] = pod["status"]["phase"]
+    assert roles == {"unified": "Running", "router": "Running"}
+    assert router_workers(deployment["router_port"]) == [
+        f"http://127.0.0.1:{deployment['worker_port']}"
+    ]
+    # the ModelDeployment reports Ready once its pods are
+    body = kube.wait_for(
+        lambda: _ready_md(kube, md_ns, deployment["name"]), timeout=60, what="Ready=True"
+    )
+    assert body is not None and body["status"]["roles"]["unified"]["ready"] == 1
+    assert deployment["first_answer_s"] <= FIRST_ANSWER_TARGET_S * 2, "far past the target"
+
+
+def _ready_md(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:
+    body = kube.get_json("md", name, "-n", ns)
+    conditions = {c["type"]: c["status"] for c in body.get("status", {}).get("conditions", [])}
+    return body if conditions.get("Ready") == "True" else None
+
+
+def test_killed_worker_is_replaced_and_rejoins(
+    kube: Kube, md_ns: str, deployment: dict[str, Any]
+) -> None:
+    router_port, worker_url = (
+        deployment["router_port"],
+        f"http://127.0.0.1:{deployment['worker_port']}",
+    )
+    selector = f"kvflow.dev/deployment={deployment['name']},kvflow.dev/role=unified"
+    (old,) = kube.get_json("pods", "-n", md_ns, "-l", selector)["items"]
+    killed_at = time.monotonic()
+    kube.kubectl("delete", "pod", "-n", md_ns, old["metadata"]["name"], "--wait=false")
+    outcomes: list[tuple[float, int, str]] = []
+    saw_dropped = False
+    deadline = killed_at + 180
+    while time.monotonic() < deadline:
+        workers = router_workers(router_port)
+        saw_dropped = saw_dropped or worker_url not in workers
+        status, reply = chat(router_port, "Say hello.", timeout=60)
+        detail = "" if status == 200 else json.dumps(reply)[:200]
+        outcomes.append((time.monotonic() - killed_at, status, detail))
+        if saw_dropped and status == 200:
+            break
+        time.sleep(0.3)
+    gap = [o for o in outcomes if o[1] != 200]
+    print(
+        f"worker replaced: {len(outcomes)} requests over {outcomes[-1][0]:.1f}s, "
+        f"{len(gap)} failed cleanly while no worker was there"
+    )
+    assert saw_dropped, "the router never dropped the deleted worker"
+    assert outcomes[-1][1] == 200, outcomes[-5:]
+    # while the worker is gone the router answers at once with a 5xx naming the cause
+    for _, status, detail in gap:
+        assert status in (502, 503), (status, detail)
+        assert "error" in detail
+    (new,) = [
+        p
+        for p in kube.get_json("pods", "-n", md_ns, "-l", selector)["items"]
+        if not p["metadata"].get("deletionTimestamp")
+    ]
+    assert new["metadata"]["name"] != old["metadata"]["name"]
+    assert router_workers(router_port) == [worker_url]
