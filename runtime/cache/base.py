@@ -10,6 +10,7 @@ import torch
 if TYPE_CHECKING:
     from kvflow.runtime.mem import ReqToTokenPool, TokenToKVPoolAllocator
     from kvflow.runtime.scheduler.req import Req
+    from kvflow.runtime.wire.hicache import HiCacheStats
 
 __all__ = ["MatchResult", "PrefixCache"]
 
@@ -48,6 +49,10 @@ class PrefixCache(ABC):
         """Bring a match's host part onto the device (a tiered cache); the match extends
         only as far as device memory allowed. The caller locks the result."""
         return match
+
+    def tier_stats(self, hits: Any) -> HiCacheStats | None:
+        """Counters of the cache's lower tiers (None: a single-tier cache)."""
+        return None
 
     def start_prefetch(self, req: Req) -> bool:
         """Start reading the request's uncached prefix from a storage tier; True when the

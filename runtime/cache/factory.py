@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -70,7 +71,7 @@ def _storage_tier(config: EngineConfig, runner: ModelRunner, host: HostKVPool) -
 
     mc = runner.model_config
     namespace = StoreNamespace(
-        model=Path(runner.model_path).name,
+        model=_model_identity(config, runner),
         dtype=str(runner.dtype).removeprefix("torch."),
         page_size=runner.page_size,
         num_layers=mc.num_layers,
@@ -83,4 +84,19 @@ def _storage_tier(config: EngineConfig, runner: ModelRunner, host: HostKVPool) -
         StorageConfig.from_flags(config.hicache_storage, config.hicache_storage_path)
     )
     store.register(host.data)  # page buffers are views into it
-    return StorageTier(StorageIO(store), namespace, host, config.hicache_prefetch_timeout)
+    return StorageTier(
+        config.hicache_storage, StorageIO(store), namespace, host, config.hicache_prefetch_timeout
+    )
+
+
+def _model_identity(config: EngineConfig, runner: ModelRunner) -> str:
+    """The folder's name and a digest of what determines the weights: the model's
+    ``config.json`` (and for dummy weights, the seed they are drawn with)."""
+    folder = Path(runner.model_path)
+    digest = hashlib.blake2b(digest_size=8)
+    config_file = folder / "config.json" if folder.is_dir() else folder
+    if config_file.is_file():
+        digest.update(config_file.read_bytes())
+    if config.load_format == "dummy":
+        digest.update(f"dummy:{config.seed}".encode())
+    return f"{folder.name}:{digest.hexdigest()}"

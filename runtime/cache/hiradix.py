@@ -24,6 +24,7 @@ as for :class:`~kvflow.runtime.cache.radix.RadixCache`.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,7 @@ from kvflow.runtime.cache.base import MatchResult
 from kvflow.runtime.cache.radix import RadixCache, TreeNode
 from kvflow.runtime.cache.storage_tier import MIN_PREFETCH_TOKENS, StorageTier
 from kvflow.runtime.cache.tier_copy import Copy, TierCopy
-from kvflow.runtime.wire.hicache import HICACHE_WRITE_POLICIES
+from kvflow.runtime.wire.hicache import HICACHE_WRITE_POLICIES, HiCacheStats
 
 if TYPE_CHECKING:
     from kvflow.runtime.mem import KVPool, ReqToTokenPool, TokenToKVPoolAllocator
@@ -371,6 +372,39 @@ class HiRadixCache(RadixCache):
             if isinstance(parent, HiTreeNode) and self._is_host_evictable(parent):
                 heapq.heappush(heap, parent)
         return freed
+
+    def tier_stats(self, hits: Any) -> HiCacheStats:
+        """The tiers' counters for metrics; ``hits`` is the scheduler's
+        :class:`~kvflow.runtime.scheduler.kv.TierHits`."""
+        c = self.counters
+        base = HiCacheStats(
+            host_total_tokens=self.host.size,
+            host_used_tokens=self.host_used_size(),
+            device_hit_tokens=hits.device,
+            host_hit_tokens=hits.host,
+            storage_hit_tokens=hits.storage,
+            backed_up_tokens=c.backed_up_tokens,
+            dropped_tokens=c.dropped_tokens,
+        )
+        if self.storage is None:
+            return base
+        io, store = self.storage.io.stats(), self.storage.io.store_stats()
+        outcomes = io.prefetch_outcomes
+        return dataclasses.replace(
+            base,
+            storage=self.storage.backend,
+            storage_read_bytes=io.read_bytes,
+            storage_write_bytes=io.write_bytes,
+            storage_read_seconds=io.read_latency.sum_s,
+            storage_write_seconds=io.write_latency.sum_s,
+            storage_reads=io.read_latency.count,
+            storage_writes=io.write_latency.count,
+            storage_errors=store.errors + store.corrupt_pages + io.worker_errors,
+            prefetch_full=outcomes.get("hit_full", 0),
+            prefetch_partial=outcomes.get("partial", 0),
+            prefetch_miss=outcomes.get("miss", 0),
+            prefetch_timeout=outcomes.get("timeout", 0),
+        )
 
     # -- storage tier (L3) -----------------------------------------------------------------
     def _extra_key(self, root: TreeNode) -> str | None:

@@ -66,6 +66,7 @@ class _Write:
 class StorageTier:
     """Owns the I/O worker and the in-flight jobs; the cache calls it from its one thread."""
 
+    backend: str  # --hicache-storage
     io: StorageIO
     namespace: StoreNamespace
     host: HostKVPool
@@ -130,5 +131,7 @@ class StorageTier:
         return any(not job.released for job in self.prefetches.values())
 
     def close(self) -> None:
+        """Let writes finish (bounded), stop the worker, then the store."""
         self.io.drain(5.0)
+        self.io.close()
         self.io.store.close()

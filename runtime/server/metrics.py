@@ -8,6 +8,7 @@ from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from kvflow.runtime.server.hicache_metrics import HiCacheMetrics
 from kvflow.runtime.wire.messages import SchedulerStats
 
 __all__ = ["METRIC_NAMES", "REJECT_REASONS", "RuntimeMetrics"]
@@ -118,6 +119,7 @@ class RuntimeMetrics:
             self.rejected.labels(model_name, reason)
         for streaming in ("true", "false"):
             self.ttft.labels(model_name, streaming)
+        self.hicache: HiCacheMetrics | None = None  # created by the first stats with tiers
         self._prompt_total = 0
         self._cached_total = 0
         self._generated: deque[tuple[float, int]] = deque()  # (time, generated tokens so far)
@@ -125,6 +127,10 @@ class RuntimeMetrics:
         self._transfer_totals_seen = (0, 0)  # (bytes, failures) already counted
 
     def observe_stats(self, stats: SchedulerStats, now: float | None = None) -> None:
+        if stats.hicache is not None:
+            if self.hicache is None:
+                self.hicache = HiCacheMetrics(self.registry, self.model)
+            self.hicache.observe(stats.hicache)
         self.running.labels(self.model).set(stats.num_running_reqs)
         self.queued.labels(self.model).set(stats.num_queue_reqs)
         self.token_usage.labels(self.model).set(stats.token_usage)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvflow.runtime.wire.disagg import Bootstrap
+from kvflow.runtime.wire.hicache import HiCacheStats
 from kvflow.runtime.wire.outputs import FinishReason, TokenOutput
 from kvflow.runtime.wire.sampling import SamplingParams
 
@@ -89,6 +90,7 @@ class SchedulerStats:
     kv_transfer_bytes: int = 0
     kv_transfer_seconds: float = 0.0
     recent_kv_transfers: tuple[tuple[float, int], ...] = ()  # (seconds, bytes) of the last ones
+    hicache: HiCacheStats | None = None  # with a host tier (--hicache-host-memory-gb)
 
     @property
     def token_usage(self) -> float:
