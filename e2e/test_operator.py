@@ -41,11 +41,23 @@ KIND_ARGS = ",".join(RESOURCE_NAMES[kind] for _, kind in CHILD_KINDS)
 DRIFT_INTERVAL = 5.0
 
 
+def wait_established(kube: Kube) -> None:
+    """``kubectl wait --for=condition=Established`` fails outright while a just-created
+    CRD has no status yet (a race the larger CRD made visible): poll instead."""
+
+    def established() -> bool:
+        crd = kube.get_json("crd", "modeldeployments.kvflow.dev")
+        conditions = (crd.get("status") or {}).get("conditions") or ()
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    kube.wait_for(established, 30, 0.2, "CRD Established")
+
+
 @pytest.fixture(scope="module")
 def ns(kube: Kube) -> Iterator[str]:
     name = f"op-{uuid.uuid4().hex[:8]}"
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    kube.kubectl("wait", "--for=condition=Established", "crd/modeldeployments.kvflow.dev")
+    wait_established(kube)
     kube.kubectl("create", "namespace", name)
     yield name
     kube.kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -102,10 +102,27 @@ def deployment_summary(body: Mapping[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def pod_summary(body: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What of a pod the ModelDeployment's status reads: readiness and failure."""
-    report = PodReport.from_pod(body)
-    return (report.ready, report.failure_reason, report.failure_message)
+class PodFailures:
+    """Remembers each pod's failure so that only a change of it refreshes status.
+
+    Readiness needs no pod events: it reaches status through the Deployment's own status
+    (``readyReplicas``). What only the pod says is why it fails; a pod that never failed
+    triggers nothing, so a rollout's pod events cost no refreshes.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[str | None, str]] = {}
+
+    def changed(self, body: Mapping[str, Any], deleted: bool) -> bool:
+        uid = str(body.get("metadata", {}).get("uid"))
+        before = self._seen.pop(uid, (None, ""))
+        if deleted:
+            return before[0] is not None
+        report = PodReport.from_pod(body)
+        now = (report.failure_reason, report.failure_message)
+        if now[0] is not None:
+            self._seen[uid] = now
+        return now != before
 
 
 class _StatusFilter:
@@ -178,7 +195,7 @@ def register(
             _raise_for(outcome)
 
     deployments = _StatusFilter(deployment_summary)
-    pods = _StatusFilter(pod_summary)
+    pod_failures = PodFailures()
     edits = EditFilter()
 
     def child_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
@@ -214,9 +231,7 @@ def register(
         namespace = body.metadata.namespace
         if not owner or not namespace or event.get("type") is None:
             return
-        if event.get("type") == "DELETED":
-            pods.forget(body)
-        elif not pods.changed(body):
+        if not pod_failures.changed(body, deleted=event.get("type") == "DELETED"):
             return
         try:
             reconciler.refresh(namespace, owner)

@@ -120,3 +120,23 @@ def test_every_pod_ready_is_ready() -> None:
     got = conditions(compute_status(1, ["unified", "router"], obs, None, [], T0))
     assert got["Ready"] == ("True", "AllComponentsReady")
     assert got["Degraded"] == ("False", "AsExpected")
+
+
+def test_only_a_change_of_failure_refreshes_status() -> None:
+    from kvflow.operator.handlers import PodFailures
+
+    failures = PodFailures()
+    starting = pod("m-unified-1", "unified", ready=False)
+    starting["metadata"]["uid"] = "u1"
+    crashing = pod("m-unified-1", "unified", ready=False, waiting="CrashLoopBackOff", last_exit=2)
+    crashing["metadata"]["uid"] = "u1"
+    ready = pod("m-unified-1", "unified", ready=True)
+    ready["metadata"]["uid"] = "u1"
+    assert not failures.changed(starting, deleted=False)  # never failed: the Deployment says it
+    assert not failures.changed(ready, deleted=False)
+    assert failures.changed(crashing, deleted=False)
+    assert not failures.changed(crashing, deleted=False)  # same failure again
+    assert failures.changed(ready, deleted=False)  # recovered
+    assert failures.changed(crashing, deleted=False)
+    assert failures.changed(crashing, deleted=True)  # a failing pod went away
+    assert not failures.changed(ready, deleted=True)
