@@ -107,7 +107,8 @@ def test_template_renders_the_operator_and_the_crd(kube: Kube) -> None:
     assert container["command"] == ["kvflow", "operator"]
     assert f"--health-port={contract.OPERATOR_HEALTH_PORT}" in container["args"]
     assert container["ports"] == [
-        {"name": "health", "containerPort": contract.OPERATOR_HEALTH_PORT}
+        {"name": "health", "containerPort": contract.OPERATOR_HEALTH_PORT},
+        {"name": "metrics", "containerPort": contract.OPERATOR_METRICS_PORT},
     ]
     assert container["livenessProbe"]["httpGet"] == {
         "path": contract.OPERATOR_HEALTH_PATH,
