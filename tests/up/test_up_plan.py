@@ -176,3 +176,33 @@ def test_cli_refuses_with_every_reason_and_dry_run_prints_the_commands(tmp_path:
     assert dry.returncode == 0, dry.stderr
     assert "[kvflow up] router: " in dry.stdout and "--worker-urls" in dry.stdout
     assert "not applied locally: unified.resources" in dry.stdout
+
+
+def test_file_store_is_a_local_directory_and_host_path_models_are_used_in_place(
+    tmp_path: Path,
+) -> None:
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+
+    def file_store(spec: dict[str, Any]) -> None:
+        spec["model"] = {"source": "hostPath", "hostPath": {"path": str(model_dir)}}
+        spec["hiCache"] = {
+            "hostMemory": "1Gi",
+            "sharedStore": {"type": "file", "size": "10Gi", "storageClassName": "nfs"},
+        }
+
+    body, secrets = edited(UNIFIED, file_store)
+    state = tmp_path / "state"
+    state.mkdir()
+    plan = plan_of(body, secrets, state)
+    worker = plan.processes[0]
+    assert flag(worker.argv, "--hicache-storage") == "file"
+    assert flag(worker.argv, "--hicache-storage-path") == str(state / "hicache")
+    assert (state / "hicache").is_dir()
+    assert flag(worker.argv, "--model-path") == str(model_dir)
+    assert "mooncake-master" not in [p.name for p in plan.processes]
+    assert "hiCache.sharedStore.storageClassName" in plan.not_applied
+    # A host path that is not a folder here is refused.
+    body["spec"]["model"]["hostPath"]["path"] = str(tmp_path / "absent")
+    with pytest.raises(LocalRefusal, match="is not a folder here"):
+        plan_of(body, secrets, state)
