@@ -121,6 +121,8 @@ def _cluster_only(md: ModelDeployment, body: Mapping[str, Any]) -> list[str]:
         for key in ("resources", "nodeSelector", "tolerations", "image", "hostNetwork", "ports"):
             if key in raw:
                 found.append(f"{role}.{key}")
+    if md.router.replicas > 1:
+        found.append("router.replicas (one local router)")
     if (spec.get("mooncakeMaster") or {}).get("host"):
         found.append("mooncakeMaster.host")
     if ((spec.get("hiCache") or {}).get("sharedStore") or {}).get("storageClassName"):

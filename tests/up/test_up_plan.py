@@ -202,6 +202,8 @@ def test_file_store_is_a_local_directory_and_host_path_models_are_used_in_place(
     assert flag(worker.argv, "--model-path") == str(model_dir)
     assert "mooncake-master" not in [p.name for p in plan.processes]
     assert "hiCache.sharedStore.storageClassName" in plan.not_applied
+    body["spec"]["router"]["replicas"] = 2
+    assert "router.replicas (one local router)" in plan_of(body, secrets, state).not_applied
     # A host path that is not a folder here is refused.
     body["spec"]["model"]["hostPath"]["path"] = str(tmp_path / "absent")
     with pytest.raises(LocalRefusal, match="is not a folder here"):
