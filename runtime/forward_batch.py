@@ -34,6 +34,8 @@ class ForwardBatch:
     seq_lens_cpu: list[int]
     extend_prefix_lens_cpu: list[int] = field(default_factory=list)  # EXTEND only
     extend_seq_lens_cpu: list[int] = field(default_factory=list)  # EXTEND only
+    # EXTEND only: logit rows each request needs before its last token's (prompt logprobs)
+    extend_logit_extras_cpu: list[int] = field(default_factory=list)
     attn_metadata: Any = None  # filled by the attention backend's init_forward_metadata
 
     @property
@@ -45,8 +47,28 @@ class ForwardBatch:
         return self.mode is ForwardMode.DECODE
 
     def logits_rows(self) -> torch.Tensor:
-        """Index of each request's last new token in ``[N]`` (where its logits come from)."""
+        """Index of each request's last new token in ``[N]`` (where its logits come from),
+        preceded by its ``extend_logit_extras_cpu`` tokens before it, if any."""
         if self.is_decode:
             return torch.arange(self.batch_size, device=self.input_ids.device)
+        if any(self.extend_logit_extras_cpu):
+            rows: list[int] = []
+            end = 0
+            for extend_len, extra in zip(
+                self.extend_seq_lens_cpu, self.extend_logit_extras_cpu, strict=True
+            ):
+                end += extend_len
+                rows += range(end - 1 - extra, end)
+            return torch.tensor(rows, device=self.input_ids.device)
         ends = torch.tensor(self.extend_seq_lens_cpu, device=self.input_ids.device).cumsum(0)
         return ends - 1
+
+    def last_logit_rows(self) -> list[int]:
+        """Where each request's last-token logits are among the rows of :meth:`logits_rows`."""
+        if not any(self.extend_logit_extras_cpu):
+            return list(range(self.batch_size))
+        rows, at = [], -1
+        for extra in self.extend_logit_extras_cpu:
+            at += extra + 1
+            rows.append(at)
+        return rows

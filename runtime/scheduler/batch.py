@@ -13,9 +13,14 @@ __all__ = ["build_decode_batch", "build_extend_batch", "host_to_device"]
 
 
 def build_extend_batch(
-    reqs: Sequence[Req], extend_lens: Sequence[int], out_cache_loc: torch.Tensor, device: str
+    reqs: Sequence[Req],
+    extend_lens: Sequence[int],
+    out_cache_loc: torch.Tensor,
+    device: str,
+    logit_extras: Sequence[int] = (),
 ) -> ForwardBatch:
-    """Prefill step: request i runs tokens ``kv_len : kv_len + extend_lens[i]``."""
+    """Prefill step: request i runs tokens ``kv_len : kv_len + extend_lens[i]``; it needs
+    the logits of its ``logit_extras[i]`` tokens before the last one too (prompt logprobs)."""
     input_ids: list[int] = []
     positions: list[int] = []
     prefix_lens = [r.kv_len for r in reqs]
@@ -35,6 +40,7 @@ def build_extend_batch(
         seq_lens_cpu=seq_lens,
         extend_prefix_lens_cpu=prefix_lens,
         extend_seq_lens_cpu=list(extend_lens),
+        extend_logit_extras_cpu=list(logit_extras),
     )
 
 

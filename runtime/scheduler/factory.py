@@ -8,6 +8,7 @@ from typing import Any
 
 from kvflow.runtime.config import EngineConfig, ModelConfig
 from kvflow.runtime.grammar import GrammarBackend, grammar_spec
+from kvflow.runtime.scheduler.input_logprobs import InputLogprobs
 from kvflow.runtime.scheduler.req import Req
 from kvflow.runtime.wire import Bootstrap, SamplingParams
 
@@ -54,6 +55,7 @@ class ReqFactory:
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
         bootstrap: Bootstrap | None = None,
+        logprob_start_len: int = -1,
     ) -> Req:
         req = Req(
             rid,
@@ -68,6 +70,10 @@ class ReqFactory:
             seed=default_seed(self.config.seed, rid),
         )
         req.bootstrap = bootstrap
+        if return_logprob and 0 <= logprob_start_len < len(input_ids):
+            req.input_logprobs = InputLogprobs(
+                logprob_start_len, req.origin_input_ids, top_logprobs_num
+            )
         spec = grammar_spec(sampling)
         if spec is not None:  # compiles on the backend's pool; the scheduler waits for it
             req.grammar = self.grammars.request(spec)

@@ -55,8 +55,7 @@ class KVManager:
     def match(self, req: Req) -> int:
         """Length of the cached prefix the request would reuse, on the device or on the
         host tier (no lock taken, nothing moved)."""
-        ids = req.all_token_ids()[:-1]  # at least one token must run to produce logits
-        match = self.cache.match_prefix(ids, req.extra_key)
+        match = self.cache.match_prefix(req.reusable_ids(), req.extra_key)
         return len(match.kv_indices) + match.host_hit_len
 
     def admit(self, req: Req) -> bool:
@@ -65,7 +64,7 @@ class KVManager:
         slot = self.req_to_token.alloc()
         if slot is None:
             return False
-        match = self.cache.match_prefix(req.all_token_ids()[:-1], req.extra_key)
+        match = self.cache.match_prefix(req.reusable_ids(), req.extra_key)
         on_device = len(match.kv_indices)
         match = self.cache.load_back(match)
         self.cache.inc_lock_ref(match.last_node)

@@ -48,6 +48,8 @@ class Req:
             self.stop_token_set |= set(eos_token_ids)
         # The output constraint (kvflow.runtime.grammar.RequestGrammar), set by ReqFactory.
         self.grammar: Any = None
+        # Prompt logprobs (kvflow.runtime.scheduler.input_logprobs), set by ReqFactory.
+        self.input_logprobs: Any = None
         self.generator: torch.Generator | None = None
         if not sampling.is_greedy:
             gen_seed = sampling.seed if sampling.seed is not None else seed
@@ -91,6 +93,14 @@ class Req:
 
     def all_token_ids(self) -> list[int]:
         return self.origin_input_ids + self.output_ids
+
+    def reusable_ids(self) -> list[int]:
+        """The tokens whose KV may come from the prefix cache: all but the last (it must
+        run to produce logits), fewer when prompt logprobs need positions computed."""
+        limit = self.seq_len - 1
+        if self.input_logprobs is not None:
+            limit = self.input_logprobs.reuse_limit(self.seq_len)
+        return self.all_token_ids()[:limit]
 
     def reset_kv_state(self) -> None:
         """Forget all KV state (after release): the request owns nothing any more."""

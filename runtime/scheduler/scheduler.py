@@ -350,12 +350,22 @@ class Scheduler:
         ]
         if decode_slots is not None:
             slots.append(decode_slots.to(torch.int64))
-        fb = build_extend_batch(reqs, extend_lens, torch.cat(slots), self.runner.device)
+        extras = [
+            r.input_logprobs.extra_rows(r.kv_len, n) if r.input_logprobs else 0 for r, n in plan
+        ]
+        fb = build_extend_batch(
+            reqs, extend_lens, torch.cat(slots), self.runner.device, extras + [0] * len(decodes)
+        )
         logits = self.runner.forward(fb)
         self.forward_steps += 1
+        last_rows = fb.last_logit_rows()
         to_sample: list[int] = []
         outputs: list[TokenOutput] = []
         for row, (req, take) in enumerate(plan):
+            if req.input_logprobs is not None:  # prompt logprobs: rows up to the last one
+                first = last_rows[row] - extras[row]
+                position = req.kv_len + take - 1 - extras[row]
+                req.input_logprobs.record(logits[first : last_rows[row] + 1], position)
             req.kv_len += take
             if req.kv_len < req.seq_len:
                 self.cache.cache_unfinished_req(req)
@@ -374,7 +384,7 @@ class Scheduler:
             to_sample.append(row)
         if to_sample:
             sampled_reqs = [reqs[i] for i in to_sample]
-            pending = self._launch_sample(sampled_reqs, logits[to_sample])
+            pending = self._launch_sample(sampled_reqs, logits[[last_rows[i] for i in to_sample]])
             outputs += self._commit(sampled_reqs, pending.resolve())
         return outputs
 
@@ -499,6 +509,7 @@ class Scheduler:
         logprob: float | None = None,
         top: list[tuple[int, float]] | None = None,
     ) -> TokenOutput:
+        prompt = req.input_logprobs.take() if req.input_logprobs is not None else None
         return TokenOutput(
             rid=req.rid,
             new_token_ids=new_ids,
@@ -508,4 +519,6 @@ class Scheduler:
             cached_tokens=req.cached_tokens,
             new_logprobs=[logprob] * len(new_ids) if req.return_logprob else [],
             new_top_logprobs=[top] * len(new_ids) if req.return_logprob else [],
+            input_logprobs=prompt[0] if prompt else None,
+            input_top_logprobs=prompt[1] if prompt else None,
         )

@@ -53,6 +53,8 @@ class DetokenizerState:
                     out.cached_tokens,
                     out.new_logprobs,
                     out.new_top_logprobs,
+                    out.input_logprobs,
+                    out.input_top_logprobs,
                 )
             )
         return TextBatch(outputs)

@@ -23,12 +23,12 @@ def prepare_native(
     """Returns (single, inputs)."""
     if (body.text is None) == (body.input_ids is None):
         raise RequestError(400, "give exactly one of text and input_ids")
-    if body.return_logprob and body.logprob_start_len >= 0:
-        raise RequestError(
-            400,
-            "logprob_start_len >= 0 asks for prompt (input) logprobs, which kvflow does not "
-            "compute; give -1 (output logprobs only)",
-        )
+    if (
+        body.return_logprob
+        and body.logprob_start_len >= 0
+        and tm.info.get("role", "unified") != "unified"
+    ):
+        raise RequestError(400, "prompt logprobs (logprob_start_len >= 0) need the unified role")
     if body.text is not None:
         single = isinstance(body.text, str)
         texts = [body.text] if single else body.text
@@ -60,12 +60,15 @@ def prepare_native(
                 body.rid,
                 body.stream,
                 bootstrap,
+                body.logprob_start_len,
             )
         )
     return single, inputs
 
 
-def _meta(result: SampleResult, rid: str, logprobs: _LogprobView | None) -> dict[str, Any]:
+def _meta(
+    result: SampleResult, rid: str, logprobs: _LogprobView | None, inp: GenerateInput
+) -> dict[str, Any]:
     finish: dict[str, Any] | None = None
     if result.finish_reason is not None:
         finish = {"type": result.finish_reason}
@@ -86,6 +89,14 @@ def _meta(result: SampleResult, rid: str, logprobs: _LogprobView | None) -> dict
         meta["output_top_logprobs"] = [
             [entry(lp, t) for t, lp in (top or [])] for top in result.top_logprobs
         ]
+        if result.input_logprobs is not None:
+            scored = inp.input_ids[inp.logprob_start_len :]
+            meta["input_token_logprobs"] = [
+                entry(lp, t) for lp, t in zip(result.input_logprobs, scored, strict=True)
+            ]
+            meta["input_top_logprobs"] = [
+                [entry(lp, t) for t, lp in (top or [])] for top in result.input_top_logprobs or []
+            ]
     return meta
 
 
@@ -114,16 +125,24 @@ async def native_generate(
         else None
     )
     if body.stream:
-        return _stream(handles, view)
+        return _stream(handles, view, _inputs_per_sample(inputs))
     results = await collect(handles)
+    per_sample = _inputs_per_sample(inputs)
     out = [
-        {"text": r.text, "output_ids": r.token_ids, "meta_info": _meta(r, h.rid, view)}
-        for r, h in zip(results, handles, strict=True)
+        {"text": r.text, "output_ids": r.token_ids, "meta_info": _meta(r, h.rid, view, i)}
+        for r, h, i in zip(results, handles, per_sample, strict=True)
     ]
     return out[0] if single and len(out) == 1 else out
 
 
-async def _stream(handles: list[RequestHandle], view: _LogprobView | None) -> AsyncIterator[str]:
+def _inputs_per_sample(inputs: list[GenerateInput]) -> list[GenerateInput]:
+    """The prompt of each sample (``n`` samples per prompt, in order)."""
+    return [inp for inp in inputs for _ in range(inp.sampling.n)]
+
+
+async def _stream(
+    handles: list[RequestHandle], view: _LogprobView | None, per_sample: list[GenerateInput]
+) -> AsyncIterator[str]:
     """Each event carries the cumulative text and ids of one sample (``index``), as SGLang does."""
     results = [SampleResult() for _ in handles]
     async for index, out in merge_streams(handles):
@@ -134,7 +153,7 @@ async def _stream(handles: list[RequestHandle], view: _LogprobView | None) -> As
                 "index": index,
                 "text": result.text,
                 "output_ids": result.token_ids,
-                "meta_info": _meta(result, handles[index].rid, view),
+                "meta_info": _meta(result, handles[index].rid, view, per_sample[index]),
             }
         )
     yield sse("[DONE]")

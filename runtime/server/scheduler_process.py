@@ -138,6 +138,7 @@ class SchedulerLoop:
                 return_logprob=message.return_logprob,
                 top_logprobs_num=message.top_logprobs_num,
                 bootstrap=message.bootstrap,
+                logprob_start_len=message.logprob_start_len,
             )
             self.role.add(req)
         except Exception as err:  # isolated: this request fails, the loop goes on

@@ -54,6 +54,7 @@ class GenerateInput:
     rid: str | None = None  # client-chosen id (for /abort_request); one sample only
     stream: bool = False  # the client reads tokens as they come (labels the TTFT metric)
     bootstrap: Bootstrap | None = None  # prefill/decode roles: the pairing with the peer
+    logprob_start_len: int = -1  # SGLang's: >= 0 asks for prompt logprobs from there on
 
 
 @dataclass
@@ -271,6 +272,7 @@ class TokenizerManager:
                 inp.top_logprobs_num,
                 inp.extra_key,
                 inp.bootstrap,
+                inp.logprob_start_len,
             )
         )
         return state
@@ -309,6 +311,7 @@ class TokenizerManager:
                     inp.rid,
                     inp.stream,
                     inp.bootstrap,
+                    inp.logprob_start_len,
                 )
                 streams.append(self._start(sample_inp))
         return streams

@@ -42,6 +42,7 @@ class GenerateRequest:
     top_logprobs_num: int = 0
     extra_key: str | None = None
     bootstrap: Bootstrap | None = None  # prefill/decode roles: the pairing with the peer
+    logprob_start_len: int = -1  # >= 0 with return_logprob: prompt logprobs from there on
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,8 @@ class TextOutput:
     cached_tokens: int
     new_logprobs: list[float | None]
     new_top_logprobs: list[list[tuple[int, float]] | None]
+    input_logprobs: list[float | None] | None = None  # see TokenOutput
+    input_top_logprobs: list[list[tuple[int, float]] | None] | None = None
 
 
 @dataclass(frozen=True)

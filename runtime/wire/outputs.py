@@ -35,3 +35,6 @@ class TokenOutput:
     cached_tokens: int
     new_logprobs: list[float | None] = field(default_factory=list)
     new_top_logprobs: list[list[tuple[int, float]] | None] = field(default_factory=list)
+    # prompt logprobs from the request's logprob_start_len on, once, when the prompt is done
+    input_logprobs: list[float | None] | None = None
+    input_top_logprobs: list[list[tuple[int, float]] | None] | None = None

@@ -39,6 +39,8 @@ class SampleResult:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    input_logprobs: list[float | None] | None = None  # prompt logprobs, when asked
+    input_top_logprobs: list[list[tuple[int, float]] | None] | None = None
 
     def add(self, out: TextOutput) -> None:
         self.text += out.text_delta
@@ -47,6 +49,9 @@ class SampleResult:
         self.top_logprobs += out.new_top_logprobs
         self.prompt_tokens, self.completion_tokens = out.prompt_tokens, out.completion_tokens
         self.cached_tokens = out.cached_tokens
+        if out.input_logprobs is not None:
+            self.input_logprobs = out.input_logprobs
+            self.input_top_logprobs = out.input_top_logprobs
         if out.finish_reason is not None:
             self.finish_reason = out.finish_reason.type
             self.matched_stop = out.finish_reason.matched
