@@ -160,6 +160,12 @@ class ScrapeSource:
         self._pool.shutdown(wait=False)
 
 
+def _promql_regex(literal: str) -> str:
+    """``literal`` as an RE2 pattern inside a double-quoted PromQL string, where each of
+    the regex's backslashes must itself be escaped."""
+    return re.escape(literal).replace("\\", "\\\\")
+
+
 class PrometheusSource:
     """One instant query per call to a Prometheus server's HTTP API for the pods' series."""
 
@@ -169,8 +175,8 @@ class PrometheusSource:
 
     def query(self, namespace: str, pods: Sequence[PodTarget]) -> str:
         names = [*GAUGES, *(f"{h}_bucket" for h in HISTOGRAMS)]
-        pod_re = "|".join(re.escape(p.name) for p in pods)
-        names_re = "|".join(re.escape(n) for n in names)
+        pod_re = "|".join(_promql_regex(p.name) for p in pods)
+        names_re = "|".join(_promql_regex(n) for n in names)
         return f'{{__name__=~"{names_re}",namespace="{namespace}",pod=~"{pod_re}"}}'
 
     def read(self, namespace: str, pods: Sequence[PodTarget], now: float) -> list[PodSample]:

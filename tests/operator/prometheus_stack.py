@@ -35,31 +35,23 @@ class Prometheus:
     """``prometheus`` on a free loopback port; ``targets`` is job -> [(host:port, pod)].
     Each target carries the labels a PodMonitor attaches (``namespace``, ``pod``)."""
 
-    def __init__(self, targets: dict[str, list[tuple[str, str]]], workdir: Path) -> None:
+    def __init__(
+        self, targets: dict[str, list[tuple[str, str]]], workdir: Path, namespace: str = NAMESPACE
+    ) -> None:
         assert PROMETHEUS is not None
+        self.namespace = namespace
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        jobs = [
-            {
-                "job_name": job,
-                "scrape_interval": "1s",
-                "honor_labels": job == "operator",  # the autoscaler's own namespace label
-                "static_configs": [
-                    {"targets": [addr], "labels": {"namespace": NAMESPACE, "pod": pod}}
-                    for addr, pod in endpoints
-                ],
-            }
-            for job, endpoints in targets.items()
-        ]
-        config = workdir / "prometheus.yml"
-        config.write_text(yaml.safe_dump({"scrape_configs": jobs}))
+        self.config = workdir / "prometheus.yml"
+        self._write(targets)
         self.log = workdir / "prometheus.log"
         self.proc = subprocess.Popen(
             [
                 PROMETHEUS,
-                f"--config.file={config}",
+                f"--config.file={self.config}",
                 f"--storage.tsdb.path={workdir / 'tsdb'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
+                "--web.enable-lifecycle",  # POST /-/reload after retarget()
                 "--log.level=warn",
             ],
             stdout=self.log.open("w"),
@@ -75,6 +67,26 @@ class Prometheus:
             time.sleep(0.2)
         self.stop()
         raise RuntimeError(f"prometheus did not start: {self.log.read_text()[-2000:]}")
+
+    def _write(self, targets: dict[str, list[tuple[str, str]]]) -> None:
+        jobs = [
+            {
+                "job_name": job,
+                "scrape_interval": "1s",
+                "honor_labels": job == "operator",  # the autoscaler's own namespace label
+                "static_configs": [
+                    {"targets": [addr], "labels": {"namespace": self.namespace, "pod": pod}}
+                    for addr, pod in endpoints
+                ],
+            }
+            for job, endpoints in targets.items()
+        ]
+        self.config.write_text(yaml.safe_dump({"scrape_configs": jobs}))
+
+    def retarget(self, targets: dict[str, list[tuple[str, str]]]) -> None:
+        """New scrape targets, live (what a PodMonitor's discovery does as pods come and go)."""
+        self._write(targets)
+        httpx.post(f"{self.url}/-/reload", timeout=10).raise_for_status()
 
     def wait_scraped(self, jobs: int, timeout: float = 30) -> None:
         """Until every target of ``jobs`` jobs is up."""
