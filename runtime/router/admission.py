@@ -16,7 +16,8 @@ __all__ = ["Admission"]
 
 
 class Admission:
-    """``async with admission.slot():`` holds one of ``max_concurrent`` slots.
+    """``async with admission.slot():`` (or ``await acquire()`` ... ``release()``) holds one
+    of ``max_concurrent`` slots.
 
     When all are taken the request waits in a FIFO of at most ``max_queued``; a full queue
     or a wait past ``queue_timeout_s`` raises ``RequestError(429)`` with ``Retry-After``.
@@ -39,13 +40,15 @@ class Admission:
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
-        await self._acquire()
+        await self.acquire()
         try:
             yield
         finally:
-            self._release()
+            self.release()
 
-    async def _acquire(self) -> None:
+    async def acquire(self) -> None:
+        """Take a slot, waiting in the queue when none is free; each needs one
+        :meth:`release`."""
         if self.active < self.config.max_concurrent and not self._waiters:
             self.active += 1
             return
@@ -65,7 +68,7 @@ class Admission:
         except (TimeoutError, asyncio.CancelledError) as err:
             if waiter.done() and not waiter.cancelled():
                 # the slot was handed over just as we gave up: pass it on
-                self._release()
+                self.release()
             else:
                 waiter.cancel()
                 self._discard(waiter)
@@ -84,7 +87,8 @@ class Admission:
         with suppress(ValueError):
             self._waiters.remove(waiter)
 
-    def _release(self) -> None:
+    def release(self) -> None:
+        """Give a slot back: to the oldest waiter, else to the pool."""
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():

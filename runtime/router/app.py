@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import uuid
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote
@@ -36,13 +36,18 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return web.json_response(error_body(status, message), status=status, headers=headers)
 
 
+def _new_request_id() -> str:
+    """32 hex digits, like a uuid4's: an identifier, not a secret (no urandom syscall)."""
+    return f"{random.getrandbits(128):032x}"
+
+
 def _guard(api_key: str | None) -> Any:
     expected = f"Bearer {api_key}".encode() if api_key else None
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         """Request id, API key (every path but /health and /metrics), RequestError -> JSON."""
-        rid = request.headers.get(REQUEST_ID) or uuid.uuid4().hex
+        rid = request.headers.get(REQUEST_ID) or _new_request_id()
         request[REQUEST_ID] = rid
         if expected is not None and request.path not in _OPEN_PATHS:
             given = request.headers.get("Authorization", "").encode()

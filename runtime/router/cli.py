@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import importlib
 import logging
 import signal
@@ -11,6 +12,7 @@ import sys
 from typing import Any
 
 import aiohttp
+import prometheus_client
 from aiohttp import web
 
 from kvflow.runtime.router.app import create_app
@@ -27,6 +29,10 @@ __all__ = ["StartupError", "main", "serve"]
 log = logging.getLogger("kvflow.router")
 
 _KUBE_DISCOVERY = "kvflow.runtime.router.discovery.kube"
+# The youngest generation is collected after this many net allocations (Python's default:
+# 700). At 700, generation-0 collections cost ~30 us of CPU per proxied stream (measured
+# with gc.callbacks, 32 streams); reference counting frees most per-request garbage anyway.
+_GC_GEN0_THRESHOLD = 20_000
 
 
 def _new_session(config: RouterConfig) -> aiohttp.ClientSession:
@@ -40,6 +46,9 @@ def _new_session(config: RouterConfig) -> aiohttp.ClientSession:
 
 async def serve(config: RouterConfig, stop: asyncio.Event | None = None) -> None:
     """Run the router until ``stop`` is set (or SIGTERM/SIGINT when not given)."""
+    # No `_created` series (a start timestamp per counter/histogram child): Prometheus
+    # does not need them. The switch is process-wide; this process is the router.
+    prometheus_client.disable_created_metrics()
     metrics = RouterMetrics()
     registry = WorkerRegistry(config.breaker, metrics)
     for spec in static_specs(config):
@@ -76,6 +85,7 @@ async def serve(config: RouterConfig, stop: asyncio.Event | None = None) -> None
                 ) from err
         health.start()
         await web.TCPSite(runner, config.host, config.port, backlog=4096).start()
+        _settle_gc()
         log.info(
             "kvflow router on http://%s:%d, policy %s, %d static workers%s",
             config.host,
@@ -94,6 +104,15 @@ async def serve(config: RouterConfig, stop: asyncio.Event | None = None) -> None
         await session.close()
 
 
+def _settle_gc() -> None:
+    """Freeze the startup heap (aiohttp, prometheus_client, the Kubernetes client) out of
+    later collections, and collect the youngest generation less often. Process-wide."""
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(_GC_GEN0_THRESHOLD, older, oldest)
+
+
 class StartupError(RuntimeError):
     """The router cannot start (reported as one line, exit status 1)."""
 
@@ -108,8 +127,19 @@ def _run(coro: Any) -> None:
         runner.run(coro)
 
 
+def _lean_logging() -> None:
+    """The logging HOWTO's optimisations: records skip the caller's frame, thread and
+    process (the router's format shows none of them), a third off the per-request line."""
+    logging._srcfile = None  # type: ignore[attr-defined]
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
+    logging.logAsyncioTasks = False  # type: ignore[attr-defined]  # Python >= 3.12
+
+
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(sys.argv[1:] if argv is None else list(argv))
+    _lean_logging()
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

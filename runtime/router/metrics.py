@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["METRIC_NAMES", "RouterMetrics"]
+__all__ = ["METRIC_NAMES", "RouterMetrics", "WorkerMetrics"]
 
 _LATENCY_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 _LATENCY_BUCKETS += (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -30,8 +32,20 @@ METRIC_NAMES = {
 }
 
 
+@dataclass(frozen=True)
+class WorkerMetrics:
+    """One worker's labelled children, looked up once (``labels()`` costs microseconds)."""
+
+    in_flight: Any
+    ttfb: Any
+    latency: Any
+
+
 class RouterMetrics:
-    """Every collector the router updates; one instance per process (or per test app)."""
+    """Every collector the router updates; one instance per process (or per test app).
+
+    Hot-path updates go through cached children: :meth:`for_worker` and :meth:`count`.
+    """
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
@@ -79,6 +93,21 @@ class RouterMetrics:
         self.latency = histogram(
             "kvflow_router_upstream_latency_seconds", ["worker"], _LATENCY_BUCKETS
         )
+        self._request_counts: dict[tuple[str, str, int], Any] = {}
+
+    def for_worker(self, url: str) -> WorkerMetrics:
+        """``url``'s children of the per-worker series the forwarding path updates."""
+        return WorkerMetrics(
+            self.in_flight.labels(url), self.ttfb.labels(url), self.latency.labels(url)
+        )
+
+    def count(self, route: str, worker: str, status: int) -> None:
+        """One answered request (``kvflow_router_requests_total``)."""
+        key = (route, worker, status)
+        child = self._request_counts.get(key)
+        if child is None:
+            child = self._request_counts[key] = self.requests.labels(route, worker, str(status))
+        child.inc()
 
     def forget_worker(self, url: str) -> None:
         """Drop a removed worker's per-worker gauges (counters and histograms stay)."""

@@ -21,6 +21,7 @@ import time
 
 import aiohttp
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
 from kvflow.runtime.router.admission import Admission
 from kvflow.runtime.router.backoff import RetryBudget
@@ -31,6 +32,7 @@ from kvflow.runtime.router.policies import Policy
 from kvflow.runtime.router.prompt import parse_body, routing_key
 from kvflow.runtime.router.registry import WorkerRegistry
 from kvflow.runtime.router.upstream import Opened, Plan, UpstreamFailure, open_attempt
+from kvflow.runtime.router.worker import Worker
 from kvflow.runtime.wire import RequestError, error_body
 
 __all__ = ["REQUEST_ID", "Forwarder"]
@@ -40,7 +42,6 @@ log = logging.getLogger("kvflow.router")
 REQUEST_ID = "X-Request-Id"
 _PASS_HEADERS = ("Authorization", "Content-Type", "Accept")
 _ANSWER_HEADERS = ("Content-Type", "Content-Encoding", "Retry-After")
-_SIMPLE_ROLES = ("unified", "decode", "prefill")
 
 
 def _sse_error(message: str, status: int = 502) -> bytes:
@@ -69,9 +70,12 @@ class Forwarder:
 
     async def forward(self, request: web.Request, route: str, pairable: bool) -> web.StreamResponse:
         """Answer ``request`` from a worker; ``pairable`` routes may go through PD pairing."""
-        async with self.admission.slot():
+        await self.admission.acquire()
+        try:
             body = await request.read() if request.can_read_body else None
             return await self._forward(request, route, body, pairable)
+        finally:
+            self.admission.release()
 
     def _plan(
         self, route: str, body: bytes | None, payload: dict | None, key: str, tried: set[str]
@@ -90,10 +94,7 @@ class Forwarder:
             decode = least_loaded(decodes)
             data = pd_body(route, payload, prefill, self.config.bootstrap_port)
             return Plan(decode, data, prefill)
-        role = next(
-            (r for r in _SIMPLE_ROLES if any(w.role == r for w in self.registry.all())),
-            "unified",
-        )
+        role = self.registry.main_role()
         candidates = self.registry.available(role, exclude)
         if not candidates:
             if tried:
@@ -117,31 +118,42 @@ class Forwarder:
         if body is not None and pairable and (self.policy.needs_key or self.registry.has_pd()):
             payload = parse_body(body)
             key = routing_key(route, payload)
+        timeout_s = self.config.admission.request_timeout_s
+        try:
+            # one deadline for the whole request: attempts, backoff and the relay
+            async with asyncio.timeout(timeout_s) as deadline:
+                return await self._attempts(request, route, body, payload, key, deadline)
+        except TimeoutError:
+            raise RequestError(504, f"request timeout ({timeout_s:g}s)") from None
+
+    async def _attempts(
+        self,
+        request: web.Request,
+        route: str,
+        body: bytes | None,
+        payload: dict | None,
+        key: str,
+        deadline: asyncio.Timeout,
+    ) -> web.StreamResponse:
         rid = request[REQUEST_ID]
-        headers = {h: request.headers[h] for h in _PASS_HEADERS if h in request.headers}
+        given = request.headers
+        headers = {h: given[h] for h in _PASS_HEADERS if h in given}
         headers[REQUEST_ID] = rid
-        deadline = time.monotonic() + self.config.admission.request_timeout_s
         budget = RetryBudget(self.config.retry)
         tried: set[str] = set()
         last: UpstreamFailure | None = None
         while (plan := self._plan(route, body, payload, key, tried)) is not None:
             plan.worker.begin()
             try:
-                try:
-                    async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                        opened = await open_attempt(
-                            self.session, request.method, request.path, plan, headers
-                        )
-                except TimeoutError:
-                    raise RequestError(
-                        504, f"request timeout ({self.config.admission.request_timeout_s:g}s)"
-                    ) from None
+                opened = await open_attempt(
+                    self.session, request.method, request.path, plan, headers
+                )
                 if opened.response.status >= 500:
                     raise await _status_failure(plan, opened)
                 return await self._relay(request, route, plan, opened, deadline, len(tried))
             except UpstreamFailure as failure:
                 last = failure
-                self._count(route, failure.worker.url, failure.status)
+                self.metrics.count(route, failure.worker.url, failure.status)
                 if not failure.retryable:
                     return _failure_response(failure, rid)
                 failure.worker.breaker.record_failure()
@@ -167,9 +179,11 @@ class Forwarder:
         route: str,
         plan: Plan,
         opened: Opened,
-        deadline: float,
+        deadline: asyncio.Timeout,
         retries: int,
     ) -> web.StreamResponse:
+        """Answer with the opened response. Past the request's ``deadline`` before anything
+        was sent, the caller answers 504; once streaming, the stream ends with an error."""
         upstream, worker = opened.response, plan.worker
         answer = {h: upstream.headers[h] for h in _ANSWER_HEADERS if h in upstream.headers}
         answer[REQUEST_ID] = request[REQUEST_ID]
@@ -177,22 +191,23 @@ class Forwarder:
         out: web.StreamResponse | None = None
         error = ""
         try:
-            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                if not sse and upstream.content_length is not None:
-                    data = await upstream.read()
-                    if opened.prefill is not None:  # PD: a failed prefill fails the request
-                        await asyncio.wait([opened.prefill])
-                        if (failure := _prefill_failure(opened)) is not None:
-                            raise failure
-                    self.metrics.ttfb.labels(worker.url).observe(time.monotonic() - opened.sent_at)
-                    self._done(request, route, plan, upstream.status, opened, retries)
-                    return web.Response(status=upstream.status, body=data, headers=answer)
-                out = web.StreamResponse(status=upstream.status, headers=answer)
-                await out.prepare(request)
-                error = await self._pump(worker.url, upstream, out, opened)
-        except TimeoutError:
-            if out is None:
-                raise RequestError(504, "request timeout") from None
+            if not sse and upstream.content_length is not None:
+                data = await upstream.read()
+                if opened.prefill is not None:  # PD: a failed prefill fails the request
+                    await asyncio.wait([opened.prefill])
+                    if (failure := _prefill_failure(opened)) is not None:
+                        raise failure
+                worker.observe_ttfb(time.monotonic() - opened.sent_at)
+                self._done(request, route, plan, upstream.status, opened, retries)
+                return web.Response(status=upstream.status, body=data, headers=answer)
+            out = _Streamed(status=upstream.status, headers=answer)
+            writer = await out.prepare(request)
+            assert writer is not None
+            error = await _pump(worker, upstream, out, writer, opened)
+        except asyncio.CancelledError:
+            if out is None or not deadline.expired():
+                raise  # the client left, or the caller answers 504
+            # the deadline passed mid-stream: end the stream with an error event (below)
             error = f"request timeout ({self.config.admission.request_timeout_s:g}s)"
         except ConnectionResetError:  # the client went away (aiohttp's error is both kinds)
             self._done(request, route, plan, 499, opened, retries, ok=False)
@@ -221,32 +236,8 @@ class Forwarder:
             self._done(request, route, plan, upstream.status, opened, retries, ok=False)
         else:
             self._done(request, route, plan, upstream.status, opened, retries)
-        await out.write_eof()
+        await out.write_eof()  # a no-op when the pump already ended the body
         return out
-
-    async def _pump(
-        self, url: str, upstream: aiohttp.ClientResponse, out: web.StreamResponse, opened: Opened
-    ) -> str:
-        """Copy the body chunk by chunk; the error text if the upstream broke off.
-
-        Only reads are guarded here: a failed write (client gone) propagates.
-        """
-        chunks = upstream.content.iter_any().__aiter__()
-        first = True
-        while True:
-            try:
-                chunk = await chunks.__anext__()
-            except StopAsyncIteration:
-                return ""
-            except aiohttp.ClientError as err:
-                failure = _prefill_failure(opened)
-                if failure is not None:
-                    return failure.message
-                return f"upstream broke off: {type(err).__name__} {err}".strip()
-            if first:
-                self.metrics.ttfb.labels(url).observe(time.monotonic() - opened.sent_at)
-                first = False
-            await out.write(chunk)
 
     def _done(
         self,
@@ -262,8 +253,8 @@ class Forwarder:
         if ok and status < 500:
             worker.breaker.record_success()
         elapsed = time.monotonic() - opened.sent_at
-        self.metrics.latency.labels(worker.url).observe(elapsed)
-        self._count(route, worker.url, status)
+        worker.observe_latency(elapsed)
+        self.metrics.count(route, worker.url, status)
         log.info(
             "rid=%s %s -> %s%s status=%d %.1fms retries=%d",
             request[REQUEST_ID],
@@ -275,8 +266,65 @@ class Forwarder:
             retries,
         )
 
-    def _count(self, route: str, worker: str, status: int) -> None:
-        self.metrics.requests.labels(route, worker, str(status)).inc()
+
+class _Streamed(web.StreamResponse):
+    """A relayed stream whose status line and headers may wait for the first body chunk.
+
+    :func:`_pump` sends them together with the first chunk when that chunk is already at
+    hand, or alone at once when it is not (the client never waits for headers on our
+    account). aiohttp before 3.12 ignores the attribute and sends headers at ``prepare``.
+    """
+
+    _send_headers_immediately = False
+
+
+async def _pump(
+    worker: Worker,
+    upstream: aiohttp.ClientResponse,
+    out: web.StreamResponse,
+    writer: AbstractStreamWriter,
+    opened: Opened,
+) -> str:
+    """Copy the body chunk by chunk, as it comes; the error text if the upstream broke off.
+
+    Writes are coalesced only with what already arrived, never delayed: the headers go out
+    with the first chunk when it came with them, the body's end with the last chunk when
+    the upstream's end came with it. Only reads are guarded here: a failed write (client
+    gone) propagates.
+    """
+    content = upstream.content
+    try:
+        chunk = content.read_nowait()
+    except aiohttp.ClientError as err:
+        return _broke_off(opened, err)
+    if not chunk:
+        send_headers = getattr(writer, "send_headers", None)  # aiohttp >= 3.12
+        if send_headers is not None:
+            send_headers()
+    first = True
+    while True:
+        if not chunk:
+            try:
+                chunk = await content.readany()
+            except aiohttp.ClientError as err:
+                return _broke_off(opened, err)
+            if not chunk:
+                return ""
+        if first:
+            worker.observe_ttfb(time.monotonic() - opened.sent_at)
+            first = False
+        if content.at_eof():
+            await out.write_eof(chunk)
+            return ""
+        await writer.write(chunk)
+        chunk = b""
+
+
+def _broke_off(opened: Opened, err: Exception) -> str:
+    failure = _prefill_failure(opened)
+    if failure is not None:
+        return failure.message
+    return f"upstream broke off: {type(err).__name__} {err}".strip()
 
 
 def _prefill_failure(opened: Opened) -> UpstreamFailure | None:

@@ -15,6 +15,8 @@ __all__ = ["WorkerRegistry"]
 
 log = logging.getLogger("kvflow.router")
 
+_SIMPLE_ROLES = ("unified", "decode", "prefill")  # main_role's order of preference
+
 
 class WorkerRegistry:
     """Workers by URL, with their breakers wired to the metrics.
@@ -28,6 +30,8 @@ class WorkerRegistry:
         self.metrics = metrics
         self._workers: dict[str, Worker] = {}
         self._sorted: list[Worker] = []
+        self._pd = False
+        self._main_role = "unified"
         self._remove_listeners: list[Callable[[str], None]] = []
 
     # -- WorkerSink --------------------------------------------------------------------
@@ -42,6 +46,7 @@ class WorkerRegistry:
                     spec.bootstrap_port,
                 )
                 known.spec = spec
+                self._changed()
             return
         url = spec.url
 
@@ -52,21 +57,28 @@ class WorkerRegistry:
 
         worker = Worker(spec, CircuitBreaker(self._breaker_config, on_transition=on_transition))
         self._workers[url] = worker
-        self._sorted = sorted(self._workers.values(), key=lambda w: w.url)
+        self._changed()
         self.metrics.breaker_state.labels(url).set(0)
         self.metrics.healthy.labels(url).set(1)
-        worker.in_flight_gauge = self.metrics.in_flight.labels(url)
-        worker.in_flight_gauge.set(0)
+        worker.metrics = self.metrics.for_worker(url)
+        worker.metrics.in_flight.set(0)
         log.info("worker %s added (role %s)", url, spec.role)
 
     def remove(self, url: str) -> None:
         if self._workers.pop(url, None) is None:
             return
-        self._sorted = sorted(self._workers.values(), key=lambda w: w.url)
+        self._changed()
         self.metrics.forget_worker(url)
         for listener in self._remove_listeners:
             listener(url)
         log.info("worker %s removed", url)
+
+    def _changed(self) -> None:
+        """Recompute what requests read on every call from the current worker set."""
+        self._sorted = sorted(self._workers.values(), key=lambda w: w.url)
+        self._pd = any(w.role != "unified" for w in self._sorted)
+        roles = {w.role for w in self._sorted}
+        self._main_role = next((r for r in _SIMPLE_ROLES if r in roles), "unified")
 
     # -- queries -----------------------------------------------------------------------
     def on_remove(self, listener: Callable[[str], None]) -> None:
@@ -81,7 +93,12 @@ class WorkerRegistry:
 
     def has_pd(self) -> bool:
         """Whether any prefill or decode worker is known: requests then go through PD pairing."""
-        return any(w.role != "unified" for w in self._sorted)
+        return self._pd
+
+    def main_role(self) -> str:
+        """The role plain (unpaired) requests go to: ``unified`` when any such worker is
+        known, else ``decode``, else ``prefill``."""
+        return self._main_role
 
     def available(self, role: str, exclude: frozenset[str] = frozenset()) -> list[Worker]:
         return [w for w in self._sorted if w.role == role and w.available and w.url not in exclude]

@@ -73,7 +73,7 @@ async def _send(
     headers: dict[str, str],
 ) -> aiohttp.ClientResponse:
     try:
-        return await session.request(method, worker.url + path, data=body, headers=headers)
+        return await session.request(method, worker.target(path), data=body, headers=headers)
     except _NETWORK_ERRORS as err:
         raise UpstreamFailure(worker, f"{worker.url}: {type(err).__name__} {err}".strip()) from err
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
+from yarl import URL
+
 from kvflow.runtime.router.breaker import CircuitBreaker
 from kvflow.runtime.router.discovery import WorkerSpec
+from kvflow.runtime.router.metrics import WorkerMetrics
 
 __all__ = ["Worker"]
 
@@ -29,19 +32,39 @@ class Worker:
         self.in_flight = 0
         self.reported_load: int | None = None
         self._external_load = 0
-        self.in_flight_gauge: Any = None  # a prometheus child, set by the registry
+        self.metrics: WorkerMetrics | None = None  # prometheus children, set by the registry
+        self._targets: dict[str, URL] = {}
 
     def begin(self) -> None:
         """A request to this worker went out."""
         self.in_flight += 1
-        if self.in_flight_gauge is not None:
-            self.in_flight_gauge.inc()
+        if self.metrics is not None:
+            self.metrics.in_flight.inc()
 
     def end(self) -> None:
         """That request is over (answered, failed or abandoned)."""
         self.in_flight -= 1
-        if self.in_flight_gauge is not None:
-            self.in_flight_gauge.dec()
+        if self.metrics is not None:
+            self.metrics.in_flight.dec()
+
+    def observe_ttfb(self, seconds: float) -> None:
+        """Request sent to the first body byte (``kvflow_router_upstream_ttfb_seconds``)."""
+        if self.metrics is not None:
+            self.metrics.ttfb.observe(seconds)
+
+    def observe_latency(self, seconds: float) -> None:
+        """Request sent to the last byte (``kvflow_router_upstream_latency_seconds``)."""
+        if self.metrics is not None:
+            self.metrics.latency.observe(seconds)
+
+    def target(self, path: str) -> URL:
+        """``url + path`` as a parsed URL, built once per path (the client skips parsing)."""
+        url = self._targets.get(path)
+        if url is None:
+            if len(self._targets) >= 64:  # paths come from the router's fixed routes
+                self._targets.clear()
+            url = self._targets[path] = URL(self.spec.url + path)
+        return url
 
     @property
     def url(self) -> str:

@@ -1,10 +1,10 @@
-"""A stand-in worker that records what it receives, for PD mode only.
+"""A stand-in worker that records what it receives, for what real workers cannot show.
 
-It checks what real workers cannot show: the exact body each side of a PD pair receives,
-and a prefill that fails on command (4xx, 5xx) at a chosen moment. It records every body
-and answers like a kvflow worker (JSON or SSE). Real prefill/decode workers behind the
-router are tested in tests/pd; everything else in tests/router runs against real
-``kvflow serve`` workers.
+It checks: the exact body each side of a PD pair receives, a prefill that fails on command
+(4xx, 5xx) at a chosen moment, and a stream whose headers come long before its first
+event (when the router sends headers). It records every body and answers like a kvflow
+worker (JSON or SSE). Real prefill/decode workers behind the router are tested in
+tests/pd; everything else in tests/router runs against real ``kvflow serve`` workers.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class FakeWorker:
         self.url = f"http://127.0.0.1:{self.port}"
         self.bodies: list[dict[str, Any]] = []
         self.fail_status: int | None = None  # answer generation requests with this status
+        self.first_event_delay_s = 0.0  # a stream's headers go out, its first event this late
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -68,6 +69,7 @@ class FakeWorker:
             return web.json_response({"text": f"from {self.name}", "worker": self.name})
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(request)
+        await asyncio.sleep(self.first_event_delay_s)
         for piece in ("from ", self.name):
             await out.write(f"data: {json.dumps({'text': piece})}\n\n".encode())
             await asyncio.sleep(0.01)

@@ -38,6 +38,31 @@ def test_prefix_tree_matches_longest_prefix_and_splits_edges():
     assert tree.match("hello").ratio == 1.0
 
 
+def _common_prefix(a: str, b: str) -> int:
+    """The reference: compare character by character."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_prefix_tree_match_is_the_longest_common_prefix_with_any_inserted_key(seed):
+    # Small alphabets make long shared runs and splits at every depth; token-id keys use
+    # characters past the BMP (see prompt.py).
+    rng = random.Random(seed)
+    alphabet = "ab" if seed % 2 else "abc\x00\U000f0001\U0010fffd"
+    tree, inserted = PrefixTree(max_size=10**6), [""]
+    for _ in range(300):
+        key = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
+        expected = max(_common_prefix(key, k) for k in inserted)
+        assert tree.match(key).matched == expected, (key, inserted)
+        if rng.random() < 0.5:
+            tree.insert(key)
+            inserted.append(key)
+    assert tree.size <= sum(len(k) for k in inserted)
+
+
 def test_prefix_tree_evicts_least_recently_used_leaves_within_bound():
     tree = PrefixTree(max_size=100)
     tree.insert("a" * 40)

@@ -39,11 +39,24 @@ class PrefixMatch(NamedTuple):
         return self.matched / self.total if self.total else 0.0
 
 
-def _common(a: str, b: str, limit: int) -> int:
-    i = 0
-    while i < limit and a[i] == b[i]:
-        i += 1
-    return i
+def _shared(label: str, key: str, pos: int) -> int:
+    """Length of the common prefix of ``label`` and ``key[pos:]``.
+
+    Comparisons run in C (``str.startswith`` with an offset): a whole edge at once, which is
+    the common case along a cached path, else a binary search for where they part, copying
+    at most ``len(label)`` characters in all. A character-by-character Python loop cost
+    ~0.6 ms per 1,200-character prompt over four trees.
+    """
+    if key.startswith(label, pos):
+        return len(label)
+    lo, hi = 0, min(len(label), len(key) - pos)  # label[:lo] matches; the answer is <= hi
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if key.startswith(label[lo:mid], pos + lo):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 class PrefixTree:
@@ -69,7 +82,7 @@ class PrefixTree:
             child = node.children.get(key[pos])
             if child is None:
                 break
-            shared = _common(child.label, key[pos:], min(len(child.label), len(key) - pos))
+            shared = _shared(child.label, key, pos)
             child.last_used = self._clock
             pos += shared
             if shared < len(child.label):
@@ -87,8 +100,7 @@ class PrefixTree:
                 node.children[key[pos]] = _Node(key[pos:], node, self._clock)
                 self.size += len(key) - pos
                 break
-            rest = key[pos:]
-            shared = _common(child.label, rest, min(len(child.label), len(rest)))
+            shared = _shared(child.label, key, pos)
             child.last_used = self._clock
             if shared < len(child.label):
                 # split: node -> middle(label[:shared]) -> child(label[shared:])
