@@ -122,8 +122,10 @@ def test_chart_operator_pod_is_admitted(kube: Kube, restricted_ns: str) -> None:
     rendered = kube.helm(
         "template", "psa", str(CHART), "--namespace", restricted_ns, "--set", "crds.install=false"
     ).stdout
-    (deployment,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment"]
-    kube.apply(deployment)
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    # the pod's ServiceAccount with it (a missing one would stop the pod before admission)
+    kube.apply([d for d in docs if d["kind"] in ("ServiceAccount", "Deployment")])
     selector = ",".join(
         f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items()
     )

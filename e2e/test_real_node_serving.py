@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.chart_release import install_operator_chart
 from e2e.k8s import Kube
 from e2e.k8s.ports import free_ports
 from e2e.k8s.realnode import (
@@ -46,9 +47,7 @@ from kvflow.operator.paths import CACHE_DIR
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[1]
-CHART = REPO / "charts" / "kvflow-operator"
 EXAMPLE = REPO / "examples" / "unified-embedded.yaml"
-CRD_NAME = "modeldeployments.kvflow.dev"
 SEEDED = ("models", "cpu-kernels")  # subfolders of the kvflow cache the pods get
 FIRST_ANSWER_TARGET_S = 60.0
 
@@ -73,20 +72,6 @@ def seed_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree(library.parent, seed / "cpu-kernels" / library.parent.name)
     _chmod_readable(seed)
     return seed
-
-
-def _adopt_crd(kube: Kube, release: str, namespace: str) -> list[str]:
-    """Let this release own a CRD installed earlier in the session (kubectl or another
-    release), as docs/operator.md describes; returns the extra helm flags."""
-    existing = kube.kubectl("get", "crd", CRD_NAME, "--ignore-not-found", "-o", "name").stdout
-    if not existing.strip():
-        return []
-    kube.kubectl("label", "crd", CRD_NAME, "--overwrite", "app.kubernetes.io/managed-by=Helm")
-    kube.kubectl(
-        "annotate", "crd", CRD_NAME, "--overwrite",
-        f"meta.helm.sh/release-name={release}", f"meta.helm.sh/release-namespace={namespace}",
-    )  # fmt: skip
-    return ["--force-conflicts"]
 
 
 @pytest.fixture(scope="module")
@@ -117,15 +102,10 @@ def operator_release(
         "extraVolumeMounts": host.mounts(),
         **real_node_placement(),
     }
-    values_file = tmp_path_factory.mktemp("operator-values") / "values.yaml"
-    values_file.write_text(yaml.safe_dump(values))
-    adopt = _adopt_crd(kube, release, namespace)
-    started = time.monotonic()
-    kube.helm(
-        "install", release, str(CHART), "-n", namespace, "--create-namespace",
-        "-f", str(values_file), *adopt, "--wait", "--timeout", "180s",
-    )  # fmt: skip
-    print(f"helm install (operator pod running): {time.monotonic() - started:.1f}s")
+    seconds = install_operator_chart(
+        kube, release, namespace, values, tmp_path_factory.mktemp("operator-values")
+    )
+    print(f"helm install (operator pod running): {seconds:.1f}s")
     yield {"namespace": namespace, "release": release, "health_port": health_port}
     kube.helm("uninstall", release, "-n", namespace, "--wait", check=False)
     kube.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
