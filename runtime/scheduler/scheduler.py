@@ -96,7 +96,7 @@ class Scheduler:
     def add_request(self, req: Req) -> None:
         """Queue a request; raises ValueError if it can never fit."""
         self.check_fits(req)
-        if req.grammar is not None and not req.grammar.ready:
+        if req.grammar is not None:  # even if compiled: a failed compile aborts it there
             self.grammar_wait.append(req)
         elif self.cache.start_prefetch(req):
             self.storage_wait.append(req)
