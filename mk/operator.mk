@@ -34,8 +34,8 @@ operator-golden: $(STAMP) ## regenerate tests/operator/golden/*.yaml after an in
 	KVFLOW_UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/operator/test_operator_golden.py
 
 .PHONY: operator-cluster-test
-operator-cluster-test: $(STAMP) ## chart and operator tests against a local control plane (prints apply-to-Ready times)
-	$(PY) -m pytest -q -rP e2e/test_chart.py e2e/test_operator.py $(PYTEST_ARGS)
+operator-cluster-test: $(STAMP) ## chart, operator and autoscaler tests against a local control plane (prints apply-to-Ready and scaling times)
+	$(PY) -m pytest -q -rP e2e/test_chart.py e2e/test_operator.py e2e/test_autoscaler.py $(PYTEST_ARGS)
 
 .PHONY: operator-lint
 operator-lint: $(STAMP) ## ruff and mypy on the operator and its tests
