@@ -56,3 +56,13 @@ BENCH_CPU_CONTENTION_ARGS ?=
 .PHONY: bench-cpu-contention
 bench-cpu-contention: $(STAMP) ## CPU decode with a competing busy process: OpenMP vs kernel pool (benchmarks/results/cpu-contention.md)
 	$(PY) benchmarks/bench_cpu_contention.py --out benchmarks/results/cpu-contention.md $(BENCH_CPU_CONTENTION_ARGS)
+
+# HiCache (benchmarks/bench_hicache.py): multi-turn TTFT with the tiers off, L2, L2 + file
+# store, L2 + Mooncake store (a real mooncake_master on loopback), working set ~4x the
+# capped device pool; and a new instance's first-request TTFT against a warm vs an empty
+# store. ~20 minutes on 2 cores. BENCH_HICACHE_ARGS adds flags, e.g. "--parts warm".
+BENCH_HICACHE_ARGS ?=
+
+.PHONY: bench-hicache
+bench-hicache: $(STAMP) ## HiCache tiers: multi-turn TTFT off/L2/L2+file/L2+mooncake, warm start (benchmarks/results/hicache.md)
+	$(PY) benchmarks/bench_hicache.py $(BENCH_HICACHE_ARGS)
