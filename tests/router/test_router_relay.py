@@ -46,6 +46,31 @@ def test_headers_are_not_held_back_for_a_late_first_event(tmp_path):
         worker.stop()
 
 
+def test_each_request_is_logged_with_its_id(tmp_path):
+    # Request lines wait in a buffer for at most logs.FLUSH_INTERVAL_S (0.2 s).
+    worker = FakeWorker("logged")
+    log = tmp_path / "router.log"
+    router = RouterProcess("--worker-urls", worker.url, "--policy", "round_robin", log=log)
+    try:
+        for i in range(3):
+            answer = httpx.post(
+                f"{router.url}/generate",
+                json={"text": "hi"},
+                headers={"X-Request-Id": f"trace-log-{i}"},
+                timeout=30,
+            )
+            assert answer.status_code == 200
+        deadline = time.monotonic() + 5
+        while "rid=trace-log-2 " not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        lines = [line for line in log.read_text().splitlines() if "rid=trace-log-" in line]
+        assert len(lines) == 3 and all(" INFO kvflow.router: " in line for line in lines)
+        assert "/generate -> " + worker.url in lines[0] and "status=200" in lines[0]
+    finally:
+        router.stop()
+        worker.stop()
+
+
 def test_metrics_have_no_created_series(tmp_path):
     worker = FakeWorker("plain")
     router = RouterProcess(
