@@ -7,7 +7,7 @@ import json
 import sys
 
 import sglang as sgl
-from programs_schema import SCHEMA, SHARED
+from programs_schema import CITIES, CITY_QUESTION, SCHEMA, SHARED
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
 
 
@@ -41,6 +41,14 @@ def fork_join(s):
     s["metas"] = json.dumps([f.get_meta_info("fact") for f in forks])
 
 
+@sgl.function
+def choose(s):
+    s += CITY_QUESTION
+    s += sgl.select("city", choices=CITIES)
+    s += "\nQ: Is the sky green?\nA:"
+    s += sgl.select("answer", choices=[" Yes", " No"])
+
+
 def run(program: str) -> dict:
     if program == "qa":
         state = qa.run(question="What is the capital of France?")
@@ -64,6 +72,15 @@ def run(program: str) -> dict:
             "facts": [json.loads(state["metas"])],
             "text": state.text(),
             "summary": state["summary"],
+        }
+    if program == "select":
+        state = choose.run()
+        return {
+            "text": state.text(),
+            "city": state["city"],
+            "answer": state["answer"],
+            "city_meta": state.get_meta_info("city"),
+            "answer_meta": state.get_meta_info("answer"),
         }
     raise SystemExit(f"unknown program {program!r}")
 

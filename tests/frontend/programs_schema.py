@@ -10,3 +10,5 @@ SCHEMA = {
     "required": ["city", "population"],
     "additionalProperties": False,
 }
+CITY_QUESTION = "Q: What is the capital of France?\nA: The capital of France is"
+CITIES = [" Paris.", " Berlin.", " a large city in Europe."]

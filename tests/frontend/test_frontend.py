@@ -1,6 +1,7 @@
 """SGLang's frontend language (sglang 0.5.23, ``RuntimeEndpoint``) runs unchanged against
 ``kvflow serve``: gen with roles, batches and streaming, regex / int / JSON-schema constrained
-gen, fork/join sharing the prefix in kvflow's radix cache. The programs are in programs.py,
+gen, select (scored by kvflow's prompt logprobs), fork/join sharing the prefix in kvflow's
+radix cache. The programs are in programs.py,
 run by the sglang venv's python; their results are checked against kvflow's own API."""
 
 from __future__ import annotations
@@ -73,6 +74,32 @@ def test_fork_branches_share_the_prefix(sglang_python, frontend_server):
     # whichever branch ran second (or both, after the fork's commit) reused the shared prefix
     assert max(m["cached_tokens"] for m in metas) >= shared_tokens["prompt_tokens"] - 1
     assert "First:" in out["text"] and "Second:" in out["text"] and out["summary"]
+
+
+def test_select_picks_the_choice_kvflow_scores_highest(sglang_python, frontend_server):
+    from programs_schema import CITIES, CITY_QUESTION
+
+    out = _run(sglang_python, frontend_server, "select")
+    meta = out["city_meta"]
+    scores = meta["normalized_prompt_logprobs"]
+    assert out["city"] == CITIES[scores.index(max(scores))] == " Paris."
+    assert out["answer"] in (" Yes", " No")
+    # the scores are kvflow's own prompt logprobs of each choice (token length normalized)
+    prompt_len = _generate(frontend_server, CITY_QUESTION, max_new_tokens=0)["meta_info"][
+        "prompt_tokens"
+    ]
+    for choice, reported, score in zip(CITIES, meta["input_token_logprobs"], scores, strict=True):
+        body = {
+            "text": CITY_QUESTION + choice,
+            "sampling_params": {"max_new_tokens": 0},
+            "return_logprob": True,
+            "return_text_in_logprobs": True,
+            "logprob_start_len": prompt_len - 2,
+        }
+        ours = httpx.post(f"{frontend_server.url}/generate", json=body, timeout=60).json()
+        entries = ours["meta_info"]["input_token_logprobs"]
+        assert entries[-len(reported) :] == reported  # the frontend drops a healed token
+        assert score == pytest.approx(sum(e[0] for e in reported) / len(reported), abs=1e-6)
 
 
 @pytest.mark.parametrize(
