@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from .. import names
+from ..kube import ApiFailure
 from ..parse import parse_model_deployment
 from ..spec import ModelDeployment, SpecError, WorkerRole
 from .collector import Collector, PrometheusSource, ScrapeSource, Source
@@ -105,7 +106,12 @@ class Autoscaler(threading.Thread):
         done: list[tuple[str, str, str, Decision]] = []
         seen: set[tuple[str, str, str]] = set()
         for namespace in self._namespaces:
-            for body in self._api.list_model_deployments(namespace):
+            try:
+                bodies = self._api.list_model_deployments(namespace)
+            except ApiFailure as exc:
+                log.warning("autoscaler: cannot list ModelDeployments: %s", exc.message)
+                continue
+            for body in bodies:
                 if self._stopped.is_set():
                     return done
                 meta = body["metadata"]
@@ -120,7 +126,11 @@ class Autoscaler(threading.Thread):
                         continue
                     key = (md.namespace, md.name, worker.role)
                     seen.add(key)
-                    decision = self._scale(md, body.get("status") or {}, worker, key, now)
+                    try:
+                        decision = self._scale(md, body.get("status") or {}, worker, key, now)
+                    except ApiFailure as exc:  # this role waits for the next tick
+                        log.warning("autoscaler: %s/%s: %s", md.namespace, md.name, exc.message)
+                        continue
                     done.append((*key, decision))
         for key in [k for k in self._states if k not in seen]:
             del self._states[key]
