@@ -62,6 +62,7 @@ class MooncakeMaster:
     def __init__(self, log: Path, rpc_port: int = 0, metadata_port: int = 0) -> None:
         self.rpc_port = rpc_port or free_port()
         self.metadata_port = metadata_port or free_port()
+        self.metrics_port = free_port()
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
@@ -85,6 +86,11 @@ class MooncakeMaster:
                     "--enable_http_metadata_server=true",
                     "--http_metadata_server_host=127.0.0.1",
                     f"--http_metadata_server_port={self.metadata_port}",
+                    # Its own metrics port: the default 9003 collides with any other master
+                    # running on this machine (the master then exits at start).
+                    "--metrics_host=127.0.0.1",
+                    f"--metrics_port={self.metrics_port}",
+                    "--rpc_address=127.0.0.1",
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
