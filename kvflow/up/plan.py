@@ -204,6 +204,7 @@ def local_plan(
     refusals = _refusals(md, secrets, gpus_here)
     env_by_role = {w.role: _env_values(w.pods, f"spec.{w.role}", refusals) for w in md.workers}
     router_env = _env_values(md.router.pods, "spec.router", refusals)
+    master_env = _env_values(md.mooncake_master.pods, "spec.mooncakeMaster", refusals)
     if refusals:
         raise LocalRefusal(refusals)
 
@@ -235,7 +236,7 @@ def local_plan(
             LocalProcess(
                 "mooncake-master",
                 argv,
-                {},
+                master_env,
                 Health(master.rpc_port),
                 MASTER_START_TIMEOUT_S,
                 stage=0,

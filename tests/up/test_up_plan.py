@@ -82,6 +82,7 @@ def test_same_runtime_options_as_the_operator_at_another_placement(tmp_path: Pat
     rpc = flag(plan.processes[1].argv, "--hicache-storage-path")
     assert rpc == f"127.0.0.1:{master.health.port}" and master.stage == 0
     assert "--rpc_address=127.0.0.1" in master.argv
+    assert master.env == {}  # the spec gives the master no env
     router = plan.processes[-1]
     prefill = plan.processes[1]
     bootstrap = flag(prefill.argv, "--bootstrap-port")
@@ -208,3 +209,15 @@ def test_file_store_is_a_local_directory_and_host_path_models_are_used_in_place(
     body["spec"]["model"]["hostPath"]["path"] = str(tmp_path / "absent")
     with pytest.raises(LocalRefusal, match="is not a folder here"):
         plan_of(body, secrets, state)
+
+
+def test_env_values_reach_their_role(tmp_path: Path) -> None:
+    def env(spec: dict[str, Any]) -> None:
+        spec["prefill"]["env"] = [{"name": "KVFLOW_LOG_LEVEL", "value": "debug"}]
+        spec["mooncakeMaster"] = {"env": [{"name": "GLOG_v", "value": "1"}]}
+
+    body, secrets = edited(DISAGGREGATED, env)
+    by_name = {p.name: p for p in plan_of(body, secrets, tmp_path).processes}
+    assert by_name["prefill-0"].env["KVFLOW_LOG_LEVEL"] == "debug"
+    assert "KVFLOW_LOG_LEVEL" not in by_name["decode-0"].env
+    assert by_name["mooncake-master"].env == {"GLOG_v": "1"}
