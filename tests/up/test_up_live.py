@@ -84,16 +84,7 @@ def test_unified_example_answers_restarts_a_killed_worker_and_stops_clean(tmp_pa
         up.kill()
 
 
-def _hicache_pending() -> bool:
-    """Whether this runtime still refuses the ``--hicache-*`` flags (HiCache, issue 12)."""
-    from kvflow.runtime.server import args
-
-    return "hicache_storage" in getattr(args, "_UNSUPPORTED", ())
-
-
 def test_disaggregated_hicache_example_answers_through_prefill_and_decode(tmp_path):
-    if _hicache_pending():
-        pytest.skip("the runtime refuses --hicache-* until HiCache (issue 12) lands")
     up = UpProcess(REPO / "examples" / "disaggregated-hicache.yaml", free_port(), tmp_path)
     try:
         curl = up.wait_line(r"\[kvflow up\] try: (curl .*)", READY_TIMEOUT_S).group(1)
