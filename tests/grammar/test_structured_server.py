@@ -276,3 +276,45 @@ def test_compile_does_not_stall_other_requests(server):
     )
     assert max(gaps) < 1.0, gaps
     server.wait_idle_and_free()
+
+
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+        "required": ["city"]}  # fmt: skip
+
+
+def test_structural_tags(server, tokenizer):
+    """SGLang's response_format structural_tag (free text until a trigger, then the tag's
+    schema), and xgrammar's own structural tag format through /generate (a forced tag)."""
+    legacy = {
+        "type": "structural_tag",
+        "structures": [{"begin": "The answer: ", "schema": CITY, "end": "."}],
+        "triggers": ["The"],
+    }
+    resp = chat(server, "Where is the Eiffel tower?", response_format=legacy, max_tokens=16)
+    assert resp.status_code == 200, resp.text
+    text = resp.json()["choices"][0]["message"]["content"]
+    match = re.match(r"The answer: (\{.*?\})\.", text)
+    assert match, text  # unconstrained, the model says "The Eiffel Tower is ..."
+    jsonschema.validate(json.loads(match.group(1)), CITY)
+    tag = {
+        "type": "structural_tag",
+        "format": {
+            "type": "tag",
+            "begin": "<answer>",
+            "content": {"type": "json_schema", "json_schema": CITY},
+            "end": "</answer>",
+        },
+    }
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Where is the Eiffel tower?"}],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    resp = generate(server, text=prompt, sampling_params={"structural_tag": json.dumps(tag),
+                                                          "max_new_tokens": 32})  # fmt: skip
+    assert resp.status_code == 200, resp.text
+    out = resp.json()
+    match = re.fullmatch(r"<answer>(.*)</answer>", out["text"], re.S)
+    assert match, out["text"]
+    jsonschema.validate(json.loads(match.group(1)), CITY)
+    assert out["meta_info"]["finish_reason"]["type"] == "stop"
