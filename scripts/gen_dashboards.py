@@ -147,6 +147,89 @@ DASHBOARDS: dict[str, tuple[str, tuple[str, ...], list[tuple[str, str, list[tupl
             ),
         ],
     ),
+    "kvflow-hicache": (
+        "kvflow / HiCache tiers",
+        RUNTIME_VARS,
+        [
+            (
+                "Host tier used",
+                "percentunit",
+                [
+                    (
+                        f"sum by (pod) (sglang:hicache_host_used_tokens{RT}) / "
+                        f"sum by (pod) (sglang:hicache_host_total_tokens{RT})",
+                        "{{pod}}",
+                    ),
+                ],
+            ),
+            (
+                "Prompt tokens found per tier per second",
+                "short",
+                [
+                    (
+                        f"sum by (tier) (rate(kvflow:hicache_hit_tokens_total{RT}{RATE}))",
+                        "{{tier}}",
+                    ),
+                ],
+            ),
+            (
+                "Hit rate per tier",
+                "percentunit",
+                [
+                    (
+                        f"sum by (tier) (rate(kvflow:hicache_hit_tokens_total{RT}{RATE})) / "
+                        f"scalar(sum(rate(sglang:prompt_tokens_total{RT}{RATE})))",
+                        "{{tier}}",
+                    ),
+                ],
+            ),
+            (
+                "Tokens moved between tiers per second",
+                "short",
+                [
+                    (f"sum(rate(sglang:backuped_tokens_total{RT}{RATE}))", "device to host"),
+                    (f"sum(rate(sglang:load_back_tokens_total{RT}{RATE}))", "back to device"),
+                    (
+                        f"sum(rate(sglang:prefetched_tokens_total{RT}{RATE}))",
+                        "prefetched from storage",
+                    ),
+                    (
+                        f"sum(rate(kvflow:hicache_dropped_tokens_total{RT}{RATE}))",
+                        "dropped (no host room)",
+                    ),
+                ],
+            ),
+            (
+                "Storage tier bytes per second",
+                "Bps",
+                [
+                    (f"sum by (op) (rate(kvflow:hicache_storage_bytes_total{RT}{RATE}))", "{{op}}"),
+                ],
+            ),
+            (
+                "Storage tier time per call",
+                "s",
+                [
+                    (
+                        f"sum by (op) (rate(kvflow:hicache_storage_seconds_total{RT}{RATE})) / "
+                        f"sum by (op) (rate(kvflow:hicache_storage_ops_total{RT}{RATE}))",
+                        "{{op}}",
+                    ),
+                ],
+            ),
+            (
+                "Storage errors and prefetch outcomes per second",
+                "short",
+                [
+                    (f"sum(rate(kvflow:hicache_storage_errors_total{RT}{RATE}))", "errors"),
+                    (
+                        f"sum by (outcome) (rate(kvflow:hicache_prefetch_total{RT}{RATE}))",
+                        "prefetch {{outcome}}",
+                    ),
+                ],
+            ),
+        ],
+    ),
     "kvflow-pd": (
         "kvflow / Prefill-decode disaggregation",
         RUNTIME_VARS,

@@ -43,7 +43,12 @@ from router_process import RouterProcess
 from server_process import ServerProcess, free_port
 
 from kvflow.operator.autoscale import ScalePolicy, ScaleState, decide, role_signals
-from kvflow.operator.autoscale.collector import Collector, PodTarget, ScrapeSource
+from kvflow.operator.autoscale.collector import (
+    Collector,
+    PodTarget,
+    PrometheusSource,
+    ScrapeSource,
+)
 from kvflow.operator.autoscale.metrics import AutoscalerMetrics
 
 CHECKED_HERE = ("kvflow-overview", "kvflow-kv-cache", "kvflow-router", "kvflow-autoscaler")
@@ -56,6 +61,7 @@ pytestmark = pytest.mark.skipif(
 class Stack(NamedTuple):
     prometheus: Prometheus
     loaded_at: float  # wall time after the load, when queries are evaluated
+    server_url: str
 
 
 def stream(url: str, prompt: str, tokens: int) -> int:
@@ -143,7 +149,7 @@ def stack(model_path, tmp_path_factory) -> Iterator[Stack]:
             )
         assert statuses.count(200) >= 6 and 429 in statuses, statuses
         time.sleep(4)  # a few scrapes after the last request
-        yield Stack(prometheus, time.time())
+        yield Stack(prometheus, time.time(), server.url)
     finally:
         stop.set()
         if prometheus is not None:
@@ -155,7 +161,7 @@ def stack(model_path, tmp_path_factory) -> Iterator[Stack]:
 
 def test_dashboards_exist_and_each_is_checked_by_a_stack() -> None:
     shipped = {p.stem for p in DASHBOARDS.glob("*.json")}
-    assert shipped == {*CHECKED_HERE, "kvflow-pd"}
+    assert shipped == {*CHECKED_HERE, "kvflow-pd", "kvflow-hicache"}
     assert sum(len(panel_queries(d)) for d in shipped) >= 40
 
 
@@ -175,3 +181,18 @@ def test_a_misspelt_metric_would_be_caught(stack: Stack) -> None:
     expr = fill('sum by (pod) (sglang:num_queue_request{namespace=~"$namespace"})')
     answer = stack.prometheus.query(expr, stack.loaded_at)
     assert answer["status"] == "success" and answer["data"]["result"] == []
+
+
+def test_the_autoscaler_reads_the_same_signals_through_prometheus(stack: Stack) -> None:
+    """``--autoscaler-prometheus-url``: the pod's series, selected by namespace and pod."""
+    source = PrometheusSource(stack.prometheus.url)
+    pods = [PodTarget("serve-unified", "unused"), PodTarget("no-such-pod", "unused")]
+    (sample,) = source.read(NAMESPACE, pods, now=0.0)
+    direct = ScrapeSource().read(NAMESPACE, [PodTarget("serve-unified", stack.server_url)], 0.0)
+    assert sample.pod == "serve-unified"
+    assert sample.queue == direct[0].queue == 0 and sample.running == 0  # idle after the load
+    assert sample.ttft is not None and direct[0].ttft is not None
+    assert sample.ttft.bounds == direct[0].ttft.bounds
+    assert sample.ttft.total == direct[0].ttft.total > 0
+    assert sample.cached_kv == pytest.approx(direct[0].cached_kv)
+    assert source.read("other-namespace", pods, now=0.0) == []
