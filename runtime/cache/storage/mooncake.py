@@ -95,7 +95,7 @@ class MooncakeStore(PageStore):
         self._regions: list[tuple[int, int]] = []  # (address, bytes) to register
         self._local = threading.local()  # per-thread header arena
         self._arenas: list[np.ndarray] = []
-        for key, value in engine_env(config.retry_interval_s).items():
+        for key, value in engine_env(config.retry_interval_s, self.hostname).items():
             os.environ.setdefault(key, value)
         self._connector = threading.Thread(
             target=self._connect_loop, name="mooncake-store-connect", daemon=True
