@@ -7,6 +7,8 @@
 - `real_node` (session): a real node (containerd + kubelet, `e2e.k8s.realnode`) joined to
   the same control plane; tests that ask for it skip, naming what is missing, only when
   the machine cannot run one (`missing_capability()`: not root, packages, cgroups).
+  When a selected test builds the operator image, its cached Debian base (the step that
+  reaches Debian's mirror and PyPI) is built after collection, before any test.
 - `--no-cluster` skips every test marked `cluster`; tests that use `kube` or `real_node`
   (both built on `control_plane`) get the marker automatically. By default (and in CI)
   they run.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -33,10 +36,12 @@ from e2e.k8s import (
 )
 from e2e.k8s.bins import NODE_BINARIES
 from e2e.k8s.realnode import RealNode, missing_capability
+from e2e.k8s.realnode.operator_image import ensure_operator_base, image_builder_missing
 
 __all__: list[str] = []
 
 _RESOLUTION_ERROR = pytest.StashKey[BinaryResolutionError]()
+REPO = Path(__file__).resolve().parents[1]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -73,6 +78,22 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         except BinaryResolutionError as err:
             # Fail the cluster tests (in the `kube` fixture), not the whole session.
             config.stash[_RESOLUTION_ERROR] = err
+        if node and any("operator_image" in names for names in fixtures):
+            _prepare_operator_base(capture)
+
+
+def _prepare_operator_base(capture: object) -> None:
+    """Build (once, cached) the operator image's Debian base, before any test: it is the
+    step that reaches Debian's mirror and PyPI. A failure is left to the test's fixture,
+    which retries it and fails with the cause."""
+    if image_builder_missing() is not None:
+        return
+    manager = getattr(capture, "global_and_fixture_disabled", None)
+    with manager() if manager else contextlib.nullcontext():
+        try:
+            ensure_operator_base(REPO)
+        except Exception as err:  # the fixture reports it
+            print(f"operator image base not built: {err}")
 
 
 @pytest.fixture(scope="session")
