@@ -11,10 +11,11 @@ PYTHON=${PYTHON:-python3}
 # containerd, runc, the CNI plugins, umoci, gcc and libc6-dev: the e2e harness's real node
 # (kubelet + containerd on loopback; its pause image is compiled with gcc -static).
 # prometheus: the dashboard tests evaluate every panel's PromQL against a real one.
+# mmdebstrap: the Debian root of the operator image the e2e tests build without a registry.
 missing=()
 for pkg in libibverbs1 librdmacm1 openssl \
            containerd runc containernetworking-plugins umoci iptables gcc libc6-dev \
-           prometheus; do
+           prometheus mmdebstrap; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
