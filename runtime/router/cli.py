@@ -33,11 +33,19 @@ _KUBE_DISCOVERY = "kvflow.runtime.router.discovery.kube"
 
 
 def _new_session(config: RouterConfig) -> aiohttp.ClientSession:
+    """The pooled client every request, health check and load scrape goes through.
+
+    A proxy's client keeps no cookies (one client's would go out with everybody's
+    requests) and adds no ``Accept-Encoding`` or ``User-Agent`` of its own: the client's
+    ``Accept-Encoding`` is forwarded, and bodies pass through undecoded.
+    """
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
     return aiohttp.ClientSession(
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=None, connect=config.connect_timeout_s),
         auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        skip_auto_headers=("Accept-Encoding", "User-Agent"),
     )
 
 

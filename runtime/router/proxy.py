@@ -40,8 +40,8 @@ __all__ = ["REQUEST_ID", "Forwarder"]
 log = logging.getLogger("kvflow.router")
 
 REQUEST_ID = "X-Request-Id"
-_PASS_HEADERS = ("Authorization", "Content-Type", "Accept")
-_ANSWER_HEADERS = ("Content-Type", "Content-Encoding", "Retry-After")
+_PASS_HEADERS = ("Authorization", "Content-Type", "Accept", "Accept-Encoding")
+_ANSWER_HEADERS = ("Content-Type", "Content-Encoding", "Retry-After", "Location")
 
 
 def _sse_error(message: str, status: int = 502) -> bytes:

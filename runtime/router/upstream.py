@@ -73,7 +73,10 @@ async def _send(
     headers: dict[str, str],
 ) -> aiohttp.ClientResponse:
     try:
-        return await session.request(method, worker.target(path), data=body, headers=headers)
+        # A 3xx goes back to the client as it is: the router does not follow redirects.
+        return await session.request(
+            method, worker.target(path), data=body, headers=headers, allow_redirects=False
+        )
     except _NETWORK_ERRORS as err:
         raise UpstreamFailure(worker, f"{worker.url}: {type(err).__name__} {err}".strip()) from err
 

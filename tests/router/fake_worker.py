@@ -1,8 +1,8 @@
 """A stand-in worker that records what it receives, for what real workers cannot show.
 
 It checks: the exact body each side of a PD pair receives, a prefill that fails on command
-(4xx, 5xx) at a chosen moment, and a stream whose headers come long before its first
-event (when the router sends headers). It records every body and answers like a kvflow
+(4xx, 5xx) at a chosen moment, a stream whose headers come long before its first event
+(when the router sends headers), the headers a request arrives with, and a redirect. It records every body and answers like a kvflow
 worker (JSON or SSE). Real prefill/decode workers behind the router are tested in
 tests/pd; everything else in tests/router runs against real ``kvflow serve`` workers.
 """
@@ -28,6 +28,8 @@ class FakeWorker:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []  # each generation request's headers
+        self.redirect_to: str | None = None  # answer generation requests with a 307 there
         self.fail_status: int | None = None  # answer generation requests with this status
         self.first_event_delay_s = 0.0  # a stream's headers go out, its first event this late
         self._loop = asyncio.new_event_loop()
@@ -60,6 +62,9 @@ class FakeWorker:
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.bodies.append(body)
+        self.headers.append(dict(request.headers))
+        if self.redirect_to is not None:
+            return web.Response(status=307, headers={"Location": self.redirect_to})
         if self.fail_status is not None:
             return web.json_response(
                 {"error": {"message": f"{self.name} refuses", "code": self.fail_status}},

@@ -71,6 +71,30 @@ def test_each_request_is_logged_with_its_id(tmp_path):
         worker.stop()
 
 
+def test_redirects_go_back_and_request_headers_are_the_clients(tmp_path):
+    worker = FakeWorker("plain")
+    router = RouterProcess(
+        "--worker-urls", worker.url, "--policy", "round_robin", log=tmp_path / "router.log"
+    )
+    try:
+        url = f"{router.url}/generate"
+        plain = httpx.post(url, json={"text": "a"}, headers={"Accept-Encoding": ""}, timeout=30)
+        encoded = httpx.post(url, json={"text": "b"}, headers={"Accept-Encoding": "br"}, timeout=30)
+        assert plain.status_code == encoded.status_code == 200
+        seen = [{k.lower(): v for k, v in h.items()} for h in worker.headers]
+        # The client's Accept-Encoding as it is, no router's own; no router User-Agent.
+        assert [h["accept-encoding"] for h in seen] == ["", "br"]
+        assert all("user-agent" not in h for h in seen)
+        worker.redirect_to = "http://elsewhere.invalid/generate"
+        moved = httpx.post(url, json={"text": "c"}, timeout=30)  # httpx does not follow
+        assert moved.status_code == 307
+        assert moved.headers["Location"] == "http://elsewhere.invalid/generate"
+        assert len(worker.bodies) == 3  # the router did not follow it either
+    finally:
+        router.stop()
+        worker.stop()
+
+
 def test_metrics_have_no_created_series(tmp_path):
     worker = FakeWorker("plain")
     router = RouterProcess(
