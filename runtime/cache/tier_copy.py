@@ -159,6 +159,10 @@ class TierCopy:
                     self._layer_pages(layer, kv)[dev_pages] = block[:, layer, kv]
             landed.record()
         compute.wait_event(landed)  # the prefill that reads them is queued after this
-        copy = Copy(landed, lambda: staging)  # keeps the pinned buffer alive until done
+        def release() -> None:  # the pinned buffer must live until the copy has landed
+            nonlocal staging
+            del staging
+
+        copy = Copy(landed, release)
         self._in_flight.append(copy)
         return copy
