@@ -168,6 +168,8 @@ class HiRadixCache(RadixCache):
         if child.page_keys is not None:
             cut = at // self.page_size
             head.page_keys, child.page_keys = child.page_keys[:cut], child.page_keys[cut:]
+        if any(n is child for n in self._to_store):  # both halves still go to storage
+            self._to_store.append(head)
         return head
 
     def load_back(self, match: MatchResult) -> MatchResult:
