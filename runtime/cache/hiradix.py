@@ -106,6 +106,7 @@ class HiRadixCache(RadixCache):
         if hasattr(self, "_roots"):
             self.copier.wait_all()
             if self.storage is not None:  # writes in flight still read host pages
+                self._to_store = []  # not written yet: dropped with the tree
                 self.storage.io.drain(30.0)
                 self.poll()
             for node in self._nodes():
