@@ -23,6 +23,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
+from kvflow.runtime.router import logs
 from kvflow.runtime.router.admission import Admission
 from kvflow.runtime.router.backoff import RetryBudget
 from kvflow.runtime.router.config import RouterConfig
@@ -255,15 +256,10 @@ class Forwarder:
         elapsed = time.monotonic() - opened.sent_at
         worker.observe_latency(elapsed)
         self.metrics.count(route, worker.url, status)
-        log.info(
-            "rid=%s %s -> %s%s status=%d %.1fms retries=%d",
-            request[REQUEST_ID],
-            route,
-            worker.url,
-            f" (prefill {plan.prefill.url})" if plan.prefill else "",
-            status,
-            elapsed * 1e3,
-            retries,
+        paired = f" (prefill {plan.prefill.url})" if plan.prefill else ""
+        logs.request_line(
+            f"rid={request[REQUEST_ID]} {route} -> {worker.url}{paired} status={status} "
+            f"{elapsed * 1e3:.1f}ms retries={retries}"
         )
 
 
