@@ -1,11 +1,11 @@
 """Every query of the overview, KV cache, router and autoscaler dashboards returns data
-from a real Prometheus (the PD dashboard: test_dashboards_prometheus_pd.py).
+from a real Prometheus (PD and HiCache: test_dashboards_prometheus_pd.py, _hicache.py).
 
 The stack, all on loopback: a unified ``kvflow serve`` (at most 2 running requests, so
-requests queue) behind a ``kvflow router`` (cache_aware) with a second, dead worker URL (so retries and
-breaker transitions happen) and a small admission limit (so some requests are refused),
-and the autoscaler's collectors, fed by its real collector and decision against the
-server, served as the operator serves them. Prometheus scrapes all of it every second with
+requests queue) behind a cache_aware ``kvflow router`` with a small admission limit (so
+some requests are refused) and a round_robin one that also lists a dead worker (so retries
+and breaker transitions happen), and the autoscaler's collectors, fed by its real
+collector and decision against the server, served as the operator serves them. Prometheus scrapes all of it every second with
 the labels a PodMonitor attaches. After load through the router, each panel's PromQL, with
 the dashboard variables filled in, must give at least one finite value: no dead panel, no
 misspelt metric or label.
@@ -118,25 +118,35 @@ def stack(model_path, tmp_path_factory) -> Iterator[Stack]:
             "--max-running-requests", "2",
             log=logs / "serve.log",
         )  # fmt: skip
-    router = prometheus = None
+    router = faulty = prometheus = None
     stop = threading.Event()
     try:
-        dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
         router = RouterProcess(
             "--policy", "cache_aware",
-            "--worker-urls", f"{server.url},{dead}",
-            "--health-interval-s", "60",
-            "--breaker-failure-threshold", "1",
+            "--worker-urls", server.url,
             "--max-concurrent", "6",
             "--max-queued", "2",
-            "--retry-initial-backoff-s", "0.01",
             log=logs / "router.log",
+        )  # fmt: skip
+        dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+        # round robin hands the dead worker its turn (its health check fails only once in
+        # the first minute): a connect error, a retry on the server, the breaker opening
+        faulty = RouterProcess(
+            "--policy", "round_robin",
+            "--worker-urls", f"{dead},{server.url}",
+            "--health-interval-s", "60",
+            "--breaker-failure-threshold", "1",
+            "--retry-initial-backoff-s", "0.01",
+            log=logs / "router-faulty.log",
         )  # fmt: skip
         exporter_port = autoscaler_exporter(server, stop)
         prometheus = Prometheus(
             {
                 "runtime": [(server.url.removeprefix("http://"), "serve-unified")],
-                "router": [(router.url.removeprefix("http://"), "router")],
+                "router": [
+                    (router.url.removeprefix("http://"), "router"),
+                    (faulty.url.removeprefix("http://"), "router-faulty"),
+                ],
                 "operator": [(f"127.0.0.1:{exporter_port}", "operator")],
             },
             logs,
@@ -148,14 +158,17 @@ def stack(model_path, tmp_path_factory) -> Iterator[Stack]:
                 pool.map(lambda i: stream(router.url, f"{prefix} story {i % 3}:", 16), range(24))
             )
         assert statuses.count(200) >= 6 and 429 in statuses, statuses
+        faulty_statuses = [stream(faulty.url, f"{prefix} retry {i}:", 4) for i in range(2)]
+        assert faulty_statuses == [200, 200]  # the retry hides the dead worker
         time.sleep(4)  # a few scrapes after the last request
         yield Stack(prometheus, time.time(), server.url)
     finally:
         stop.set()
         if prometheus is not None:
             prometheus.stop()
-        if router is not None:
-            router.stop()
+        for r in (router, faulty):
+            if r is not None:
+                r.stop()
         server.stop()
 
 
