@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -127,7 +128,7 @@ def test_scale_in_waits_for_stabilization_window_and_steps_one_at_a_time():
     sizes = [n for _, n, _ in r.changes]
     assert sizes == [3, 2, 1]
     assert times[0] >= DECODE.scale_down_window_s
-    assert all(b - a >= DECODE.scale_down_cooldown_s for a, b in zip(times, times[1:]))
+    assert all(b - a >= DECODE.scale_down_cooldown_s for a, b in itertools.pairwise(times))
 
 
 def test_hysteresis_band_holds_near_target():
