@@ -1,6 +1,6 @@
 """Router benchmark: ``kvflow router`` vs SGLang's ``sglang-router`` (PyPI, Rust).
 
-    python benchmarks/bench_router.py run [--parts overhead,cache] [--rounds 2]
+    python benchmarks/bench_router.py run [--parts overhead,cache] [--rounds 2] [--baseline REV]
     python benchmarks/bench_router.py report benchmarks/results/router.json [--notes FILE]
 
 ``run`` measures (1) what each router adds in front of a fast streaming load target at 1,
@@ -8,7 +8,9 @@
 output tok/s and the workers' cache hit rate of a shared-prefix workload over 4 real
 ``kvflow serve`` workers under kvflow's ``cache_aware``, ``power_of_two``,
 ``round_robin`` and sglang-router's ``cache_aware``. sglang-router is installed into its
-own venv on first use (``--sglang-venv``). Writes markdown plus the raw JSON. Everything
+own venv on first use (``--sglang-venv``). ``--baseline REV`` also runs the kvflow router
+of git revision ``REV`` in the overhead part (rows ``kvflow@REV-<policy>``), for before/after
+numbers taken in one run. Writes markdown plus the raw JSON. Everything
 listens on 127.0.0.1, every request and run has a timeout, every process started is
 stopped on exit.
 """
@@ -18,7 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -67,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--sglang-venv", type=Path, default=default_sglang_venv())
     run.add_argument("--no-sglang", action="store_true", help="leave sglang-router out")
+    run.add_argument("--baseline", help="overhead: also run the kvflow router of this git revision")
     run.add_argument("--out", type=Path, default=Path("benchmarks/results/router.md"))
     run.add_argument("--log-dir", type=Path, default=Path("/tmp/kvflow-bench-router"))
     report = commands.add_parser("report", help="re-render markdown from the JSON")
@@ -81,6 +87,18 @@ def _write(doc: dict[str, Any], out: Path) -> None:
     out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
     out.write_text(render_markdown(doc))
     print(f"wrote {out} and {out.with_suffix('.json')}", flush=True)
+
+
+def _baseline_runtime(revision: str, into: Path) -> tuple[str, Path]:
+    """``revision``'s short hash and a folder holding its ``runtime/router`` (git archive)."""
+    short = subprocess.run(
+        ["git", "rev-parse", "--short", revision], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    archive = subprocess.run(
+        ["git", "archive", revision, "runtime/router"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return short, into / "runtime"
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -98,15 +116,24 @@ def _run(args: argparse.Namespace) -> None:
         except Exception as exc:  # report why, run kvflow alone
             doc["failures"]["sglang-router install"] = f"{type(exc).__name__}: {exc}"
     if "overhead" in parts:
+        baseline_dir = Path(tempfile.mkdtemp(prefix="kvflow-router-baseline-"))
+        baseline, baseline_runtime = (
+            _baseline_runtime(args.baseline, baseline_dir) if args.baseline else (None, None)
+        )
         config = OverheadConfig(
-            concurrencies=int_list(args.streams), rounds=args.rounds, duration_s=args.duration_s
+            concurrencies=int_list(args.streams),
+            rounds=args.rounds,
+            duration_s=args.duration_s,
+            baseline=baseline,
         )
         try:
-            rows = run_overhead(config, sglang_python, args.log_dir / "overhead")
+            rows = run_overhead(config, sglang_python, args.log_dir / "overhead", baseline_runtime)
             doc["overhead"] = {"config": vars(config), "rows": rows}
         except (RuntimeError, TimeoutError) as exc:
             doc["failures"]["overhead"] = str(exc)
             print(f"overhead FAILED: {exc}", flush=True)
+        finally:
+            shutil.rmtree(baseline_dir, ignore_errors=True)
         _write(doc, args.out)  # keep part 1 even if part 2 fails
     if "cache" in parts:
         config = CacheConfig(

@@ -20,7 +20,7 @@ from serving import cpu_sample, load_average, percentile, session_cpu_seconds
 from serving.servers import free_port
 
 from .procs import Launch, Started, started
-from .routers import kvflow_router, sglang_router
+from .routers import kvflow_baseline_router, kvflow_router, sglang_router
 from .streams import StreamRun, run_streams
 
 __all__ = ["OverheadConfig", "run_overhead"]
@@ -38,13 +38,26 @@ class OverheadConfig:
     interval_ms: float = 2.0
     kvflow_policies: tuple[str, ...] = ("round_robin", "cache_aware")
     sglang_policies: tuple[str, ...] = ("round_robin", "cache_aware")
+    baseline: str | None = None  # a revision whose kvflow router also runs ("kvflow@REV-...")
 
 
-def _launches(config: OverheadConfig, target_url: str, sglang_python: Path | None) -> list[Launch]:
+def _launches(
+    config: OverheadConfig,
+    target_url: str,
+    sglang_python: Path | None,
+    baseline_runtime: Path | None,
+) -> list[Launch]:
     routers = [
         kvflow_router(f"kvflow-{p}", p, [target_url], sys.executable)
         for p in config.kvflow_policies
     ]
+    if baseline_runtime is not None:
+        routers += [
+            kvflow_baseline_router(
+                f"kvflow@{config.baseline}-{p}", p, [target_url], sys.executable, baseline_runtime
+            )
+            for p in config.kvflow_policies
+        ]
     if sglang_python is not None:
         routers += [
             sglang_router(f"sglang-router-{p}", p, [target_url], sglang_python)
@@ -123,9 +136,15 @@ def _print(row: dict[str, Any], round_no: int) -> None:
 
 
 def run_overhead(
-    config: OverheadConfig, sglang_python: Path | None, log_dir: Path
+    config: OverheadConfig,
+    sglang_python: Path | None,
+    log_dir: Path,
+    baseline_runtime: Path | None = None,
 ) -> list[dict[str, Any]]:
-    """Every round, concurrency and path; one row each (``round`` numbered from 1)."""
+    """Every round, concurrency and path; one row each (``round`` numbered from 1).
+
+    ``baseline_runtime``: the ``runtime/`` folder of ``config.baseline``'s router, whose
+    routers then run beside the current ones."""
     port = free_port()
     target = Launch(
         "load-target",
@@ -145,7 +164,9 @@ def run_overhead(
     rows: list[dict[str, Any]] = []
     with (
         started([target], log_dir) as (target_proc,),
-        started(_launches(config, target.base_url, sglang_python), log_dir) as routers,
+        started(
+            _launches(config, target.base_url, sglang_python, baseline_runtime), log_dir
+        ) as routers,
     ):
         paths: list[tuple[str, str, Started | None]] = [("direct", target.base_url, None)]
         paths += [(r.launch.name, r.base_url, r) for r in routers]

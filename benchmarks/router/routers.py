@@ -7,6 +7,7 @@ sglang-router lives in its own virtual environment, created on first use
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from serving.servers import free_port
@@ -18,6 +19,7 @@ __all__ = [
     "SGLANG_ROUTER_VERSION",
     "default_sglang_venv",
     "ensure_sglang_router",
+    "kvflow_baseline_router",
     "kvflow_router",
     "sglang_router",
 ]
@@ -28,6 +30,18 @@ def kvflow_router(name: str, policy: str, workers: list[str], python: str) -> La
     argv = [python, "-P", "-m", "kvflow", "router", "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--policy", policy, "--worker-urls", ",".join(workers)]
     return Launch(name, argv, f"http://127.0.0.1:{port}", ready_path="/health_generate")
+
+
+def kvflow_baseline_router(
+    name: str, policy: str, workers: list[str], python: str, runtime_dir: Path
+) -> Launch:
+    """``kvflow router`` with ``kvflow.runtime.router`` from ``runtime_dir`` (an older
+    revision's copy, see ``baseline_router.py``), the rest of kvflow from this checkout."""
+    launch = kvflow_router(name, policy, workers, python)
+    shim = Path(__file__).with_name("baseline_router.py")
+    return dataclasses.replace(
+        launch, argv=[python, "-P", str(shim), str(runtime_dir), *launch.argv[4:]]
+    )
 
 
 def sglang_router(name: str, policy: str, workers: list[str], python: Path) -> Launch:
