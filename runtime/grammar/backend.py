@@ -25,7 +25,9 @@ class GrammarBackend:
 
     ``vocab_size`` is the width of the model's logits, which may exceed the tokenizer's
     vocabulary (padding): bitmasks cover all of it and padded ids are never allowed.
-    ``stop_token_ids`` are the ids that end a grammar (the model's EOS ids).
+    ``stop_token_ids`` are the ids that end a grammar (the model's EOS ids). The tokenizer's
+    xgrammar description (a pass over the vocabulary, about a second for 128k tokens) is
+    built on the pool too, so creating the backend never stalls the caller.
     """
 
     def __init__(
@@ -37,14 +39,11 @@ class GrammarBackend:
         threads: int = 2,
         cache_size: int = 256,
     ) -> None:
-        import xgrammar as xgr
-
         self.vocab_size = vocab_size
-        self.info = xgr.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids) or None
-        )
-        self._compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grammar")
+        self._compiler = self._pool.submit(
+            self._make_compiler, tokenizer, vocab_size, list(stop_token_ids)
+        )
         self._cache: OrderedDict[GrammarSpec, Future] = OrderedDict()
         self._lock = threading.Lock()  # the cache is touched by the scheduler thread only,
         self.cache_size = cache_size  # but a lock keeps the backend safe for any caller
@@ -67,8 +66,18 @@ class GrammarBackend:
                 self._cache.popitem(last=False)
             return fut
 
+    @staticmethod
+    def _make_compiler(tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> Any:
+        import xgrammar as xgr
+
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids or None
+        )
+        return xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+
     def _compile(self, spec: GrammarSpec) -> Any:
-        return self._compiler.compile_grammar(build_grammar(spec))
+        grammar = build_grammar(spec)  # an invalid spec fails before waiting for the compiler
+        return self._compiler.result().compile_grammar(grammar)
 
     @property
     def cached(self) -> int:
