@@ -20,7 +20,6 @@ Times are printed (`pytest -s`): helm install, apply to first answered request (
 from __future__ import annotations
 
 import json
-import shutil
 import time
 import urllib.error
 import urllib.request
@@ -35,43 +34,29 @@ import yaml
 from e2e.chart_release import install_operator_chart
 from e2e.k8s import Kube
 from e2e.k8s.ports import free_ports
-from e2e.k8s.realnode import (
-    HOST_BASE_IMAGE,
-    HostRuntime,
-    RealNode,
-    api_server_env,
-    real_node_placement,
-)
-from kvflow.operator.paths import CACHE_DIR
+from e2e.k8s.realnode import RealNode
+from e2e.k8s.realnode.product import adapt_model_deployment, operator_chart_values, seed_cache
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "unified-embedded.yaml"
-SEEDED = ("models", "cpu-kernels")  # subfolders of the kvflow cache the pods get
 FIRST_ANSWER_TARGET_S = 60.0
 
 
-def _chmod_readable(root: Path) -> None:
-    for path in [root, *root.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-
-
 @pytest.fixture(scope="module")
-def seed_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A kvflow cache readable by the pods' user: the converted embedded model and the
     native CPU kernels built for this machine (both made here first if missing)."""
-    from kvflow.kernels.cpu import build as cpu_build
-    from kvflow.runtime.models.embedded import embedded_model_path
+    from kvflow.kernels.cpu.build import load_library
+    from kvflow.runtime.env import cache_dir
+    from kvflow.runtime.models.embedded import EMBEDDED_MODEL_NAME, embedded_model_path
 
-    model = embedded_model_path()
-    kernels = cpu_build.load_library()._name
-    seed = tmp_path_factory.mktemp("seed-cache")
-    shutil.copytree(model, seed / "models" / model.name)
-    library = Path(kernels)
-    shutil.copytree(library.parent, seed / "cpu-kernels" / library.parent.name)
-    _chmod_readable(seed)
-    return seed
+    embedded_model_path()
+    load_library()
+    seeded = seed_cache(cache_dir(), tmp_path_factory.mktemp("seed") / "cache", EMBEDDED_MODEL_NAME)
+    assert seeded is not None
+    return seeded
 
 
 @pytest.fixture(scope="module")
@@ -87,21 +72,10 @@ def operator_release(
     kube: Kube, md_ns: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
     """The chart installed with the operator as a pod on the real node."""
-    host = HostRuntime.current()
     namespace, release = f"kvflow-rn-{uuid.uuid4().hex[:6]}", "kvflow-rn"
     (health_port,) = free_ports(1)
-    repository, tag = HOST_BASE_IMAGE.rsplit(":", 1)
-    values = {
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-        "watchNamespaces": [md_ns],
-        "driftIntervalSeconds": 5,
-        "hostNetwork": True,
-        "health": {"host": "127.0.0.1", "port": health_port},
-        "env": [*host.env(), *api_server_env(kube.kubeconfig)],
-        "extraVolumes": host.volumes(),
-        "extraVolumeMounts": host.mounts(),
-        **real_node_placement(),
-    }
+    values = operator_chart_values(kube.kubeconfig, health_port, [md_ns])
+    values["driftIntervalSeconds"] = 5
     seconds = install_operator_chart(
         kube, release, namespace, values, tmp_path_factory.mktemp("operator-values")
     )
@@ -111,46 +85,13 @@ def operator_release(
     kube.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
-def _role_settings(
-    host: HostRuntime, port: int, seed: Path | None, extra_env: list[dict[str, Any]]
-) -> dict[str, Any]:
-    volumes, mounts = host.volumes(), host.mounts()
-    env = [*host.env(), *extra_env]
-    if seed is not None:
-        # Read-only inside the operator's writable cache emptyDir: the runtime finds the
-        # converted model and the built kernels where it would have written them.
-        volumes.append({"name": "seed", "hostPath": {"path": str(seed), "type": "Directory"}})
-        mounts += [
-            {"name": "seed", "mountPath": f"{CACHE_DIR}/{sub}", "subPath": sub, "readOnly": True}
-            for sub in SEEDED
-        ]
-    return {
-        "image": HOST_BASE_IMAGE,
-        "hostNetwork": True,
-        "ports": {"http": port},
-        "volumes": volumes,
-        "volumeMounts": mounts,
-        "env": env,
-        **real_node_placement(),
-    }
-
-
 def adapted_example(kube: Kube, seed: Path) -> tuple[dict[str, Any], int, int]:
-    """examples/unified-embedded.yaml with the real node's pod settings; returns it with
-    the router's and the worker's loopback ports."""
+    """examples/unified-embedded.yaml adapted to the real node; returns it with the
+    router's and the worker's loopback ports."""
     (body,) = [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d["kind"] == "ModelDeployment"]
-    host = HostRuntime.current()
     router_port, worker_port = free_ports(2)
-    spec = body["spec"]
-    spec["imagePullPolicy"] = "Never"
-    spec["unified"].update(
-        replicas=1,
-        **_role_settings(host, worker_port, seed, []),
-    )
-    spec["unified"]["resources"]["requests"]["cpu"] = "250m"
-    spec["router"].update(_role_settings(host, router_port, None, api_server_env(kube.kubeconfig)))
-    spec["router"]["resources"] = {"requests": {"cpu": "50m", "memory": "128Mi"}}
-    return body, router_port, worker_port
+    adapted = adapt_model_deployment(body, kube.kubeconfig, router_port, worker_port, seed)
+    return adapted, router_port, worker_port
 
 
 def chat(port: int, content: str, timeout: float = 60) -> tuple[int, dict[str, Any]]:
@@ -186,9 +127,9 @@ def router_workers(port: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def deployment(
-    kube: Kube, md_ns: str, operator_release: dict[str, Any], seed_cache: Path
+    kube: Kube, md_ns: str, operator_release: dict[str, Any], seed: Path
 ) -> Iterator[dict[str, Any]]:
-    body, router_port, worker_port = adapted_example(kube, seed_cache)
+    body, router_port, worker_port = adapted_example(kube, seed)
     started = time.monotonic()
     kube.apply({**body, "metadata": {**body["metadata"], "namespace": md_ns}})
 

@@ -10,15 +10,21 @@ import time
 from pathlib import Path
 from types import FrameType
 
+import yaml
+
 from .bins import BINARIES, NODE_BINARIES, BinaryResolutionError, resolve_binaries
 from .config import ControlPlaneConfig
 from .controlplane import ControlPlane
 from .env import K8sEnv
+from .ports import free_ports
 from .process import ComponentError
 from .realnode import HOST_BASE_IMAGE, REAL_NODE_LABEL, NodeUnavailable
+from .realnode.product import adapt_model_deployment, operator_chart_values, seed_cache
 from .versions import PINNED
 
 __all__ = ["main"]
+
+_REPO = Path(__file__).resolve().parents[2]
 
 
 def _build(_: argparse.Namespace) -> int:
@@ -50,6 +56,7 @@ def _up(args: argparse.Namespace) -> int:
             print(f"real node: {node.config.name} (label {REAL_NODE_LABEL}=true", end="")
             print(", tainted NoSchedule" if not args.untainted else "", end="")
             print(f"); image {HOST_BASE_IMAGE}; logs {node.config.logs_dir}")
+            _print_product_steps(config)
         print(f"kubeconfig: {config.kubeconfig}")
         print(f"export KUBECONFIG={config.kubeconfig}")
         print(f"logs: {config.logs_dir}   (Ctrl-C stops the control plane)", flush=True)
@@ -61,6 +68,33 @@ def _up(args: argparse.Namespace) -> int:
         return 0
     finally:
         plane.stop()
+
+
+def _print_product_steps(config: ControlPlaneConfig) -> None:
+    """Write the chart values and the adapted unified example for the real node, and
+    print how to run the whole product with them."""
+    out = config.state_dir / "real-node-product"
+    out.mkdir(parents=True, exist_ok=True)
+    health_port, router_port, worker_port = free_ports(3)
+    values = out / "operator-values.yaml"
+    values.write_text(yaml.safe_dump(operator_chart_values(config.kubeconfig, health_port)))
+    example = _REPO / "examples" / "unified-embedded.yaml"
+    (body,) = [d for d in yaml.safe_load_all(example.read_text()) if d["kind"] == "ModelDeployment"]
+    # The converted embedded model from the user's kvflow cache, when there is one.
+    from kvflow.runtime.env import cache_dir  # light: no torch
+    from kvflow.runtime.models.embedded import EMBEDDED_MODEL_NAME
+
+    seed = seed_cache(cache_dir(), out / "seed", EMBEDDED_MODEL_NAME)
+    adapted = adapt_model_deployment(body, config.kubeconfig, router_port, worker_port, seed)
+    manifest = out / "unified-embedded.yaml"
+    manifest.write_text(yaml.safe_dump(adapted, sort_keys=False))
+    chat = '{"messages": [{"role": "user", "content": "What is the capital of France?"}]}'
+    print("the whole product on the real node (docs/cluster.md, 'A real node'):")
+    print(f"  helm install kvflow {_REPO / 'charts' / 'kvflow-operator'} -n kvflow-system \\")
+    print(f"    --create-namespace -f {values} --wait")
+    print(f"  kubectl apply -f {manifest}")
+    print(f"  curl -s http://127.0.0.1:{router_port}/v1/chat/completions \\")
+    print(f"    -H 'Content-Type: application/json' -d '{chat}'")
 
 
 def main(argv: list[str] | None = None) -> int:
