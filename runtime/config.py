@@ -109,6 +109,9 @@ class EngineConfig:
     seed: int = 0
     context_length: int | None = None
     skip_tokenizer_init: bool = False
+    # A folder holding the tokenizer (SGLang's --tokenizer-path); None: the model's folder.
+    # Needed for text with dummy weights from a shipped config, which has no tokenizer.
+    tokenizer_path: str | None = None
 
     # KV memory
     page_size: int = 0  # 0: auto (1 on CPU, 16 on CUDA)

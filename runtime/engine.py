@@ -11,7 +11,7 @@ from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.detokenizer import TextStream
 from kvflow.runtime.model_runner import ModelRunner
 from kvflow.runtime.scheduler import Req, ReqFactory, Scheduler
-from kvflow.runtime.tokenizer import load_tokenizer
+from kvflow.runtime.tokenizer import load_tokenizer, tokenizer_folder
 from kvflow.runtime.wire import FinishReason, SamplingParams, TokenOutput
 
 __all__ = ["Engine", "GenerateResult", "Usage"]
@@ -55,9 +55,10 @@ class Engine:
         self.config = EngineConfig(model_path=model_path, **kwargs).resolved()
         self.runner = ModelRunner(self.config)
         self.scheduler = Scheduler(self.config, self.runner)
-        self.tokenizer = (
-            None if self.config.skip_tokenizer_init else load_tokenizer(self.runner.model_path)
+        folder = tokenizer_folder(
+            self.config.tokenizer_path, self.config.skip_tokenizer_init, self.runner.model_path
         )
+        self.tokenizer = None if folder is None else load_tokenizer(folder)
         self.reqs = ReqFactory(
             self.config, self.runner.model_config, self.tokenizer, self.runner.device
         )

@@ -7,7 +7,19 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TokenBytes", "apply_chat_template", "load_tokenizer"]
+__all__ = ["TokenBytes", "apply_chat_template", "load_tokenizer", "tokenizer_folder"]
+
+
+def tokenizer_folder(
+    tokenizer_path: str | None, skip_tokenizer_init: bool, model_path: Path
+) -> Path | None:
+    """Where the tokenizer is loaded from: ``tokenizer_path`` when given, else the model's
+    folder (its config file's folder for a config file); None with ``skip_tokenizer_init``."""
+    if skip_tokenizer_init:
+        return None
+    if tokenizer_path:
+        return Path(tokenizer_path).expanduser()
+    return model_path if model_path.is_dir() else model_path.parent
 
 
 def load_tokenizer(model_path: Path) -> Any:

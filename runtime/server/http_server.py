@@ -219,7 +219,7 @@ def create_app(tm: TokenizerManager) -> FastAPI:
         """SGLang's shape: a router reads the model path from it when it registers a worker."""
         return {
             "model_path": tm.info.get("model_path"),
-            "tokenizer_path": tm.info.get("model_path"),
+            "tokenizer_path": tm.info.get("tokenizer_path"),
             "is_generation": True,
             "preferred_sampling_params": None,
             "weight_version": "default",

@@ -15,6 +15,7 @@ import os
 import signal
 import time
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -27,7 +28,7 @@ from kvflow.runtime.server.ipc import IpcPaths, make_ipc_paths
 from kvflow.runtime.server.lifeline import run_tied_to_parent
 from kvflow.runtime.server.scheduler_process import run_scheduler_process
 from kvflow.runtime.server.tokenizer_manager import TokenizerManager
-from kvflow.runtime.tokenizer import load_tokenizer
+from kvflow.runtime.tokenizer import load_tokenizer, tokenizer_folder
 
 __all__ = ["launch_server"]
 logger = logging.getLogger("kvflow.server")
@@ -41,7 +42,11 @@ class StartupError(RuntimeError):
 
 def _start_children(args: ServerArgs, paths: IpcPaths) -> tuple[list[BaseProcess], dict[str, Any]]:
     ctx = mp.get_context("spawn")  # never fork a process that may hold CUDA state
-    tokenizer_path = None if args.engine.skip_tokenizer_init else args.engine.model_path
+    engine = args.engine
+    folder = tokenizer_folder(
+        engine.tokenizer_path, engine.skip_tokenizer_init, Path(engine.model_path or ".")
+    )
+    tokenizer_path = None if folder is None else str(folder)
     specs = [
         ("scheduler", run_scheduler_process, (args, paths)),
         ("detokenizer", run_detokenizer_process, (tokenizer_path, paths)),
@@ -153,7 +158,10 @@ def launch_server(args: ServerArgs) -> int:
     procs: list[BaseProcess] = []
     try:
         procs, info = _start_children(args, paths)
-        tokenizer = None if args.engine.skip_tokenizer_init else load_tokenizer(model_path)
+        folder = tokenizer_folder(
+            args.engine.tokenizer_path, args.engine.skip_tokenizer_init, model_path
+        )
+        tokenizer = None if folder is None else load_tokenizer(folder)
         tm = TokenizerManager(args, paths, info, tokenizer)
         return asyncio.run(_serve(args, tm, procs))
     except StartupError as err:

@@ -19,7 +19,7 @@ from kvflow.runtime.model_runner import ModelRunner
 from kvflow.runtime.scheduler import ReqFactory, Scheduler
 from kvflow.runtime.server.args import ServerArgs
 from kvflow.runtime.server.ipc import IpcPaths, Puller, Pusher
-from kvflow.runtime.tokenizer import load_tokenizer
+from kvflow.runtime.tokenizer import load_tokenizer, tokenizer_folder
 from kvflow.runtime.wire import FinishReason, TokenOutput
 from kvflow.runtime.wire.messages import (
     AbortRequest,
@@ -76,9 +76,10 @@ class SchedulerLoop:
         self.scheduler = Scheduler(engine, self.runner)
         self.role = _make_role(args, self.scheduler)
         # Stop strings are matched on text, so the scheduler decodes the requests that have them.
-        tokenizer = (
-            None if args.engine.skip_tokenizer_init else load_tokenizer(self.runner.model_path)
+        self.tokenizer_folder = tokenizer_folder(
+            engine.tokenizer_path, engine.skip_tokenizer_init, self.runner.model_path
         )
+        tokenizer = None if self.tokenizer_folder is None else load_tokenizer(self.tokenizer_folder)
         self.reqs = ReqFactory(args.engine, self.runner.model_config, tokenizer, self.runner.device)
         ctx = zmq.Context()
         self.inbox = Puller(ctx, paths.to_scheduler)
@@ -97,6 +98,7 @@ class SchedulerLoop:
             "page_size": self.runner.page_size,
             "num_pages": self.runner.allocator.num_pages,
             "model_path": str(self.runner.model_path),
+            "tokenizer_path": None if self.tokenizer_folder is None else str(self.tokenizer_folder),
             "device": self.runner.device,
             "dtype": str(self.runner.dtype).removeprefix("torch."),
             "role": self.args.role,
