@@ -181,7 +181,9 @@ def setup(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict
     logs = tmp_path_factory.mktemp("autoscaler")
     ns = f"as-{uuid.uuid4().hex[:8]}"
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    kube.kubectl("wait", "--for=condition=Established", "crd/modeldeployments.kvflow.dev")
+    established = ("wait", "--for=condition=Established", "crd/modeldeployments.kvflow.dev")
+    # right after the apply the CRD may have no conditions yet (kubectl wait errors then)
+    kube.wait_for(lambda: kube.kubectl(*established, check=False).returncode == 0, 60)
     kube.kubectl("create", "namespace", ns)
     with patient_server_start():
         server = ServerProcess(
