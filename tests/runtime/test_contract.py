@@ -37,11 +37,30 @@ def test_rendered_unified_command_parses():
     assert args.host == "0.0.0.0"
 
 
-def test_unimplemented_contract_features_are_refused_clearly(capsys):
-    argv = contract.serve_argv(contract.ServeOptions(hicache_host_memory_gb=4.0))
-    with pytest.raises(SystemExit):
-        parse_args(argv[2:])
-    assert "not implemented" in capsys.readouterr().err
+def test_hicache_flags_parse_and_impossible_combinations_are_refused(capsys):
+    options = contract.ServeOptions(
+        hicache_host_memory_gb=4.0,
+        hicache_write_policy="write_back",
+        hicache_storage="file",
+        hicache_storage_path="/mnt/kv",
+    )
+    engine = parse_args(contract.serve_argv(options)[2:]).engine
+    assert (engine.hicache_host_memory_gb, engine.hicache_write_policy) == (4.0, "write_back")
+    assert (engine.hicache_storage, engine.hicache_storage_path) == ("file", "/mnt/kv")
+    refused = {
+        "storage without a host pool": contract.ServeOptions(hicache_storage="mooncake"),
+        "the decode role": contract.ServeOptions(role="decode", hicache_host_memory_gb=1.0),
+        "a file store without a path": contract.ServeOptions(
+            hicache_host_memory_gb=1.0, hicache_storage="file"
+        ),
+    }
+    for why, opts in refused.items():
+        with pytest.raises(SystemExit):
+            parse_args(contract.serve_argv(opts)[2:])
+        assert "hicache" in capsys.readouterr().err.lower(), why
+
+
+def test_contract_misuse_is_refused_clearly():
     with pytest.raises(SystemExit):  # the bootstrap endpoint is the prefill's
         parse_args(contract.serve_argv(contract.ServeOptions(role="decode", bootstrap_port=1))[2:])
 
