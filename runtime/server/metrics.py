@@ -6,7 +6,13 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 
 from kvflow.runtime.server.hicache_metrics import HiCacheMetrics
 from kvflow.runtime.wire.messages import SchedulerStats
@@ -62,6 +68,9 @@ class RuntimeMetrics:
     """
 
     def __init__(self, model_name: str, page_size: int, num_pages: int) -> None:
+        # Process-wide: no ``*_created`` series (a timestamp per counter/histogram that
+        # SGLang does not export and dashboards would only have to filter out).
+        disable_created_metrics()
         self.registry = CollectorRegistry()
         self.model = model_name
         r = self.registry

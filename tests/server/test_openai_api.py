@@ -168,6 +168,7 @@ def test_metrics_exposed(server):
         'num_pages="6000",page_size="1"}',
     ]:
         assert name in text, name
+    assert "_created" not in text  # as SGLang: no creation-timestamp series
 
 
 def test_health_generate_and_flush(server):
