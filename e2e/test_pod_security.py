@@ -74,8 +74,9 @@ def _all_pods_created(kube: Kube, ns: str, selector: str) -> list[dict[str, Any]
     if refused:
         raise AssertionError("pods refused by admission:\n" + "\n".join(refused))
     deployments = kube.get_json("deployments", "-n", ns, "-l", selector)["items"]
-    if not deployments:
-        return []
+    roles = {d["metadata"]["labels"].get("kvflow.dev/role") for d in deployments}
+    if "router" not in roles or len(roles) < 2:
+        return []  # the operator creates the workers first and the router after them
     for deployment in deployments:
         want = deployment["spec"]["replicas"]
         labels = deployment["spec"]["selector"]["matchLabels"]

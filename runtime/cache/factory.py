@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -10,12 +12,15 @@ from kvflow.runtime.cache.base import PrefixCache
 from kvflow.runtime.utils.registry import Registry
 
 if TYPE_CHECKING:
+    from kvflow.runtime.cache.storage import PageStore
     from kvflow.runtime.cache.storage_tier import StorageTier
     from kvflow.runtime.config import EngineConfig
     from kvflow.runtime.mem.host_pool import HostKVPool
     from kvflow.runtime.model_runner import ModelRunner
 
 __all__ = ["PREFIX_CACHES", "make_prefix_cache", "prefix_cache_kind"]
+logger = logging.getLogger(__name__)
+STORE_CONNECT_WAIT_S = 15.0  # at start-up, for a store that connects in the background
 
 # name -> factory(config, runner) -> PrefixCache
 PREFIX_CACHES: Registry[PrefixCache] = Registry("prefix cache")
@@ -84,9 +89,26 @@ def _storage_tier(config: EngineConfig, runner: ModelRunner, host: HostKVPool) -
         StorageConfig.from_flags(config.hicache_storage, config.hicache_storage_path)
     )
     store.register(host.data)  # page buffers are views into it
+    _wait_connected(store, STORE_CONNECT_WAIT_S)
     return StorageTier(
         config.hicache_storage, StorageIO(store), namespace, host, config.hicache_prefetch_timeout
     )
+
+
+def _wait_connected(store: PageStore, budget_s: float) -> None:
+    """Give a store that connects in the background (Mooncake) a bounded moment before the
+    server reports ready, so its first requests can use it; past that, serve on L1/L2 and
+    let it connect later."""
+    deadline = time.monotonic() + budget_s
+    while not store.stats().available:
+        if time.monotonic() > deadline:
+            logger.warning(
+                "HiCache storage not reachable after %.0f s: serving on the device and host "
+                "tiers until it connects",
+                budget_s,
+            )
+            return
+        time.sleep(0.05)
 
 
 def _model_identity(config: EngineConfig, runner: ModelRunner) -> str:

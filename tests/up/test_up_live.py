@@ -94,9 +94,17 @@ def test_disaggregated_hicache_example_answers_through_prefill_and_decode(tmp_pa
         assert answer["choices"][0]["message"]["content"] == "The capital of France is Paris."
         # It went router -> prefill -> decode: the prefill wrote KV to a decode.
         port = up.wait_line(r"\[kvflow up\] prefill-0: .* --port (\d+)", 5).group(1)
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
-        sent = re.search(rb"^kvflow:kv_transfer_bytes_total(?:\{[^}]*\})? (\S+)$", metrics, re.M)
-        assert sent is not None and float(sent.group(1)) > 0
+        sent = 0.0
+        deadline = time.monotonic() + 15  # the prefill publishes its counters every 0.25 s
+        while sent <= 0 and time.monotonic() < deadline:
+            metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+            found = re.search(
+                rb"^kvflow:kv_transfer_bytes_total(?:\{[^}]*\})? (\S+)$", metrics, re.M
+            )
+            assert found is not None
+            sent = float(found.group(1))
+            time.sleep(0.25)
+        assert sent > 0
         logs = {p.name for p in (tmp_path / "logs").glob("*.log")}
         assert {"mooncake-master.log", "prefill-0.log", "decode-0.log", "decode-1.log"} <= logs
         stop_and_check_nothing_left(up)
