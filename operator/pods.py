@@ -155,9 +155,7 @@ def worker_pod_template(
         mounts.append({"name": "hicache", "mountPath": HICACHE_DIR})
     mounts += user_mounts(worker.pods)
     rdma = ("IPC_LOCK",) if md.kv_transfer.protocol == "rdma" else ()
-    extra_memory = (
-        md.hicache.host_memory_bytes + md.hicache.mooncake_segment_bytes if tiered else 0
-    )
+    extra_memory = md.hicache.host_memory_bytes + md.hicache.mooncake_segment_bytes if tiered else 0
     container = {
         "name": "runtime",
         "image": md.worker_image(worker),

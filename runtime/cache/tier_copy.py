@@ -159,6 +159,7 @@ class TierCopy:
                     self._layer_pages(layer, kv)[dev_pages] = block[:, layer, kv]
             landed.record()
         compute.wait_event(landed)  # the prefill that reads them is queued after this
+
         def release() -> None:  # the pinned buffer must live until the copy has landed
             nonlocal staging
             del staging

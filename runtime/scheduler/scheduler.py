@@ -125,15 +125,15 @@ class Scheduler:
                 queue.remove(req)
                 req.abort(message)
                 return self.make_output(req, [])
-        for req in [*self.running, *([self.chunked] if self.chunked else [])]:
-            if req.rid == rid:
-                self.cache.release_req(req)
-                if req is self.chunked:
+        for active in [*self.running, *([self.chunked] if self.chunked else [])]:
+            if active.rid == rid:
+                self.cache.release_req(active)
+                if active is self.chunked:
                     self.chunked = None
                 else:
-                    self.running.remove(req)
-                req.abort(message)
-                return self.make_output(req, [])
+                    self.running.remove(active)
+                active.abort(message)
+                return self.make_output(active, [])
         return None
 
     def has_work(self) -> bool:

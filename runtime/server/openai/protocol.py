@@ -60,7 +60,6 @@ class _CheckedFields(BaseModel):
 
 
 class _SamplingFields(_CheckedFields):
-
     model: str | None = None
     n: int = 1
     seed: int | None = None
