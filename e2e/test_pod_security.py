@@ -132,6 +132,6 @@ def test_chart_operator_pod_is_admitted(kube: Kube, restricted_ns: str) -> None:
     )
     kube.wait_for(
         lambda: _all_pods_created(kube, restricted_ns, selector),
-        timeout=60,
+        timeout=180,  # controller-manager -> ReplicaSet -> pod, slow on a loaded machine
         what="the chart's operator pod to be created",
     )
