@@ -67,6 +67,13 @@ def _refusals(kube: Kube, ns: str) -> list[str]:
     return out
 
 
+def _with_router(deployments: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``deployments`` once the router's is among them (the operator creates the workers
+    first and the router after them), else nothing yet."""
+    roles = {d["metadata"]["labels"].get("kvflow.dev/role") for d in deployments}
+    return deployments if "router" in roles else []
+
+
 def _all_pods_created(kube: Kube, ns: str, selector: str) -> list[dict[str, Any]]:
     """The Deployments matching `selector` once each has as many pods as replicas; raises
     at once when admission refused one (no point waiting)."""
@@ -74,9 +81,8 @@ def _all_pods_created(kube: Kube, ns: str, selector: str) -> list[dict[str, Any]
     if refused:
         raise AssertionError("pods refused by admission:\n" + "\n".join(refused))
     deployments = kube.get_json("deployments", "-n", ns, "-l", selector)["items"]
-    roles = {d["metadata"]["labels"].get("kvflow.dev/role") for d in deployments}
-    if "router" not in roles or len(roles) < 2:
-        return []  # the operator creates the workers first and the router after them
+    if not deployments:
+        return []
     for deployment in deployments:
         want = deployment["spec"]["replicas"]
         labels = deployment["spec"]["selector"]["matchLabels"]
@@ -109,7 +115,7 @@ def test_operator_default_pods_are_admitted(
     kube.kubectl("apply", "-n", restricted_ns, "-f", str(example))
     selector = f"kvflow.dev/deployment={name}"
     deployments = kube.wait_for(
-        lambda: _all_pods_created(kube, restricted_ns, selector),
+        lambda: _with_router(_all_pods_created(kube, restricted_ns, selector)),
         timeout=90,
         what=f"every pod of {name} to be created",
     )
