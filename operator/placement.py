@@ -23,6 +23,9 @@ from .spec import ModelDeployment, WorkerRole
 
 MOONCAKE_LOCAL_BUFFER = 512 * 2**20  # staging buffer of each Mooncake store client
 ALL_INTERFACES = "0.0.0.0"
+# A host-network pod binds its own IP (the node's), not every interface of the node; the
+# kubelet expands $(VAR) in a container's command from its environment.
+POD_IP = f"$({contract.POD_IP_ENV})"
 
 
 @dataclass(frozen=True)
@@ -165,7 +168,7 @@ def cluster_worker_placement(
 ) -> WorkerPlacement:
     """A worker pod: every interface, the role's port, weights at ``model_path``."""
     return WorkerPlacement(
-        host=ALL_INTERFACES,
+        host=POD_IP if worker.pods.host_network else ALL_INTERFACES,
         port=worker.http_port,
         model_path=model_path,
         bootstrap_port=md.kv_transfer.bootstrap_port if worker.role == "prefill" else None,
@@ -183,7 +186,7 @@ def router_selector(md: ModelDeployment) -> str:
 def cluster_router_placement(md: ModelDeployment) -> RouterPlacement:
     """The router pod: every interface, its port, workers discovered through the API."""
     return RouterPlacement(
-        host=ALL_INTERFACES,
+        host=POD_IP if md.router.pods.host_network else ALL_INTERFACES,
         port=md.router.http_port,
         discover_namespace=md.namespace,
         discover_selector=router_selector(md),

@@ -53,6 +53,12 @@ class ModelMount:
     init_containers: list[dict[str, Any]] = field(default_factory=list)
 
 
+POD_IP_FIELD = {
+    "name": contract.POD_IP_ENV,
+    "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+}
+
+
 def model_mount(md: ModelDeployment) -> ModelMount:
     """Volumes for ``spec.model``; the embedded model needs none (it ships in the image)."""
     model = md.model
@@ -123,7 +129,7 @@ def worker_pod_template(
         ports[BOOTSTRAP_PORT_NAME] = md.kv_transfer.bootstrap_port
         annotations[names.ANNOTATION_BOOTSTRAP_PORT] = str(md.kv_transfer.bootstrap_port)
     env: list[dict[str, Any]] = [
-        {"name": contract.POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        POD_IP_FIELD,
         {"name": contract.MODEL_CACHE_ENV, "value": CACHE_DIR},
         {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
         *api_key_env(md.endpoint.api_key),
@@ -198,7 +204,12 @@ def router_pod_template(md: ModelDeployment) -> dict[str, Any]:
         "imagePullPolicy": md.image_pull_policy,
         "command": argv,
         "ports": container_ports({API_PORT_NAME: router.http_port}, router.pods.host_network),
-        "env": [*api_key_env(md.endpoint.api_key), *(dict(e) for e in router.pods.env)],
+        "env": [
+            # a host-network router binds its pod IP (see placement.POD_IP)
+            *([POD_IP_FIELD] if router.pods.host_network else []),
+            *api_key_env(md.endpoint.api_key),
+            *(dict(e) for e in router.pods.env),
+        ],
         "resources": container_resources(router.pods.requests, router.pods.limits),
         "securityContext": container_security_context(),
         "volumeMounts": [{"name": "tmp", "mountPath": TMP_DIR}, *user_mounts(router.pods)],
