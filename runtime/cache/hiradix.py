@@ -326,13 +326,10 @@ class HiRadixCache(RadixCache):
     def _backup(self, node: HiTreeNode) -> bool:
         """Give ``node`` a host copy (evicting host entries if needed); False if no room."""
         size = len(node.key)
-        slots = self.host.allocator.alloc_for_request(0, 0, size)
-        if slots is None:
-            self._evict_host(size - self.host.allocator.available_size())
-            slots = self.host.allocator.alloc_for_request(0, 0, size)
-        if slots is None:
+        host_slots = self._take_host(size)
+        if host_slots is None:
             return False
-        node.host_value = torch.tensor(slots, dtype=torch.int64)
+        node.host_value = host_slots
         assert node.value is not None
         copy = self.copier.to_host(node.value, node.host_value)
         node.backup = None if copy.finished else copy
@@ -436,7 +433,7 @@ class HiRadixCache(RadixCache):
         end = len(tokens) - len(tokens) % self.page_size
         if end - covered < max(self.page_size, MIN_PREFETCH_TOKENS):
             return False
-        last = match.host_last_node if match.host_hit_len else match.last_node
+        last = self._match_end(match)
         if last.parent is None:
             keys = self.storage.keys(tokens[covered:end], req.extra_key, None)
         else:
@@ -447,7 +444,13 @@ class HiRadixCache(RadixCache):
         self.storage.start(req, tokens[:end], covered, keys, host_slots)
         return True
 
+    @staticmethod
+    def _match_end(match: MatchResult) -> Any:
+        """The node ending a match's device and host runs together."""
+        return match.host_last_node if match.host_hit_len else match.last_node
+
     def _take_host(self, num_tokens: int) -> torch.Tensor | None:
+        """Host slots for ``num_tokens`` (whole pages), evicting host entries if needed."""
         slots = self.host.allocator.alloc_for_request(0, 0, num_tokens)
         if slots is None:
             self._evict_host(num_tokens - self.host.allocator.available_size())
@@ -468,7 +471,7 @@ class HiRadixCache(RadixCache):
         used = covered - start
         if used:
             self.host.allocator.free(slots[:used])
-        parent = match.host_last_node if match.host_hit_len else match.last_node
+        parent = self._match_end(match)
         leaf: HiTreeNode = self._new_node(tokens[covered:], None, parent)  # type: ignore[assignment]
         leaf.host_value = slots[used:].clone()
         self._touch(leaf)
