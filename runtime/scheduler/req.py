@@ -10,7 +10,18 @@ import torch
 from kvflow.runtime.detokenizer import IncrementalDetokenizer, find_stop
 from kvflow.runtime.wire import Bootstrap, FinishReason, SamplingParams
 
-__all__ = ["Req"]
+__all__ = ["Req", "position_seed"]
+
+_MASK64 = (1 << 64) - 1
+
+
+def position_seed(seed: int, index: int) -> int:
+    """A 63-bit seed for output token ``index`` of a request seeded ``seed`` (SplitMix64's
+    finaliser over both, so neighbouring seeds and positions give unrelated streams)."""
+    z = (seed * 0x9E3779B97F4A7C15 + index + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1
 
 
 class Req:
@@ -50,10 +61,13 @@ class Req:
         self.grammar: Any = None
         # Prompt logprobs (kvflow.runtime.scheduler.input_logprobs), set by ReqFactory.
         self.input_logprobs: Any = None
-        self.generator: torch.Generator | None = None
+        # Sampled requests draw output token i from a generator seeded by (seed, i): the
+        # draws do not depend on which process samples which token (a PD pair's prefill
+        # draws the first, its decode the rest), nor on retraction and recomputation.
+        self.seed = sampling.seed if sampling.seed is not None else seed
+        self._generator: torch.Generator | None = None
         if not sampling.is_greedy:
-            gen_seed = sampling.seed if sampling.seed is not None else seed
-            self.generator = torch.Generator(device=device).manual_seed(gen_seed)
+            self._generator = torch.Generator(device=device)
         # Stop strings are matched on text, so the scheduler decodes such requests itself.
         self._stop_text = (
             IncrementalDetokenizer(tokenizer, input_ids, sampling.skip_special_tokens)
@@ -101,6 +115,12 @@ class Req:
         if self.input_logprobs is not None:
             limit = self.input_logprobs.reuse_limit(self.seq_len)
         return self.all_token_ids()[:limit]
+
+    def next_token_generator(self) -> torch.Generator | None:
+        """The generator for drawing the next output token (None for greedy requests)."""
+        if self._generator is not None:
+            self._generator.manual_seed(position_seed(self.seed, len(self.output_ids)))
+        return self._generator
 
     def reset_kv_state(self) -> None:
         """Forget all KV state (after release): the request owns nothing any more."""

@@ -24,9 +24,20 @@ def sample(reqs, logits, vocab=VOCAB):
     return Sampler(vocab, "cpu").sample(logits.clone(), batch)
 
 
+def run(reqs, logits, steps: int, row: int = 0) -> list[int]:
+    """Sample ``steps`` tokens for ``reqs[row]`` (each step's tokens appended, as the
+    scheduler does: a seeded request draws token i from (seed, i))."""
+    picked = []
+    for _ in range(steps):
+        ids = sample(reqs, logits).next_token_ids
+        for r, token in zip(reqs, ids, strict=True):
+            r.output_ids.append(token)
+        picked.append(ids[row])
+    return picked
+
+
 def draws(logits_row, n=400, **params) -> list[int]:
-    r = req(seed=7, **params)
-    return [sample([r], logits_row[None, :]).next_token_ids[0] for _ in range(n)]
+    return run([req(seed=7, **params)], logits_row[None, :], n)
 
 
 LOGITS = torch.tensor([1.0, 2.0, 3.0, 0.5, 0.0, -1.0, 2.5, -2.0])
@@ -77,18 +88,24 @@ def test_same_seed_same_sequence_different_seed_differs():
     b = draws(LOGITS, n=50, temperature=3.0)
     assert a == b  # draws() seeds each request with 7
     r1, r2 = req("x", temperature=3.0, seed=1), req("y", temperature=3.0, seed=2)
-    s1 = [sample([r1], LOGITS[None]).next_token_ids[0] for _ in range(50)]
-    s2 = [sample([r2], LOGITS[None]).next_token_ids[0] for _ in range(50)]
-    assert s1 != s2
+    assert run([r1], LOGITS[None], 50) != run([r2], LOGITS[None], 50)
+
+
+def test_seeded_draw_depends_on_the_position_not_on_the_history():
+    """Token i is drawn from (seed, i): a second process that continues a request from
+    position i (a PD decode after its prefill drew token 0) draws what one process would."""
+    whole = run([req("a", temperature=3.0, seed=11)], LOGITS[None], 20)
+    resumed = req("b", temperature=3.0, seed=11, output=whole[:5])
+    assert run([resumed], LOGITS[None], 15) == whole[5:]
+    assert len(set(whole)) > 3  # still a random sequence
 
 
 def test_seeded_row_ignores_its_batch_neighbours():
     alone = req("a", temperature=2.0, seed=99)
-    first = [sample([alone], LOGITS[None]).next_token_ids[0] for _ in range(30)]
+    first = run([alone], LOGITS[None], 30)
     batched = req("b", temperature=2.0, seed=99)
     other = req("c", temperature=2.0, seed=5)
-    second = [sample([other, batched], LOGITS.expand(2, -1)).next_token_ids[1] for _ in range(30)]
-    assert first == second
+    assert run([other, batched], LOGITS.expand(2, -1).contiguous(), 30, row=1) == first
 
 
 def test_repetition_penalty_discourages_seen_tokens():
