@@ -29,6 +29,7 @@ _TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
 METRIC_NAMES = {
     "sglang:num_running_reqs": "requests in the running batch",
     "sglang:num_queue_reqs": "requests waiting to be scheduled",
+    "sglang:num_grammar_queue_reqs": "requests waiting for their grammar to compile (structured output)",
     "sglang:token_usage": "fraction of KV cache slots held by requests (evictable prefix cache excluded, as SGLang)",
     "kvflow:prefix_cache_usage": "fraction of KV cache slots held by the prefix cache (evictable or locked)",
     "sglang:gen_throughput": "generated tokens per second over the last 5 s",
@@ -92,6 +93,7 @@ class RuntimeMetrics:
 
         self.running = gauge("sglang:num_running_reqs")
         self.queued = gauge("sglang:num_queue_reqs")
+        self.grammar_queued = gauge("sglang:num_grammar_queue_reqs")
         self.token_usage = gauge("sglang:token_usage")
         self.cache_usage = gauge("kvflow:prefix_cache_usage")
         self.gen_throughput = gauge("sglang:gen_throughput")
@@ -116,8 +118,8 @@ class RuntimeMetrics:
         info = gauge("sglang:cache_config_info")
         info.labels(model_name, str(page_size), str(num_pages)).set(1)
         for metric in (
-            self.running, self.queued, self.token_usage, self.cache_usage, self.gen_throughput,
-            self.hit_rate, self.prompt_tokens, self.generation_tokens, self.cached_tokens,
+            self.running, self.queued, self.grammar_queued, self.token_usage, self.cache_usage,
+            self.gen_throughput, self.hit_rate, self.prompt_tokens, self.generation_tokens, self.cached_tokens,
             self.requests, self.aborted, self.itl, self.e2e, self.prefill_inflight,
             self.decode_prealloc, self.decode_transfer, self.transfer_bytes,
             self.transfer_seconds, self.transfer_failed, self.transfer_speed,
@@ -142,6 +144,7 @@ class RuntimeMetrics:
             self.hicache.observe(stats.hicache)
         self.running.labels(self.model).set(stats.num_running_reqs)
         self.queued.labels(self.model).set(stats.num_queue_reqs)
+        self.grammar_queued.labels(self.model).set(stats.num_grammar_queue_reqs)
         self.token_usage.labels(self.model).set(stats.token_usage)
         self.cache_usage.labels(self.model).set(stats.cached_tokens / max(stats.kv_total_tokens, 1))
         self._observe_disagg(stats)

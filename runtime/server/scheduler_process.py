@@ -194,6 +194,7 @@ class SchedulerLoop:
             kv_transfer_seconds=role.transfers.seconds,
             recent_kv_transfers=tuple(tuple(t) for t in role.transfers.recent),
             hicache=sched.cache.tier_stats(sched.kv.hit_tokens),
+            num_grammar_queue_reqs=len(sched.grammar_wait),
         )
 
     def _publish_stats(self, force: bool = False) -> None:

@@ -92,6 +92,7 @@ class SchedulerStats:
     kv_transfer_seconds: float = 0.0
     recent_kv_transfers: tuple[tuple[float, int], ...] = ()  # (seconds, bytes) of the last ones
     hicache: HiCacheStats | None = None  # with a host tier (--hicache-host-memory-gb)
+    num_grammar_queue_reqs: int = 0  # waiting for their grammar's compile (SGLang's name)
 
     @property
     def token_usage(self) -> float:

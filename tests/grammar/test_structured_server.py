@@ -278,6 +278,33 @@ def test_compile_does_not_stall_other_requests(server):
     server.wait_idle_and_free()
 
 
+def _grammar_queue_gauge(server: ServerProcess) -> float:
+    for line in httpx.get(f"{server.url}/metrics", timeout=30).text.splitlines():
+        if line.startswith("sglang:num_grammar_queue_reqs{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("sglang:num_grammar_queue_reqs is not exported")
+
+
+def test_grammar_queue_gauge_counts_compiling_requests(server):
+    """``sglang:num_grammar_queue_reqs`` reads 1 while a request waits for its grammar's
+    compile and 0 once it ran (stats are published every 0.25 s: polled)."""
+    assert _grammar_queue_gauge(server) == 0
+    schema = json.dumps(_big_schema(420))  # not the stall test's: not in the compile cache
+    body = {"text": "{", "sampling_params": {"json_schema": schema, "max_new_tokens": 1}}
+    with ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(generate, server, **body)
+        seen = []
+        while not reply.done():
+            seen.append(_grammar_queue_gauge(server))
+            time.sleep(0.05)
+        assert reply.result().status_code == 200, reply.result().text
+    assert 1 in seen, seen
+    deadline = time.monotonic() + 10
+    while _grammar_queue_gauge(server) != 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _grammar_queue_gauge(server) == 0
+
+
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
         "required": ["city"]}  # fmt: skip
 
