@@ -119,8 +119,9 @@ class RuntimeMetrics:
         info.labels(model_name, str(page_size), str(num_pages)).set(1)
         for metric in (
             self.running, self.queued, self.grammar_queued, self.token_usage, self.cache_usage,
-            self.gen_throughput, self.hit_rate, self.prompt_tokens, self.generation_tokens, self.cached_tokens,
-            self.requests, self.aborted, self.itl, self.e2e, self.prefill_inflight,
+            self.gen_throughput, self.hit_rate, self.prompt_tokens, self.generation_tokens,
+            self.cached_tokens, self.requests, self.aborted, self.itl, self.e2e,
+            self.prefill_inflight,
             self.decode_prealloc, self.decode_transfer, self.transfer_bytes,
             self.transfer_seconds, self.transfer_failed, self.transfer_speed,
             self.transfer_latency,
