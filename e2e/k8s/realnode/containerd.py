@@ -9,6 +9,7 @@ from pathlib import Path
 from ..process import Component
 from .capability import CNI_BIN_DIR
 from .config import RealNodeConfig
+from .podnet import in_netns, write_pod_network
 
 __all__ = [
     "CRI_NAMESPACE",
@@ -30,17 +31,25 @@ def write_containerd_config(cfg: RealNodeConfig) -> Path:
       sandbox fails with "can't get final child's PID from pipe: EOF".
     - The CRI streaming server (logs/exec/port-forward) binds 127.0.0.1 on a free port.
     - No AppArmor, no hugetlb controller; cgroupfs (no systemd) for runc.
-    - Pods without host networking get a network namespace holding only `lo`.
+    - Pods without host networking get a network namespace holding only `lo`, or in
+      pod-network mode an address on the node namespace's bridge (`podnet`).
     """
     root = cfg.containerd_dir
     for sub in ("root", "state", "runc"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     cfg.cni_dir.mkdir(parents=True, exist_ok=True)
-    (cfg.cni_dir / "10-loopback.conflist").write_text(
-        json.dumps(
-            {"cniVersion": "0.4.0", "name": "kvflow-loopback", "plugins": [{"type": "loopback"}]}
+    if cfg.pod_network is not None:
+        write_pod_network(cfg, cfg.pod_network)
+    else:
+        (cfg.cni_dir / "10-loopback.conflist").write_text(
+            json.dumps(
+                {
+                    "cniVersion": "0.4.0",
+                    "name": "kvflow-loopback",
+                    "plugins": [{"type": "loopback"}],
+                }
+            )
         )
-    )
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     text = f"""version = 2
 root = "{root / "root"}"
@@ -90,9 +99,10 @@ def containerd_component(cfg: RealNodeConfig) -> Component:
             return False
         return ctr(cfg, "version", check=False, timeout=10).returncode == 0
 
+    argv = ["containerd", "--config", str(config)]
     return Component(
         "containerd",
-        ["containerd", "--config", str(config)],
+        argv if cfg.pod_network is None else in_netns(cfg, argv),
         cfg.logs_dir / "containerd.log",
         healthy,
     )

@@ -88,9 +88,11 @@ def api_server_env(kubeconfig: Path) -> list[dict[str, Any]]:
     ]
 
 
-def real_node_placement() -> dict[str, Any]:
-    """`nodeSelector` and `tolerations` that put a pod on the (tainted) real node."""
+def real_node_placement(label_value: str = "true") -> dict[str, Any]:
+    """`nodeSelector` and `tolerations` that put a pod on the (tainted) real node: the
+    host-network one, or with `label_value` the node carrying it (a pod-network node's
+    `RealNodeConfig.label_value`)."""
     return {
-        "nodeSelector": {REAL_NODE_LABEL: "true"},
-        "tolerations": [{**REAL_NODE_TAINT, "operator": "Equal"}],
+        "nodeSelector": {REAL_NODE_LABEL: label_value},
+        "tolerations": [{**REAL_NODE_TAINT, "value": label_value, "operator": "Equal"}],
     }

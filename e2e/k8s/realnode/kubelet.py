@@ -8,7 +8,8 @@ import yaml
 
 from ..health import http_probe
 from ..process import Component
-from .config import REAL_NODE_LABEL, REAL_NODE_TAINT, NodePorts, RealNodeConfig
+from .config import REAL_NODE_LABEL, NodePorts, RealNodeConfig
+from .podnet import in_netns
 
 __all__ = ["kubelet_component", "write_kubelet_config"]
 
@@ -42,7 +43,8 @@ def write_kubelet_config(cfg: RealNodeConfig, ports: NodePorts, client_ca: Path)
             "x509": {"clientCAFile": str(client_ca)},
         },
         "authorization": {"mode": "AlwaysAllow"},
-        "resolvConf": "/etc/resolv.conf",
+        # Pods on the pod network get no name servers: nothing may leave the namespace.
+        "resolvConf": "/etc/resolv.conf" if cfg.pod_network is None else "",
         "evictionHard": {
             "memory.available": "100Mi",
             "nodefs.available": "1%",
@@ -53,7 +55,7 @@ def write_kubelet_config(cfg: RealNodeConfig, ports: NodePorts, client_ca: Path)
         "imageGCLowThresholdPercent": 99,
         # The harness kills every container at teardown; no need to wait for pods.
         "shutdownGracePeriod": "0s",
-        "registerWithTaints": [REAL_NODE_TAINT] if cfg.taint else [],
+        "registerWithTaints": [cfg.taint_spec] if cfg.taint else [],
     }
     kubelet_dir.mkdir(parents=True, exist_ok=True)
     cfg.kubelet_config.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -63,22 +65,24 @@ def write_kubelet_config(cfg: RealNodeConfig, ports: NodePorts, client_ca: Path)
 def kubelet_component(
     kubelet: Path, cfg: RealNodeConfig, ports: NodePorts, kubeconfig: Path, client_ca: Path
 ) -> Component:
-    """The kubelet as a component, healthy once its loopback /healthz answers."""
+    """The kubelet as a component, healthy once its loopback /healthz answers (in
+    pod-network mode it runs in the node's namespace; a relay brings /healthz out)."""
     config = write_kubelet_config(cfg, ports, client_ca)
     root = cfg.kubelet_dir
+    argv = [
+        str(kubelet),
+        f"--config={config}",
+        f"--kubeconfig={kubeconfig}",
+        f"--root-dir={root / 'root'}",
+        f"--cert-dir={root / 'pki'}",
+        f"--volume-plugin-dir={root / 'volume-plugins'}",
+        f"--hostname-override={cfg.name}",
+        "--node-ip=127.0.0.1",
+        f"--node-labels={REAL_NODE_LABEL}={cfg.label_value}",
+    ]
     return Component(
         "kubelet",
-        [
-            str(kubelet),
-            f"--config={config}",
-            f"--kubeconfig={kubeconfig}",
-            f"--root-dir={root / 'root'}",
-            f"--cert-dir={root / 'pki'}",
-            f"--volume-plugin-dir={root / 'volume-plugins'}",
-            f"--hostname-override={cfg.name}",
-            "--node-ip=127.0.0.1",
-            f"--node-labels={REAL_NODE_LABEL}=true",
-        ],
+        argv if cfg.pod_network is None else in_netns(cfg, argv),
         cfg.logs_dir / "kubelet.log",
         http_probe(f"http://127.0.0.1:{ports.kubelet_healthz}/healthz"),
     )

@@ -20,6 +20,14 @@ from .config import NodePorts, RealNodeConfig
 from .containerd import containerd_component
 from .images import build_host_base, build_pause, kubernetes_module_dir
 from .kubelet import kubelet_component
+from .podnet import (
+    create_netns,
+    delete_netns,
+    node_relay_rules,
+    pod_network_missing,
+    relay_component,
+)
+from .relay import Endpoint, Rule
 from .teardown import kill_shims, sandbox_netns_paths, unmount_under
 
 __all__ = ["NodeUnavailable", "RealNode"]
@@ -32,6 +40,10 @@ class NodeUnavailable(RuntimeError):
 class RealNode:
     """containerd + kubelet registered as `config.name`, with the pause and host base
     images imported, its InternalIP set to 127.0.0.1 and Ready.
+
+    With `config.pod_network` both run in a network namespace the node creates, pods get
+    addresses on a bridge there, and relays join it to root loopback (`podnet`);
+    `forward()` makes a pod address reachable from a root loopback port.
 
     `start()` wipes `config.state_dir`; on failure it tears down what it started and
     raises (`NodeUnavailable` when the machine lacks a capability, else
@@ -59,26 +71,33 @@ class RealNode:
         self._containerd: Component | None = None
         self._kubelet: Component | None = None
         self._cgroup_created = False
+        self._netns_created = False
+        self._relays: list[Component] = []
 
     @property
     def components(self) -> list[Component]:
-        return [c for c in (self._containerd, self._kubelet) if c is not None]
+        own = [c for c in (self._containerd, self._kubelet) if c is not None]
+        return [*own, *self._relays]
 
     def start(self) -> RealNode:
+        cfg = self.config
         reason = missing_capability()
+        if reason is None and cfg.pod_network is not None:
+            reason = pod_network_missing()
         if reason:
             raise NodeUnavailable(reason)
-        cfg = self.config
         begin = time.monotonic()
         try:
             shutil.rmtree(cfg.state_dir, ignore_errors=True)
             cfg.logs_dir.mkdir(parents=True)
             create_cgroup_root(cfg.cgroup_root)
             self._cgroup_created = True
+            ports = NodePorts(*free_ports(2))
+            if cfg.pod_network is not None:
+                self._start_netns(ports)
             self._containerd = self._launch(containerd_component(cfg))
             build_pause(cfg, kubernetes_module_dir(self._env, self._versions))
             build_host_base(cfg)
-            ports = NodePorts(*free_ports(2))
             kubelet = kubelet_component(
                 self._kubelet_bin, cfg, ports, self._kube.kubeconfig, self._client_ca
             )
@@ -89,6 +108,28 @@ class RealNode:
             raise
         say(f"real node {cfg.name} Ready in {elapsed(begin)} (state: {cfg.state_dir})")
         return self
+
+    def _start_netns(self, ports: NodePorts) -> None:
+        cfg, net = self.config, self.config.pod_network
+        assert net is not None
+        try:
+            create_netns(cfg, net)
+        except RuntimeError as err:
+            raise NodeUnavailable(f"cannot create a network namespace: {err}") from err
+        self._netns_created = True
+        rules = node_relay_rules(cfg, net, ports, self._kube.kubeconfig)
+        self._relays.append(self._launch(relay_component("relay-node", rules, cfg.logs_dir)))
+
+    def forward(self, host: str, port: int) -> int:
+        """A root loopback port relayed to `host:port` inside the node's namespace (a pod
+        address); the relay lives until the node stops. Pod-network mode only."""
+        if self.config.pod_network is None:
+            raise RuntimeError(f"{self.config.name} has no pod network: pods use loopback")
+        (local,) = free_ports(1)
+        rule = Rule(Endpoint("127.0.0.1", local), Endpoint(host, port, self.config.netns_path))
+        name = f"relay-{local}-to-{host}-{port}"
+        self._relays.append(self._launch(relay_component(name, [rule], self.config.logs_dir)))
+        return local
 
     def check_running(self) -> None:
         for component in self.components:
@@ -117,6 +158,11 @@ class RealNode:
         if self._cgroup_created:
             remove_cgroup_root(cfg.cgroup_root)
             self._cgroup_created = False
+        while self._relays:
+            self._relays.pop().stop()
+        if self._netns_created:
+            delete_netns(cfg)
+            self._netns_created = False
         self._kube.kubectl("delete", "node", cfg.name, "--wait=false", check=False, timeout=20)
 
     def _launch(self, component: Component) -> Component:

@@ -17,7 +17,14 @@ from typing import Any
 from .hostpods import HostRuntime, api_server_env, real_node_placement
 from .images import HOST_BASE_IMAGE
 
-__all__ = ["SEEDED_CACHE", "adapt_model_deployment", "operator_chart_values", "seed_cache"]
+__all__ = [
+    "SEEDED_CACHE",
+    "adapt_model_deployment",
+    "adapt_to_pod_network",
+    "operator_chart_values",
+    "pod_network_chart_values",
+    "seed_cache",
+]
 
 # Folders of the kvflow cache a seed directory may hold (`models/` with the converted
 # embedded model, `cpu-kernels/` with the built native kernels).
@@ -50,8 +57,35 @@ def operator_chart_values(
     return values
 
 
+def pod_network_chart_values(
+    label_value: str,
+    watch_namespaces: list[str] | None = None,
+    host: HostRuntime | None = None,
+) -> dict[str, Any]:
+    """Values that run the chart's operator as a pod on a pod-network real node (the one
+    labelled `label_value`), from the host base image with this checkout mounted. The
+    pod has an address of its own: in-cluster settings reach the apiserver through the
+    `kubernetes` ClusterIP the node serves, and the autoscaler scrapes pod addresses."""
+    host = host or HostRuntime.current()
+    repository, tag = HOST_BASE_IMAGE.rsplit(":", 1)
+    values: dict[str, Any] = {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "env": host.env(),
+        "extraVolumes": host.volumes(),
+        "extraVolumeMounts": host.mounts(),
+        **real_node_placement(label_value),
+    }
+    if watch_namespaces:
+        values["watchNamespaces"] = list(watch_namespaces)
+    return values
+
+
 def _role(
-    host: HostRuntime, port: int, seed: Path | None, extra_env: list[dict[str, Any]]
+    host: HostRuntime,
+    port: int | None,
+    seed: Path | None,
+    extra_env: list[dict[str, Any]],
+    label_value: str = "true",
 ) -> dict[str, Any]:
     volumes, mounts = host.volumes(), host.mounts()
     if seed is not None:
@@ -68,15 +102,16 @@ def _role(
             for sub in SEEDED_CACHE
             if (seed / sub).is_dir()
         ]
-    return {
+    role: dict[str, Any] = {
         "image": HOST_BASE_IMAGE,
-        "hostNetwork": True,
-        "ports": {"http": port},
         "volumes": volumes,
         "volumeMounts": mounts,
         "env": [*host.env(), *extra_env],
-        **real_node_placement(),
+        **real_node_placement(label_value),
     }
+    if port is not None:  # host networking, on a loopback port of its own
+        role.update(hostNetwork=True, ports={"http": port})
+    return role
 
 
 def adapt_model_deployment(
@@ -101,6 +136,32 @@ def adapt_model_deployment(
     unified.setdefault("resources", {}).setdefault("requests", {})["cpu"] = "250m"
     router = spec.setdefault("router", {})
     router.update(_role(host, router_port, None, api_server_env(kubeconfig)))
+    router["resources"] = {"requests": {"cpu": "50m", "memory": "128Mi"}}
+    return out
+
+
+def adapt_to_pod_network(
+    body: dict[str, Any],
+    label_value: str,
+    replicas: int,
+    seed: Path | None = None,
+    host: HostRuntime | None = None,
+) -> dict[str, Any]:
+    """A copy of a unified ModelDeployment that runs on a pod-network real node (the one
+    labelled `label_value`): pods keep their default ports on addresses of their own, so
+    `replicas` workers share the node; the router finds them through the API and reaches
+    the apiserver through the in-cluster settings the kubelet injects."""
+    host = host or HostRuntime.current()
+    out = copy.deepcopy(body)
+    spec = out["spec"]
+    if spec.get("mode", "unified") != "unified":
+        raise ValueError("only unified ModelDeployments are adapted to the real node")
+    spec["imagePullPolicy"] = "Never"
+    unified = spec.setdefault("unified", {})
+    unified.update(replicas=replicas, **_role(host, None, seed, [], label_value))
+    unified.setdefault("resources", {}).setdefault("requests", {})["cpu"] = "250m"
+    router = spec.setdefault("router", {})
+    router.update(_role(host, None, None, [], label_value))
     router["resources"] = {"requests": {"cpu": "50m", "memory": "128Mi"}}
     return out
 
