@@ -262,6 +262,16 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "spec.unified.volumes[0].name",
     ),
     (
+        "env name the operator sets",
+        {"spec": {"unified": {"env": [{"name": "KVFLOW_CACHE_DIR", "value": "/data"}]}}},
+        "spec.unified.env[0].name",
+    ),
+    (
+        "env name twice",
+        {"spec": {"router": {"env": [{"name": "A", "value": "1"}, {"name": "A"}]}}},
+        "spec.router.env[1]: Duplicate value",
+    ),
+    (
         "mount of an undeclared volume",
         {"spec": {"unified": {"volumeMounts": [{"name": "data", "mountPath": "/data"}]}}},
         "spec.unified.volumeMounts",

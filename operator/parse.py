@@ -13,7 +13,7 @@ from typing import Any
 
 from kvflow import contract
 
-from .paths import OPERATOR_VOLUMES
+from .paths import OPERATOR_ENV, OPERATOR_VOLUMES
 from .quantity import QuantityError, parse_quantity
 from .spec import (
     DEFAULT_ROUTER_IMAGE,
@@ -80,6 +80,22 @@ def _volumes(raw: Mapping[str, Any], path: str) -> tuple[tuple[dict[str, Any], .
     return volumes, mounts
 
 
+def _env(raw: Mapping[str, Any], path: str) -> tuple[dict[str, Any], ...]:
+    """``env``: variables of the user's own names (the operator sets :data:`OPERATOR_ENV`,
+    and a container's env may name a variable once)."""
+    env = tuple(dict(e) for e in raw.get("env") or ())
+    declared: set[str] = set()
+    for i, entry in enumerate(env):
+        name = str(entry.get("name", ""))
+        if not name:
+            raise SpecError(f"{path}.env[{i}].name", "required")
+        if name in OPERATOR_ENV or name in declared:
+            taken = "set by the operator" if name in OPERATOR_ENV else "declared twice"
+            raise SpecError(f"{path}.env[{i}].name", f"{name!r} is {taken}")
+        declared.add(name)
+    return env
+
+
 def _pods(raw: Mapping[str, Any], path: str) -> PodSettings:
     resources = raw.get("resources") or {}
     volumes, mounts = _volumes(raw, path)
@@ -89,7 +105,7 @@ def _pods(raw: Mapping[str, Any], path: str) -> PodSettings:
         limits=_quantities(resources.get("limits"), f"{path}.resources.limits"),
         node_selector={str(k): str(v) for k, v in (raw.get("nodeSelector") or {}).items()},
         tolerations=tuple(dict(t) for t in raw.get("tolerations") or ()),
-        env=tuple(dict(e) for e in raw.get("env") or ()),
+        env=_env(raw, path),
         extra_args=tuple(str(a) for a in raw.get("extraArgs") or ()),
         image=None if image is None else str(image),
         host_network=bool(raw.get("hostNetwork", False)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -9,6 +10,7 @@ import yaml
 from operator_testing import CRD_PATH, SPECS, apply_defaults, crd_schema, load_model_deployment
 
 from kvflow.operator import GROUP, KIND, PLURAL, VERSION, parse_model_deployment
+from kvflow.operator.paths import OPERATOR_ENV, OPERATOR_VOLUMES
 
 
 def crd() -> dict[str, Any]:
@@ -80,3 +82,15 @@ def test_empty_spec_defaults_agree() -> None:
     defaulted = apply_defaults(body, crd_schema())
     assert defaulted["spec"]["mode"] == "unified" and defaulted["spec"]["router"]["replicas"] == 1
     assert parse_model_deployment(defaulted) == parse_model_deployment(body)
+
+
+def test_crd_refuses_the_env_names_and_volumes_the_operator_sets() -> None:
+    """The CEL lists of reserved env names and volume names are the operator's own."""
+    roles = crd_schema()["properties"]["spec"]["properties"]
+    for role in ("unified", "prefill", "decode", "router", "mooncakeMaster"):
+        env = roles[role]["properties"]["env"]
+        assert env["x-kubernetes-list-type"] == "map"  # a name once per container
+        (rule,) = env["items"]["x-kubernetes-validations"]
+        assert set(re.findall(r"'([A-Z_]+)'", rule["rule"])) == set(OPERATOR_ENV), role
+        (rule,) = roles[role]["properties"]["volumes"]["items"]["x-kubernetes-validations"]
+        assert set(re.findall(r"'([a-z]+)'", rule["rule"])) == set(OPERATOR_VOLUMES), role

@@ -9,6 +9,8 @@ import pytest
 from operator_testing import SPECS, load_model_deployment
 
 from kvflow.operator import SpecError, parse_model_deployment
+from kvflow.operator.paths import OPERATOR_ENV
+from kvflow.operator.render import render_children
 
 
 def host_network() -> dict[str, Any]:
@@ -100,3 +102,72 @@ def test_a_port_must_be_a_port() -> None:
     body = unified()
     body["spec"]["router"]["ports"] = {"http": 70000}
     assert refused(body).field_path == "spec.router.ports.http"
+
+
+@pytest.mark.parametrize("role", ["unified", "router"])
+@pytest.mark.parametrize("name", OPERATOR_ENV)
+def test_env_names_the_operator_sets_are_refused(role: str, name: str) -> None:
+    body = unified()
+    body["spec"][role]["env"] = [{"name": "MY_FLAG", "value": "1"}, {"name": name, "value": "x"}]
+    error = refused(body)
+    assert error.field_path == f"spec.{role}.env[1].name"
+    assert "set by the operator" in str(error)
+
+
+def test_env_names_are_declared_once() -> None:
+    body = host_network()
+    body["spec"]["mooncakeMaster"]["env"] = [{"name": "A", "value": "1"}, {"name": "A"}]
+    error = refused(body)
+    assert error.field_path == "spec.mooncakeMaster.env[1].name"
+    assert "declared twice" in str(error)
+    body["spec"]["mooncakeMaster"]["env"] = [{"name": "A", "value": "1"}]
+    assert parse_model_deployment(body).mooncake_master.pods.env == ({"name": "A", "value": "1"},)
+
+
+def test_operator_env_names_every_variable_the_operator_renders() -> None:
+    """Every env name in every container the operator renders (all specs, host network,
+    Mooncake, an API key Secret) is one :data:`OPERATOR_ENV` reserves, so a user entry can
+    never collide with one."""
+    rendered: set[str] = set()
+    for path in SPECS.values():
+        body = load_model_deployment(path)
+        for role in ("unified", "prefill", "decode", "router", "mooncakeMaster"):
+            if role in body["spec"]:
+                body["spec"][role]["env"] = []  # the operator's own only
+        body["spec"].setdefault("endpoint", {})["apiKeySecretRef"] = {"name": "key"}
+        for child in render_children(parse_model_deployment(body)):
+            pod = child.get("spec", {}).get("template", {}).get("spec", {})
+            for container in [*pod.get("containers", []), *pod.get("initContainers", [])]:
+                if container.get("name") != "fetch-model":  # its own container, no user env
+                    rendered |= {e["name"] for e in container.get("env", [])}
+    assert rendered == set(OPERATOR_ENV)
+
+
+def test_host_network_pods_bind_their_pod_ip_not_every_interface() -> None:
+    """On the host network every role (workers, router, Mooncake master) binds the address
+    the kubelet expands from ``$(KVFLOW_POD_IP)``, set from the pod's status; off it, every
+    interface of the pod."""
+    for on_host in (True, False):
+        body = host_network()
+        for role in ("prefill", "decode", "router", "mooncakeMaster"):
+            body["spec"][role]["hostNetwork"] = on_host
+        for child in render_children(parse_model_deployment(body)):
+            if child["kind"] != "Deployment":
+                continue
+            (container,) = child["spec"]["template"]["spec"]["containers"]
+            argv, env = container["command"], container.get("env", [])
+            pod_ip = [e for e in env if e["name"] == "KVFLOW_POD_IP"]
+            if container["name"] == "mooncake-master":
+                binds = [a.split("=", 1)[1] for a in argv if a.split("=")[0].endswith(
+                    ("_address", "_host"))]  # fmt: skip
+                assert binds == (["$(KVFLOW_POD_IP)"] * 3 if on_host else []), argv
+            else:
+                bind = argv[argv.index("--host") + 1]
+                assert bind == ("$(KVFLOW_POD_IP)" if on_host else "0.0.0.0"), argv
+            if on_host:
+                assert pod_ip == [
+                    {
+                        "name": "KVFLOW_POD_IP",
+                        "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+                    }
+                ], container["name"]
