@@ -12,6 +12,7 @@ from typing import Any
 from . import names
 from .placement import cluster_master, master_argv
 from .podparts import (
+    POD_IP_FIELD,
     apply_pod_settings,
     container_ports,
     container_resources,
@@ -50,8 +51,10 @@ def master_deployment(md: ModelDeployment) -> dict[str, Any]:
         "readinessProbe": probe,
         "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 6},
     }
-    if settings.env:
-        container["env"] = [dict(e) for e in settings.env]
+    # a host-network master binds its pod IP (see placement.POD_IP)
+    env = [*([POD_IP_FIELD] if settings.host_network else []), *(dict(e) for e in settings.env)]
+    if env:
+        container["env"] = env
     if settings.volume_mounts:
         container["volumeMounts"] = user_mounts(settings)
     pod_spec: dict[str, Any] = {

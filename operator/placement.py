@@ -152,7 +152,8 @@ def mooncake_client_config(
 
 
 def cluster_master(md: ModelDeployment) -> MasterPlacement:
-    """The master as pods reach it: ``spec.mooncakeMaster.host``, else its Service's name."""
+    """The master as pods reach it: ``spec.mooncakeMaster.host``, else its Service's name.
+    On the host network it binds its pod IP (the node's), else every interface of its pod."""
     master = md.mooncake_master
     service = f"{names.child_name(md.name, names.MOONCAKE_MASTER)}.{md.namespace}.svc"
     return MasterPlacement(
@@ -160,6 +161,7 @@ def cluster_master(md: ModelDeployment) -> MasterPlacement:
         rpc_port=master.rpc_port,
         metadata_port=master.metadata_port,
         metrics_port=master.metrics_port,
+        bind_host=POD_IP if master.pods.host_network else None,
     )
 
 

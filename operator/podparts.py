@@ -20,6 +20,12 @@ RUN_AS_ID = 1000
 API_PORT_NAME = contract.API_PORT_NAME
 BOOTSTRAP_PORT_NAME = contract.BOOTSTRAP_PORT_NAME
 GPU_RESOURCE = "nvidia.com/gpu"
+# The pod's IP from its status: what a pod advertises to peers, and what a host-network
+# pod binds (the kubelet expands ``$(KVFLOW_POD_IP)`` in its command).
+POD_IP_FIELD = {
+    "name": contract.POD_IP_ENV,
+    "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+}
 
 
 def pod_security_context() -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 from kvflow import contract
 
 from . import names
-from .paths import CACHE_DIR, HICACHE_DIR, MODEL_DIR, SHM_DIR, TMP_DIR
+from .paths import CACHE_DIR, HF_HOME_ENV, HICACHE_DIR, MODEL_DIR, SHM_DIR, TMP_DIR
 from .placement import (
     cluster_router_placement,
     cluster_worker_placement,
@@ -23,6 +23,7 @@ from .placement import (
 from .podparts import (
     API_PORT_NAME,
     BOOTSTRAP_PORT_NAME,
+    POD_IP_FIELD,
     api_key_env,
     apply_pod_settings,
     container_ports,
@@ -53,12 +54,6 @@ class ModelMount:
     init_containers: list[dict[str, Any]] = field(default_factory=list)
 
 
-POD_IP_FIELD = {
-    "name": contract.POD_IP_ENV,
-    "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
-}
-
-
 def model_mount(md: ModelDeployment) -> ModelMount:
     """Volumes for ``spec.model``; the embedded model needs none (it ships in the image)."""
     model = md.model
@@ -71,7 +66,7 @@ def model_mount(md: ModelDeployment) -> ModelMount:
         volume = {"hostPath": {"path": model.host_path, "type": "Directory"}}
         return ModelMount(MODEL_DIR, [{"name": "model", **volume}], read_only_mount)
     if model.source == "huggingFace":
-        env = [{"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"}]
+        env = [{"name": HF_HOME_ENV, "value": f"{CACHE_DIR}/huggingface"}]
         if model.hf_token is not None:
             env.append(secret_env("HF_TOKEN", model.hf_token))
         fetch = {
@@ -131,7 +126,7 @@ def worker_pod_template(
     env: list[dict[str, Any]] = [
         POD_IP_FIELD,
         {"name": contract.MODEL_CACHE_ENV, "value": CACHE_DIR},
-        {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
+        {"name": HF_HOME_ENV, "value": f"{CACHE_DIR}/huggingface"},
         *api_key_env(md.endpoint.api_key),
     ]
     config_dir = contract.RUNTIME_CONFIG_DIR

@@ -303,6 +303,10 @@ def test_mooncake_master_placement_reaches_every_client() -> None:
         "--enable_http_metadata_server=true",
         "--http_metadata_server_port=30301",
         "--metrics_port=30302",
+        # on the host network it binds its pod IP, not every interface of the node
+        "--rpc_address=$(KVFLOW_POD_IP)",
+        "--http_metadata_server_host=$(KVFLOW_POD_IP)",
+        "--metrics_host=$(KVFLOW_POD_IP)",
     ]
     (config_map,) = by_kind(children, "ConfigMap").values()
     client = json.loads(config_map["data"]["mooncake.json"])
