@@ -13,6 +13,10 @@ the room ended (or cannot be reached for the timeout); after a failed room the s
 one more timeout (a write the prefill abandoned may still land within the engine's own
 timeout, see ``KVTransport``): nothing may land in reused slots.
 The decode keeps no prefix cache (every prompt's KV comes from the prefill), as SGLang.
+A constrained request's grammar compiles here while its KV travels; a request whose KV
+arrived before its grammar compiled waits for it, slots held, before it joins the batch (the
+first token, drawn under the same grammar on the prefill, is fed to it there). Prompt
+logprobs come with the prefill's result.
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ __all__ = ["DecodeRole"]
 logger = logging.getLogger("kvflow.decode")
 
 
+def _grammar_ready(req: Req) -> bool:
+    return req.grammar is None or req.grammar.ready
+
+
 class DecodeRole(Role):
     def __init__(self, scheduler: Scheduler, *, transport: KVTransport, timeout_s: float) -> None:
         super().__init__(scheduler)
@@ -46,6 +54,7 @@ class DecodeRole(Role):
         self.transferring: dict[str, Req] = {}
         self.abandoned: set[str] = set()  # aborted while their transfer may still write
         self.quarantine: list[tuple[float, Req]] = []  # (free at, request) after failures
+        self.arrived: list[tuple[Req, Outcome]] = []  # KV in, grammar still compiling
         self.timeout_s = timeout_s
 
     def info(self) -> dict[str, Any]:
@@ -66,12 +75,18 @@ class DecodeRole(Role):
         self.prealloc.append(req)
 
     def busy(self) -> bool:
-        return bool(self.prealloc or self.transferring or self.quarantine)
+        return bool(self.prealloc or self.transferring or self.quarantine or self.arrived)
 
     def abort(self, rid: str, message: str) -> TokenOutput | None:
         for req in self.prealloc:
             if req.rid == rid:
                 self.prealloc.remove(req)
+                req.abort(message)
+                return self.scheduler.make_output(req, [])
+        for req, outcome in self.arrived:
+            if req.rid == rid:
+                self.arrived.remove((req, outcome))
+                self.scheduler.cache.release_req(req)
                 req.abort(message)
                 return self.scheduler.make_output(req, [])
         req = self.transferring.get(rid)
@@ -95,17 +110,14 @@ class DecodeRole(Role):
                 self.abandoned.discard(key)
                 self._release_after(outcome, req)
             elif outcome.state == "done":
-                first = outcome.result.get("first_token")
-                top = outcome.result.get("top_logprobs")
-                top = [tuple(pair) for pair in top] if top else None
-                req.cached_tokens = int(outcome.result.get("cached_tokens") or 0)
-                outputs += self.scheduler.add_prefilled(
-                    req, first, outcome.result.get("logprob"), top
-                )
+                self.arrived.append((req, outcome))
             else:
                 self._release_after(outcome, req)
                 req.abort(f"prefill failed: {outcome.message or outcome.state}", retryable=True)
                 outputs.append(self.scheduler.make_output(req, []))
+        for req, outcome in [a for a in self.arrived if _grammar_ready(a[0])]:
+            self.arrived.remove((req, outcome))
+            outputs += self._join(req, outcome.result)
         while self.prealloc and self._preallocate(self.prealloc[0]):
             req = self.prealloc.pop(0)
             assert req.bootstrap is not None
@@ -115,6 +127,22 @@ class DecodeRole(Role):
             self.transferring[req.rid] = req
             self.watcher.claim(req.rid, req.bootstrap, slots.tolist())
         return outputs
+
+    def _join(self, req: Req, result: dict[str, Any]) -> list[TokenOutput]:
+        """A request whose prompt KV arrived joins the running batch with the prefill's
+        first token (or ends here if its grammar failed to compile)."""
+        if req.grammar is not None and req.grammar.error is not None:
+            self.scheduler.cache.release_req(req)
+            req.abort(req.grammar.error)
+            return [self.scheduler.make_output(req, [])]
+        if req.input_logprobs is not None and result.get("input_logprobs") is not None:
+            req.input_logprobs.fill(result["input_logprobs"], result.get("input_top_logprobs"))
+        top = result.get("top_logprobs")
+        top = [tuple(pair) for pair in top] if top else None
+        req.cached_tokens = int(result.get("cached_tokens") or 0)
+        return self.scheduler.add_prefilled(
+            req, result.get("first_token"), result.get("logprob"), top
+        )
 
     def _release_after(self, outcome: Outcome, req: Req) -> None:
         """Free the slots of a room that ended; after a failure, one timeout later."""

@@ -147,6 +147,9 @@ class PrefillRole(Role):
             "top_logprobs": req.output_top_logprobs[0] if req.output_top_logprobs else None,
             "cached_tokens": req.cached_tokens,
         }
+        if req.input_logprobs is not None and req.input_logprobs.complete:
+            result["input_logprobs"] = req.input_logprobs.values
+            result["input_top_logprobs"] = req.input_logprobs.tops
         self.scheduler.release_parked(req)
         self.rooms.finish(req.bootstrap.room, "done", result)
 

@@ -72,6 +72,21 @@ class InputLogprobs:
         else:
             self.tops += [None] * count
 
+    def fill(
+        self, values: list[float | None], tops: list[list[list[float]] | None] | None
+    ) -> None:
+        """Take the values another process computed (a PD decode: its prefill's), as
+        :meth:`take` gives them out; ``tops`` pairs as ``[token_id, logprob]``."""
+        if len(values) != len(self.prompt_ids) - self.start:
+            raise ValueError(
+                f"{len(values)} prompt logprobs for {len(self.prompt_ids) - self.start} positions"
+            )
+        self.values = list(values)
+        self.tops = [
+            [(int(t), float(lp)) for t, lp in top] if top else None
+            for top in (tops or [None] * len(values))
+        ]
+
     def take(self) -> tuple[list[float | None], list[list[tuple[int, float]] | None]] | None:
         """The values, once complete and not sent yet (then marked sent)."""
         if self.sent or not self.complete:

@@ -6,7 +6,7 @@ from typing import Any
 
 from kvflow.runtime.wire import Bootstrap, RequestError
 
-__all__ = ["bootstrap_of", "bootstraps_of"]
+__all__ = ["bootstrap_of", "bootstraps_of", "check_sample_rooms"]
 
 
 def bootstrap_of(host: Any, port: Any, room: Any) -> Bootstrap | None:
@@ -37,3 +37,26 @@ def bootstraps_of(host: Any, port: Any, room: Any, count: int) -> list[Bootstrap
     if count > 1 and room is not None:
         raise RequestError(400, "a batch needs one bootstrap_room per prompt (lists)")
     return [bootstrap_of(host, port, room)] * count
+
+
+def check_sample_rooms(prompts: list[tuple[Bootstrap | None, int]]) -> None:
+    """400 unless the rooms the ``n`` samples of each prompt ``(bootstrap, n)`` take
+    (``room`` to ``room + n - 1``, see :meth:`Bootstrap.sample`) stay below 2**64 and no two
+    prompts share one."""
+    taken: list[tuple[int, int]] = []
+    for bootstrap, n in prompts:
+        if bootstrap is None:
+            continue
+        first, last = bootstrap.room, bootstrap.room + n - 1
+        if last >= 1 << 64:
+            raise RequestError(
+                400, f"bootstrap_room {first} leaves no room for {n} samples (room + n > 2**64)"
+            )
+        for lo, hi in taken:
+            if first <= hi and lo <= last:
+                raise RequestError(
+                    400,
+                    f"bootstrap rooms {first}..{last} of {n} samples overlap rooms {lo}..{hi} "
+                    "of another prompt",
+                )
+        taken.append((first, last))

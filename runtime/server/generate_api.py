@@ -23,12 +23,6 @@ def prepare_native(
     """Returns (single, inputs)."""
     if (body.text is None) == (body.input_ids is None):
         raise RequestError(400, "give exactly one of text and input_ids")
-    if (
-        body.return_logprob
-        and body.logprob_start_len >= 0
-        and tm.info.get("role", "unified") != "unified"
-    ):
-        raise RequestError(400, "prompt logprobs (logprob_start_len >= 0) need the unified role")
     if body.text is not None:
         single = isinstance(body.text, str)
         texts = [body.text] if single else body.text

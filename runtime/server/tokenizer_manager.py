@@ -21,6 +21,7 @@ import zmq.asyncio
 
 from kvflow.runtime.grammar import GrammarError, check_grammar, grammar_spec
 from kvflow.runtime.server.args import ServerArgs
+from kvflow.runtime.server.bootstrap_fields import check_sample_rooms
 from kvflow.runtime.server.ipc import IpcPaths, Puller, Pusher
 from kvflow.runtime.server.metrics import RuntimeMetrics
 from kvflow.runtime.tokenizer import TokenBytes, apply_chat_template
@@ -236,8 +237,6 @@ class TokenizerManager:
             return
         if self.tokenizer is None:
             raise RequestError(400, "structured output needs the tokenizer (skip_tokenizer_init)")
-        if self.info.get("role", "unified") != "unified":
-            raise RequestError(400, f"{spec.kind} is not supported with prefill/decode roles yet")
         if (error := await asyncio.to_thread(_grammar_error, spec)) is not None:
             raise RequestError(400, error)
 
@@ -247,15 +246,12 @@ class TokenizerManager:
             raise RequestError(
                 400, "this server runs the unified role: bootstrap_* fields are for PD servers"
             )
-        if role != "unified":
-            if inp.bootstrap is None:
-                raise RequestError(
-                    400,
-                    f"this server runs the {role} role: send requests through a PD router "
-                    "(bootstrap_host, bootstrap_port and bootstrap_room)",
-                )
-            if inp.sampling.n > 1:
-                raise RequestError(400, "n > 1 is not supported with prefill/decode roles yet")
+        if role != "unified" and inp.bootstrap is None:
+            raise RequestError(
+                400,
+                f"this server runs the {role} role: send requests through a PD router "
+                "(bootstrap_host, bootstrap_port and bootstrap_room)",
+            )
 
     def default_max_tokens(self, prompt_len: int) -> int:
         return max(self.context_len - prompt_len, 0)
@@ -287,10 +283,12 @@ class TokenizerManager:
                 raise RequestError(400, "rid can only name a single prompt with n = 1")
             if inp.rid is not None and inp.rid in self.states:
                 raise RequestError(400, f"a request with rid {inp.rid!r} is already in flight")
+        check_sample_rooms([(inp.bootstrap, inp.sampling.n) for inp in inputs])
         streams = []
         for inp in inputs:
             samples = inp.sampling.expand_n()
-            if len(samples) > 1:
+            # PD: each sample has its own room, and a prompt-only warm-up would have none.
+            if len(samples) > 1 and inp.bootstrap is None:
                 # Prefill the shared prompt once; the samples then hit the prefix cache.
                 warm = GenerateInput(
                     inp.input_ids, inp.sampling.prefill_only(), extra_key=inp.extra_key
@@ -301,7 +299,7 @@ class TokenizerManager:
                         pass
                 finally:
                     warm_handle.cancel()
-            for sampling in samples:
+            for index, sampling in enumerate(samples):
                 sample_inp = GenerateInput(
                     inp.input_ids,
                     sampling,
@@ -310,7 +308,7 @@ class TokenizerManager:
                     inp.extra_key,
                     inp.rid,
                     inp.stream,
-                    inp.bootstrap,
+                    inp.bootstrap.sample(index) if inp.bootstrap is not None else None,
                     inp.logprob_start_len,
                 )
                 streams.append(self._start(sample_inp))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = ["Bootstrap"]
 
@@ -29,3 +29,9 @@ class Bootstrap:
     def address(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
+
+    def sample(self, index: int) -> Bootstrap:
+        """The pairing of sample ``index`` of an ``n > 1`` request: room ``room + index``
+        (as SGLang gives each parallel sample its own room). Both halves derive the same
+        rooms from the one the router chose."""
+        return self if index == 0 else replace(self, room=self.room + index)

@@ -102,10 +102,10 @@ def test_many_concurrent_requests_complete_without_leaks(pd):
                 response = await client.post(f"{pd.router.url}/v1/chat/completions", json=body)
                 return response.status_code
 
-            return await asyncio.gather(*(one(i) for i in range(40)))
+            return await asyncio.gather(*(one(i) for i in range(100)))
 
     codes = asyncio.run(run())
-    assert codes == [200] * 40
+    assert codes == [200] * 100
     _idle(pd)
 
 
