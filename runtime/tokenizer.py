@@ -29,12 +29,25 @@ def load_tokenizer(model_path: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(folder))
 
 
-def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
-    """Token ids of a chat, with the generation prompt appended."""
+def apply_chat_template(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    **kwargs: Any,
+) -> list[int]:
+    """Token ids of a chat, with the generation prompt appended (by default), or ending
+    inside the final message, which the model is to continue (``continue_final_message``:
+    transformers renders the chat and cuts it right after that message's text)."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model's tokenizer has no chat template")
     ids = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, **kwargs
+        messages,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        tokenize=True,
+        **kwargs,
     )
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]

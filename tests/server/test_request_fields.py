@@ -3,6 +3,8 @@ honoured, ignored on purpose (same answer as without them) or refused unless at 
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -96,7 +98,6 @@ REFUSED_CASES = [
     (CHAT, "lora_path", "adapter-1"),
     (CHAT, "return_hidden_states", True),
     (CHAT, "stop_regex", "\\d"),
-    (CHAT, "continue_final_message", True),
     (CHAT, "functions", [{"name": "f"}]),
     ("/v1/completions", "suffix", "!"),
     ("/v1/completions", "best_of", 3),
@@ -168,4 +169,170 @@ def test_cache_salt_keeps_prefixes_apart(server):
     assert cached(cache_salt="bob") == 0
     cached(extra_key="k", cache_salt="alice")
     assert cached(extra_key="k", cache_salt="alice") > 0
+    server.wait_idle_and_free()
+
+
+def _chunks(server, path: str, body: dict) -> list[dict]:
+    with httpx.stream("POST", f"{server.url}{path}", json=body, timeout=120) as response:
+        assert response.status_code == 200, response.read()
+        lines = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+@pytest.mark.parametrize("path", [CHAT, "/v1/completions"])
+def test_stream_options_usage_last_and_on_every_chunk(server, path):
+    body = {**BASE[path], "max_tokens": 8, "ignore_eos": True, "stream": True}
+    whole = _post(server, path, {**BASE[path], "max_tokens": 8, "ignore_eos": True}).json()
+    # include_usage: one more chunk, with no choices, carrying the whole answer's usage
+    chunks = _chunks(server, path, {**body, "stream_options": {"include_usage": True}})
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+    assert all("usage" not in c for c in chunks[:-1])
+    # continuous_usage_stats (SGLang's): every chunk carries its sample's usage so far
+    chunks = _chunks(server, path, {**body, "stream_options": {"continuous_usage_stats": True}})
+    usages = [c["usage"] for c in chunks]
+    assert all(u["prompt_tokens"] == whole["usage"]["prompt_tokens"] for u in usages)
+    completion = [u["completion_tokens"] for u in usages]
+    assert completion == sorted(completion) and completion[-1] == 8
+    assert all(u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] for u in usages)
+    # without stream_options: no usage anywhere
+    assert all("usage" not in c for c in _chunks(server, path, body))
+
+
+def test_unknown_stream_option_is_a_400_naming_it(server):
+    body = {**BASE[CHAT], "stream": True, "stream_options": {"include_usgae": True}}
+    response = _post(server, CHAT, body)
+    assert response.status_code == 400, response.text
+    assert "stream_options.include_usgae" in response.json()["error"]["message"]
+
+
+MESSAGE_CASES = [
+    # (messages, status, words the error names)
+    ([{"role": "user", "content": "Hi", "nmae": "x"}], 400, ["messages[0].'nmae'", "unknown"]),
+    (
+        [{"role": "user", "content": [{"type": "text", "text": "Hi", "cache_control": {}}]}],
+        400,
+        ["messages[0].content[0].'cache_control'", "unknown"],
+    ),
+    (
+        [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+        400,
+        ["messages[0].content[0]", "'image_url'", "text only"],
+    ),
+    ([{"role": "user", "content": [{"type": "picture"}]}], 400, ["unknown type 'picture'"]),
+    (
+        [*MSG, {"role": "assistant", "content": "No.", "refusal": "I cannot."}],
+        400,
+        ["messages[1].'refusal'", "not supported"],
+    ),
+    (
+        [
+            *MSG,
+            {
+                "role": "assistant",
+                "content": "x",
+                "tool_calls": [{"id": "c", "x": 1, "function": {"name": "f", "arguments": "{}"}}],
+            },
+        ],
+        400,
+        ["tool_calls.0.x"],
+    ),
+    # every field OpenAI or SGLang defines for a message, at values kvflow honours
+    (
+        [
+            {"role": "system", "content": "Be brief.", "name": "setup"},
+            {"role": "user", "content": [{"type": "text", "text": "Weather?"}], "name": "ann"},
+            {
+                "role": "assistant",
+                "content": None,
+                "reasoning_content": "Look it up.",
+                "refusal": None,
+                "audio": None,
+                "function_call": None,
+                "phase": None,
+                "tools": None,
+                "prefix": False,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "index": 0,
+                        "type": "function",
+                        "function": {"name": "f", "arguments": {"city": "Nice"}},
+                    },
+                ],
+            },
+            {"role": "tool", "content": "sunny", "tool_call_id": "c1", "name": "f"},
+        ],
+        200,
+        [],
+    ),
+]
+
+
+@pytest.mark.parametrize(("messages", "status", "words"), MESSAGE_CASES)
+def test_message_fields_are_checked(server, messages, status, words):
+    response = _post(server, CHAT, {**BASE[CHAT], "messages": messages})
+    assert response.status_code == status, response.text
+    for word in words:
+        assert word in response.json()["error"]["message"], word
+
+
+def test_message_name_reaches_the_chat_template(server, tokenizer):
+    """The embedded template renders no ``name``: the prompt is the same with one (as with
+    SGLang, the template decides); a template that renders it is given it."""
+    plain = _post(server, CHAT, BASE[CHAT]).json()
+    named = [{**MSG[0], "name": "ann"}]
+    with_name = _post(server, CHAT, {**BASE[CHAT], "messages": named}).json()
+    assert with_name["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]
+    from kvflow.runtime.server.openai.chat_plan import plan_chat
+    from kvflow.runtime.server.openai.protocol import ChatCompletionRequest
+
+    body = ChatCompletionRequest.model_validate({"messages": named})
+    rendered, _ = plan_chat(body, None, None).render_messages(body.messages, False)
+    assert rendered == [{"role": "user", "content": MSG[0]["content"], "name": "ann"}]
+
+
+CONTINUED = [*MSG, {"role": "assistant", "content": "The capital of France is"}]
+
+
+def test_continue_final_message_continues_the_assistant_text(server, tokenizer):
+    body = {**BASE[CHAT], "messages": CONTINUED, "max_tokens": 8, "continue_final_message": True}
+    reply = _post(server, CHAT, body)
+    assert reply.status_code == 200, reply.text
+    reply = reply.json()
+    # the prompt is the chat up to the assistant's turn, then its text: nothing after it
+    head = tokenizer.apply_chat_template(MSG, add_generation_prompt=True, tokenize=False)
+    ids = tokenizer(head + CONTINUED[-1]["content"], add_special_tokens=False)["input_ids"]
+    assert reply["usage"]["prompt_tokens"] == len(ids)
+    sampling = {"temperature": 0, "max_new_tokens": 8}
+    native = _post(server, "/generate", {"input_ids": ids, "sampling_params": sampling}).json()
+    content = reply["choices"][0]["message"]["content"]
+    assert content == native["text"] and content
+    # not a new answer: a new turn would start elsewhere
+    answer = _post(server, CHAT, {**body, "continue_final_message": False}).json()
+    assert answer["usage"]["prompt_tokens"] > len(ids)
+    # vLLM's spelling of the same request
+    vllm = _post(server, CHAT, {**body, "add_generation_prompt": False}).json()
+    assert vllm["choices"][0]["message"]["content"] == content
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"add_generation_prompt": True}, "cannot both be true"),
+        ({"messages": MSG}, "the last message to be the assistant's"),
+    ],
+)
+def test_continue_final_message_refusals(server, extra, message):
+    body = {**BASE[CHAT], "messages": CONTINUED, "continue_final_message": True, **extra}
+    response = _post(server, CHAT, body)
+    assert response.status_code == 400, response.text
+    assert message in response.json()["error"]["message"]
+
+
+def test_add_generation_prompt_false_leaves_out_the_assistant_header(server, tokenizer):
+    plain = _post(server, CHAT, BASE[CHAT]).json()
+    bare = _post(server, CHAT, {**BASE[CHAT], "add_generation_prompt": False}).json()
+    header = tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    assert bare["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"] - len(header)
     server.wait_idle_and_free()

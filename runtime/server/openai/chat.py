@@ -7,13 +7,15 @@ from typing import Any
 
 from kvflow.runtime.server.bootstrap_fields import bootstrap_of
 from kvflow.runtime.server.openai.chat_output import ChatOutputStream, shape_message
-from kvflow.runtime.server.openai.chat_plan import ChatPlan, plan_chat
+from kvflow.runtime.server.openai.chat_plan import ChatPlan, content_text, plan_chat
 from kvflow.runtime.server.openai.common import (
     SampleResult,
     collect,
+    continuous_usage,
     merge_streams,
     new_id,
     now,
+    sample_usage,
     sse,
     usage_dict,
 )
@@ -34,6 +36,7 @@ def prepare_chat(
     messages, template_kwargs = plan.render_messages(body.messages, "tools" in template)
     if body.reasoning_effort is not None:
         template_kwargs["reasoning_effort"] = body.reasoning_effort
+    template_kwargs.update(_continuation(body))
     ids = tm.chat_ids(messages, **{**(body.chat_template_kwargs or {}), **template_kwargs})
     max_tokens = body.max_completion_tokens or body.max_tokens
     if max_tokens is None:
@@ -63,6 +66,30 @@ def prepare_chat(
         bootstrap=bootstrap_of(body.bootstrap_host, body.bootstrap_port, body.bootstrap_room),
     )
     return inp, plan
+
+
+def _continuation(body: ChatCompletionRequest) -> dict[str, bool]:
+    """``continue_final_message``: the prompt ends inside the last (assistant) message, so
+    the answer continues its text; vLLM's ``add_generation_prompt`` (default: true unless
+    continuing) cannot be true then."""
+    if not body.continue_final_message:
+        if body.add_generation_prompt is None:
+            return {}
+        return {"add_generation_prompt": body.add_generation_prompt}
+    if body.add_generation_prompt:
+        raise RequestError(
+            400,
+            "continue_final_message and add_generation_prompt cannot both be true: "
+            "continuing the last message adds no new turn",
+        )
+    last = body.messages[-1]
+    if last.role != "assistant" or last.tool_calls or not content_text(last).strip():
+        raise RequestError(
+            400,
+            "continue_final_message needs the last message to be the assistant's, with text "
+            "content to continue (and no tool_calls)",
+        )
+    return {"add_generation_prompt": False, "continue_final_message": True}
 
 
 def _logprobs(result_ids, logprobs, tops, tm: TokenizerManager) -> dict[str, Any]:
@@ -129,21 +156,23 @@ async def _stream(
     model: str,
 ) -> AsyncIterator[str]:
     chunk_id, created = new_id("chatcmpl"), now()
-    results = [SampleResult() for _ in handles]
+    results = [SampleResult(prompt_tokens=len(inp.input_ids)) for _ in handles]
     shapers = [ChatOutputStream(plan) for _ in handles]
+    every_chunk_usage = continuous_usage(body.stream_options)
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None, logprobs=None) -> str:
-        return sse(
-            {
-                "id": chunk_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [
-                    {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-                ],
-            }
-        )
+        payload = {
+            "id": chunk_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [
+                {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            ],
+        }
+        if every_chunk_usage:
+            payload["usage"] = sample_usage(results[index])
+        return sse(payload)
 
     for index in range(len(handles)):
         yield chunk(index, {"role": "assistant", "content": ""})

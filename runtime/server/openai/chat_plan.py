@@ -79,9 +79,15 @@ class ChatPlan:
         rendered = []
         for message in messages:
             entry: dict[str, Any] = {"role": message.role, "content": content_text(message)}
+            # for the template to render or not, as SGLang passes them
+            if message.name is not None:
+                entry["name"] = message.name
+            if message.reasoning_content is not None:
+                entry["reasoning_content"] = message.reasoning_content
             if message.tool_calls:
                 calls = [
-                    ToolCallItem(c.function.name, c.function.arguments) for c in message.tool_calls
+                    ToolCallItem(c.function.name, c.function.arguments_text)
+                    for c in message.tool_calls
                 ]
                 if template_has_tools:
                     entry["tool_calls"] = [
@@ -90,7 +96,7 @@ class ChatPlan:
                             "type": "function",
                             "function": {
                                 "name": c.function.name,
-                                "arguments": _arguments(c.function.arguments),
+                                "arguments": _arguments(c.function.arguments_text),
                             },
                         }
                         for c in message.tool_calls
@@ -98,11 +104,8 @@ class ChatPlan:
                 else:
                     text = self._render_calls(calls)
                     entry["content"] = f"{entry['content']}\n{text}" if entry["content"] else text
-            if message.role == "tool":
-                if message.tool_call_id is not None:
-                    entry["tool_call_id"] = message.tool_call_id
-                if message.name is not None:
-                    entry["name"] = message.name
+            if message.role == "tool" and message.tool_call_id is not None:
+                entry["tool_call_id"] = message.tool_call_id
             rendered.append(entry)
         if not self.tools:
             return rendered, {}

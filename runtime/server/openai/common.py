@@ -14,7 +14,16 @@ from kvflow.runtime.server.tokenizer_manager import RequestHandle
 from kvflow.runtime.wire.errors import RequestError
 from kvflow.runtime.wire.messages import TextOutput
 
-__all__ = ["SampleResult", "collect", "merge_streams", "new_id", "sse", "usage_dict"]
+__all__ = [
+    "SampleResult",
+    "collect",
+    "continuous_usage",
+    "merge_streams",
+    "new_id",
+    "sample_usage",
+    "sse",
+    "usage_dict",
+]
 
 
 def new_id(prefix: str) -> str:
@@ -113,6 +122,20 @@ def usage_dict(results: list[SampleResult], n: int) -> dict[str, Any]:
         "total_tokens": prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
+
+
+def sample_usage(result: SampleResult) -> dict[str, Any]:
+    """One sample's usage so far (SGLang's ``continuous_usage_stats`` puts it on every chunk)."""
+    return {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "total_tokens": result.prompt_tokens + result.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
+    }
+
+
+def continuous_usage(stream_options: Any) -> bool:
+    return bool(stream_options and stream_options.continuous_usage_stats)
 
 
 def now() -> int:

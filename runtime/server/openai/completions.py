@@ -10,9 +10,11 @@ from kvflow.runtime.server.openai.common import (
     SampleResult,
     TokenText,
     collect,
+    continuous_usage,
     merge_streams,
     new_id,
     now,
+    sample_usage,
     sse,
     usage_dict,
 )
@@ -95,7 +97,8 @@ async def completion(
     model = body.model or tm.args.model_name
     n = body.n
     if body.stream:
-        return _stream(tm, body, prompt_texts, handles, model, n)
+        prompt_lengths = [len(inp.input_ids) for inp in inputs]
+        return _stream(tm, body, prompt_texts, prompt_lengths, handles, model, n)
     results = await collect(handles)
     choices = []
     for i, result in enumerate(results):
@@ -131,26 +134,29 @@ async def _stream(
     tm: TokenizerManager,
     body: CompletionRequest,
     prompt_texts: list[str],
+    prompt_lengths: list[int],
     handles: list[RequestHandle],
     model: str,
     n: int,
 ) -> AsyncIterator[str]:
     chunk_id, created = new_id("cmpl"), now()
-    results = [SampleResult() for _ in handles]
+    results = [SampleResult(prompt_tokens=prompt_lengths[i // n]) for i in range(len(handles))]
     offsets = [0] * len(handles)
+    every_chunk_usage = continuous_usage(body.stream_options)
 
     def chunk(index: int, text: str, finish: str | None, logprobs=None) -> str:
-        return sse(
-            {
-                "id": chunk_id,
-                "object": "text_completion",
-                "created": created,
-                "model": model,
-                "choices": [
-                    {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
-                ],
-            }
-        )
+        payload = {
+            "id": chunk_id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+            ],
+        }
+        if every_chunk_usage:
+            payload["usage"] = sample_usage(results[index])
+        return sse(payload)
 
     if body.echo:
         for index in range(len(handles)):

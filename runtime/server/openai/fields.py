@@ -147,7 +147,6 @@ REFUSED_UNLESS_DEFAULT: dict[str, tuple[tuple[Any, ...], str]] = {
     },
     "no_stop_trim": ((False, None), _CHANGES),
     "stop_regex": ((None, [], ""), _CHANGES),  # SGLang's frontend always sends []
-    "continue_final_message": ((False, None), _CHANGES),
     "best_of": ((None, 1), _CHANGES),
 }
 
@@ -168,7 +167,6 @@ _CHAT = {
     "lora_path", "session_id", "session_params", "custom_logit_processor", "custom_params",
     "watermark", "stop_regex", "thinking", "task", "verbosity", "audio", "web_search_options",
     "functions", "function_call", "input_ids", "modalities", "no_stop_trim",
-    "continue_final_message",
 }  # fmt: skip
 _COMPLETIONS = {
     "user", "priority", "custom_labels", "data_parallel_rank", "routed_dp_rank",

@@ -11,11 +11,13 @@ booleans where numbers go and non-finite floats (``NaN``, ``Infinity``) are refu
 
 from __future__ import annotations
 
+import json
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from kvflow.runtime.server.openai.fields import check_fields
+from kvflow.runtime.server.openai.message_fields import check_messages
 from kvflow.runtime.server.openai.structured import ResponseFormat, grammar_sampling
 
 __all__ = [
@@ -41,9 +43,13 @@ def _namespace(extra_key: str | None, cache_salt: str | None) -> str | None:
 
 
 class StreamOptions(BaseModel):
-    model_config = _STRICT
+    """``include_usage``: a last chunk with the usage of the whole answer (OpenAI's);
+    ``continuous_usage_stats``: every chunk carries the usage of its sample so far (SGLang's)."""
 
-    include_usage: StrictBool = False
+    model_config = ConfigDict(extra="forbid", **_STRICT)
+
+    include_usage: StrictBool | None = False
+    continuous_usage_stats: StrictBool | None = False
 
 
 class _CheckedFields(BaseModel):
@@ -126,24 +132,35 @@ class _SamplingFields(_CheckedFields):
 
 
 class ToolCallFunction(BaseModel):
-    model_config = ConfigDict(extra="ignore", **_STRICT)
+    model_config = ConfigDict(extra="forbid", **_STRICT)
 
     name: str
-    arguments: str = "{}"  # JSON text, as OpenAI sends it
+    # JSON text, as OpenAI sends it; SGLang also takes the object itself
+    arguments: str | dict[str, Any] = "{}"
+
+    @property
+    def arguments_text(self) -> str:
+        if isinstance(self.arguments, str):
+            return self.arguments
+        return json.dumps(self.arguments, ensure_ascii=False)
 
 
 class ToolCall(BaseModel):
-    """A call the assistant made earlier in the conversation."""
+    """A call the assistant made earlier in the conversation (``index`` as a streamed
+    delta has it, which clients echo back)."""
 
-    model_config = ConfigDict(extra="ignore", **_STRICT)
+    model_config = ConfigDict(extra="forbid", **_STRICT)
 
     id: str | None = None
+    index: int | None = None
     type: Literal["function"] = "function"
     function: ToolCallFunction
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow", **_STRICT)
+    """One message; fields beyond these are checked by :mod:`.message_fields` first."""
+
+    model_config = ConfigDict(extra="forbid", **_STRICT)
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
@@ -199,6 +216,17 @@ class ChatCompletionRequest(_SamplingFields):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     separate_reasoning: StrictBool = True
     stream_reasoning: StrictBool = True
+    # SGLang/vLLM: the last message is the assistant's, to be continued (not answered);
+    # vLLM's add_generation_prompt (default: true unless continuing) cannot be true with it
+    continue_final_message: StrictBool = False
+    add_generation_prompt: StrictBool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_message_fields(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and "messages" in raw:
+            return {**raw, "messages": check_messages(raw["messages"])}
+        return raw
 
 
 class CompletionRequest(_SamplingFields):
