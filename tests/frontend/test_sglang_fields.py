@@ -16,10 +16,19 @@ from kvflow.runtime.server.openai.fields import (
     REFUSED_UNLESS_DEFAULT,
     SAMPLING_ALIASES,
 )
+from kvflow.runtime.server.openai.message_fields import (
+    CONTENT_PART_REFUSED,
+    MESSAGE_FIELDS,
+    MESSAGE_REFUSED_UNLESS_DEFAULT,
+)
 from kvflow.runtime.server.openai.protocol import (
     ChatCompletionRequest,
+    ChatMessage,
     CompletionRequest,
     GenerateRequestBody,
+    StreamOptions,
+    ToolCall,
+    ToolCallFunction,
 )
 from kvflow.runtime.wire.sampling import SAMPLING_KEYS
 
@@ -66,3 +75,17 @@ def test_every_sglang_field_is_known(sglang_fields, endpoint):
     assert unknown == [], f"{endpoint}: SGLang fields kvflow does not know: {unknown}"
     for name in ENDPOINT_FIELDS[endpoint]:
         assert name in IGNORED or name in REFUSED_UNLESS_DEFAULT, name
+
+
+def test_every_sglang_message_field_and_part_type_is_known(sglang_fields):
+    known = MESSAGE_FIELDS | set(MESSAGE_REFUSED_UNLESS_DEFAULT)
+    assert [f for f in sglang_fields["message"] if f not in known] == []
+    assert set(ChatMessage.model_fields) == MESSAGE_FIELDS
+    assert sglang_fields["text_part"] == ["type", "text"]
+    unknown_types = [
+        t for t in sglang_fields["part_types"] if t != "text" and t not in CONTENT_PART_REFUSED
+    ]
+    assert unknown_types == []
+    assert set(sglang_fields["tool_call"]) <= set(ToolCall.model_fields)
+    assert set(sglang_fields["tool_call_function"]) <= set(ToolCallFunction.model_fields)
+    assert set(sglang_fields["stream_options"]) <= set(StreamOptions.model_fields)
