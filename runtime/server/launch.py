@@ -1,7 +1,8 @@
 """Starts one runtime instance: scheduler and detokenizer subprocesses, then the HTTP server.
 
-Start-up waits until every subprocess reports ready. If a subprocess dies, in-flight and
-new requests fail with 503 and the server exits non-zero. SIGTERM drains: new requests
+Start-up waits until every subprocess reports ready; if one dies meanwhile (the OOM killer,
+say) the server reaps the others and exits 1, naming the child and the signal. If a
+subprocess dies later, in-flight and new requests fail with 503 and the server exits 1. SIGTERM drains: new requests
 get 503, in-flight ones finish (up to ``drain_timeout``), then children are reaped.
 """
 
@@ -14,6 +15,7 @@ import multiprocessing as mp
 import os
 import signal
 import time
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
@@ -63,23 +65,61 @@ def _start_children(args: ServerArgs, paths: IpcPaths) -> tuple[list[BaseProcess
         proc.start()
         procs.append(proc)
         pipes.append((name, reader))
+    try:
+        return procs, _wait_ready(pipes, procs)
+    except BaseException:
+        _reap(procs)  # else multiprocessing's exit handler waits on the live ones forever
+        raise
+
+
+def _wait_ready(pipes: list[tuple[str, Connection]], procs: list[BaseProcess]) -> dict[str, Any]:
+    """Each child's ready message, in order; :class:`StartupError` as soon as any child
+    exits (a dead child's pipe reads as end-of-file) or the start-up budget runs out."""
     info: dict[str, Any] = {}
     deadline = time.monotonic() + _START_TIMEOUT_S
-    for (name, reader), child in zip(pipes, procs, strict=True):
+    for name, reader in pipes:
         while not reader.poll(0.5):
-            if not child.is_alive():
-                raise StartupError(
-                    f"the {name} process exited with code {child.exitcode} while starting"
-                )
+            _check_alive(procs, "while starting")
             if time.monotonic() > deadline:
                 raise StartupError(
                     f"the {name} process did not become ready in {_START_TIMEOUT_S:.0f} s"
                 )
-        status, payload = reader.recv()
+        try:
+            status, payload = reader.recv()
+        except EOFError:
+            _check_alive(procs, "while starting", wait_s=5.0)
+            raise StartupError(f"the {name} process closed its pipe while starting") from None
         if status != "ready":
             raise StartupError(f"the {name} process failed to start: {payload}")
         info.update(payload)
-    return procs, info
+    return info
+
+
+def describe_exit(proc: BaseProcess) -> str:
+    """How a child ended: its exit code, or the signal that killed it (SIGKILL is what the
+    kernel's out-of-memory killer sends, as in a container over its memory limit)."""
+    code = proc.exitcode
+    if code is not None and code < 0:
+        try:
+            signame = signal.Signals(-code).name
+        except ValueError:
+            signame = f"signal {-code}"
+        hint = " (out of memory?)" if -code == signal.SIGKILL else ""
+        return f"{proc.name} was killed by {signame}{hint}"
+    return f"{proc.name} exited with code {code}"
+
+
+def _check_alive(procs: list[BaseProcess], when: str, wait_s: float = 0.0) -> None:
+    """Raise :class:`StartupError` naming every child that has ended (waiting up to
+    ``wait_s`` for one that is on its way out)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        dead = [p for p in procs if not p.is_alive()]
+        if dead or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    if dead:
+        raise StartupError(f"{', '.join(describe_exit(p) for p in dead)} {when}")
 
 
 def _reap(procs: list[BaseProcess]) -> None:
@@ -134,8 +174,8 @@ async def _serve(args: ServerArgs, tm: TokenizerManager, procs: list[BaseProcess
     while not serve_task.done():
         dead = [p for p in procs if not p.is_alive()]
         if dead and not tm.dead_reason:
-            reason = ", ".join(f"{p.name} exited with code {p.exitcode}" for p in dead)
-            logger.error("subprocess died: %s", reason)
+            reason = ", ".join(describe_exit(p) for p in dead)
+            logger.error("subprocess died: %s; the server exits", reason)
             tm.fail_all(reason)
             exit_code = 1
             await asyncio.sleep(_MONITOR_INTERVAL_S)  # let handlers answer 503
@@ -165,7 +205,7 @@ def launch_server(args: ServerArgs) -> int:
         tm = TokenizerManager(args, paths, info, tokenizer)
         return asyncio.run(_serve(args, tm, procs))
     except StartupError as err:
-        logger.error("%s", err)
+        logger.error("start-up failed: %s; the server exits", err)
         return 1
     finally:
         _reap(procs)

@@ -4,13 +4,17 @@ unhealthy and exit non-zero instead of hanging."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import httpx
 import psutil
-from server_process import ServerProcess
+import pytest
+from server_process import ServerProcess, free_port
 
 # Long enough that it is still decoding when SIGTERM comes, however fast the machine: the
 # signal is sent once its first tokens have streamed back.
@@ -68,7 +72,72 @@ def test_dead_scheduler_makes_the_server_fail_fast_and_exit(embedded_ready, tmp_
         assert code != 0
     finally:
         server.stop()
-    assert "exited with code" in (tmp_path / "server.log").read_text()
+    log = (tmp_path / "server.log").read_text()
+    assert "kvflow-scheduler was killed by SIGKILL (out of memory?)" in log, log[-2000:]
+    assert "the server exits" in log
+
+
+def _spawned_children(proc: psutil.Process) -> list[psutil.Process]:
+    """The server's scheduler and detokenizer, in start order (multiprocessing's resource
+    tracker, also a child, is left out)."""
+    children = [
+        c for c in proc.children() if "spawn_main" in " ".join(c.cmdline())
+    ]  # fmt: skip
+    return sorted(children, key=lambda c: c.create_time())
+
+
+@pytest.mark.parametrize(("index", "name"), [(0, "kvflow-scheduler"), (1, "kvflow-detokenizer")])
+def test_child_killed_during_start_up_makes_the_server_exit(embedded_ready, tmp_path, index, name):
+    """A child killed while the server waits for it (as the out-of-memory killer does in a
+    container over its limit) ends the server within seconds, non-zero, naming the child
+    and the signal, leaving no process behind: the kubelet then restarts the container."""
+    log = tmp_path / "server.log"
+    port = free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvflow", "serve", "--port", str(port)],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    server = psutil.Process(proc.pid)
+    try:
+        deadline = time.monotonic() + 120
+        children: list[psutil.Process] = []
+        while len(children) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            children = _spawned_children(server)
+            time.sleep(0.05)
+        assert len(children) == 2, log.read_text()[-2000:]
+        assert "kvflow: serving" not in log.read_text()  # still starting
+        children[index].kill()
+        killed_at = time.monotonic()
+        code = proc.wait(30)
+        exited_after = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert code == 1, text[-2000:]
+    assert exited_after < 10, f"exited {exited_after:.1f} s after the kill"
+    assert f"{name} was killed by SIGKILL (out of memory?) while starting" in text, text[-2000:]
+    assert "Traceback" not in text
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, f"children outlived the server: {[c.pid for c in alive]}"
+
+
+def test_dead_detokenizer_after_start_makes_the_server_exit(embedded_ready, tmp_path):
+    server = ServerProcess(log=tmp_path / "server.log")
+    try:
+        (_, detokenizer) = _spawned_children(psutil.Process(server.proc.pid))
+        detokenizer.kill()
+        killed_at = time.monotonic()
+        code = server.proc.wait(30)
+        assert time.monotonic() - killed_at < 10
+        assert code == 1
+    finally:
+        server.stop()
+    assert "kvflow-detokenizer was killed by SIGKILL" in (tmp_path / "server.log").read_text()
 
 
 def test_kill_9_of_the_server_leaves_no_orphans(embedded_ready, tmp_path):
