@@ -90,8 +90,12 @@ def _stream(server: ServerProcess, **body) -> tuple[dict, str | None]:
             merged["content"] += delta.get("content") or ""
             merged["reasoning_content"] += delta.get("reasoning_content") or ""
             for call in delta.get("tool_calls") or []:
-                assert call["index"] == len(merged["tool_calls"]) and call["id"]
-                merged["tool_calls"].append(call)
+                if call["index"] == len(merged["tool_calls"]):  # a call's first delta
+                    assert call["id"]
+                    merged["tool_calls"].append(call)
+                else:  # a fragment of its arguments
+                    fragment = call["function"]["arguments"]
+                    merged["tool_calls"][call["index"]]["function"]["arguments"] += fragment
             finish = choice["finish_reason"] or finish
     return merged, finish
 

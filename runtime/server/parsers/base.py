@@ -2,35 +2,31 @@
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ParsedToolCalls", "ReasoningParser", "ToolCallItem", "ToolCallParser", "held_suffix"]
+__all__ = [
+    "OutputPart",
+    "ParsedToolCalls",
+    "ReasoningParser",
+    "ToolCallItem",
+    "ToolCallParser",
+    "held_suffix",
+]
 
 
 @dataclass(frozen=True)
 class ToolCallItem:
-    """One function call: its name and its arguments as JSON text (OpenAI's shape)."""
+    """One function call: its name and its arguments as JSON text (OpenAI's shape), the
+    text the model wrote for them."""
 
     name: str
     arguments: str
 
-    @classmethod
-    def from_json(cls, obj: Any, args_keys: tuple[str, ...]) -> ToolCallItem | None:
-        """From ``{"name": ..., <args key>: {...}}``; None if ``obj`` is not such a call."""
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            return None
-        args: Any = next((obj[k] for k in args_keys if k in obj), {})
-        if isinstance(args, str):  # some models write the arguments as JSON text
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                return None
-        if not isinstance(args, dict):
-            return None
-        return cls(obj["name"], json.dumps(args, ensure_ascii=False))
+
+# An output read so far: content pieces and calls, in order (see ToolCallParser.split).
+OutputPart = str | ToolCallItem
 
 
 @dataclass(frozen=True)
@@ -44,23 +40,28 @@ class ParsedToolCalls:
 class ToolCallParser(ABC):
     """One model family's tool-call text format.
 
-    ``parse`` never raises: text that looks like a call but does not parse stays content.
-    ``call_start`` / ``hold_from`` drive streaming (see :class:`~.stream.ToolCallStream`):
-    text before ``hold_from`` can be sent as content at once, because no call can start
-    before it.
+    :meth:`split` reads an output, whole or so far, into content pieces and calls; it never
+    raises: text that is not a call stays content. It is what streaming sends (see
+    :class:`~.stream.ToolCallStream`), so it must only ever extend what it gave for a
+    shorter text: content that may still turn out to start a call is held back, and a call
+    is given once it is decided (its name complete and its arguments begun) with its
+    arguments' text so far. :meth:`parse` is the split of a finished output.
     """
 
     @abstractmethod
+    def split(self, text: str, final: bool) -> list[OutputPart]:
+        """The parts of ``text``: with ``final`` it is the whole output (nothing held back;
+        a call cut off after it began stays a call), else more may follow."""
+
     def parse(self, text: str) -> ParsedToolCalls:
-        """Split a finished output into content and calls."""
-
-    @abstractmethod
-    def call_start(self, text: str) -> int | None:
-        """Where the first call begins in ``text`` (the output so far), or None."""
-
-    @abstractmethod
-    def hold_from(self, text: str) -> int:
-        """The earliest position where a call may still begin once more text arrives."""
+        """A finished output's calls, and the text outside them (stripped when there are
+        calls; the whole text when there are none)."""
+        parts = self.split(text, final=True)
+        calls = [p for p in parts if isinstance(p, ToolCallItem)]
+        if not calls:
+            return ParsedToolCalls(text, [])
+        content = "".join(p for p in parts if isinstance(p, str))
+        return ParsedToolCalls(content.strip(), calls)
 
     @abstractmethod
     def render_calls(self, calls: list[ToolCallItem]) -> str:

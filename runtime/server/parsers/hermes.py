@@ -6,40 +6,44 @@ import json
 from typing import Any
 
 from kvflow.runtime.server.parsers.base import (
-    ParsedToolCalls,
+    OutputPart,
     ToolCallItem,
     ToolCallParser,
     held_suffix,
 )
+from kvflow.runtime.server.parsers.json_call import scan_call, skip
 
 __all__ = ["HermesToolCallParser"]
 
 _START, _END = "<tool_call>", "</tool_call>"
+_ARGS_KEYS = ("arguments", "parameters")
 
 
 class HermesToolCallParser(ToolCallParser):
-    def parse(self, text: str) -> ParsedToolCalls:
-        calls: list[ToolCallItem] = []
-        content: list[str] = []
+    def split(self, text: str, final: bool) -> list[OutputPart]:
+        parts: list[OutputPart] = []
         pos = 0
-        while (start := text.find(_START, pos)) >= 0:
-            end = text.find(_END, start)
-            body = text[start + len(_START) : end if end >= 0 else len(text)]
-            call = _call(body)
-            if call is None:  # not a call after all: keep it as text
-                break
-            content.append(text[pos:start])
-            calls.append(call)
-            pos = len(text) if end < 0 else end + len(_END)
-        content.append(text[pos:])
-        return ParsedToolCalls("".join(content).strip() if calls else text, calls)
-
-    def call_start(self, text: str) -> int | None:
-        start = text.find(_START)
-        return None if start < 0 else start
-
-    def hold_from(self, text: str) -> int:
-        return held_suffix(text, _START)
+        while True:
+            start = text.find(_START, pos)
+            if start < 0:
+                end = len(text) if final else max(held_suffix(text, _START), pos)
+                return _with(parts, text[pos:end])
+            _with(parts, text[pos:start])
+            scan = scan_call(text, skip(text, start + len(_START)), _ARGS_KEYS)
+            if scan.state == "invalid" or (scan.state == "undecided" and final):
+                return _with(parts, text[start:])  # not a call: the rest is text
+            if scan.state == "undecided":
+                return parts  # held until decided
+            parts.append(scan.item())
+            if scan.end is None:
+                return parts  # its arguments are still arriving
+            after = skip(text, scan.end)
+            if text.startswith(_END, after):
+                pos = skip(text, after + len(_END))
+            elif not final and _END.startswith(text[after:]):
+                return parts  # the end marker may be arriving
+            else:  # no end marker: what follows the call is text
+                pos = after
 
     def render_calls(self, calls: list[ToolCallItem]) -> str:
         return "\n".join(
@@ -58,9 +62,7 @@ class HermesToolCallParser(ToolCallParser):
         )
 
 
-def _call(body: str) -> ToolCallItem | None:
-    try:
-        obj = json.loads(body.strip())
-    except json.JSONDecodeError:
-        return None
-    return ToolCallItem.from_json(obj, ("arguments", "parameters"))
+def _with(parts: list[OutputPart], content: str) -> list[OutputPart]:
+    if content:
+        parts.append(content)
+    return parts

@@ -7,51 +7,51 @@ import json
 from typing import Any
 
 from kvflow.runtime.server.parsers.base import (
-    ParsedToolCalls,
+    OutputPart,
     ToolCallItem,
     ToolCallParser,
     held_suffix,
 )
+from kvflow.runtime.server.parsers.json_call import scan_call, skip
 
 __all__ = ["Llama3ToolCallParser"]
 
 _TAG = "<|python_tag|>"
-_DECODER = json.JSONDecoder()
+_ARGS_KEYS = ("parameters", "arguments")
 
 
 class Llama3ToolCallParser(ToolCallParser):
-    def parse(self, text: str) -> ParsedToolCalls:
-        start = self.call_start(text)
-        if start is None:
-            return ParsedToolCalls(text, [])
-        pos = start + len(_TAG) if text.startswith(_TAG, start) else start
-        calls: list[ToolCallItem] = []
+    """The calls start where the answer opens with ``{`` (after whitespace) or right after
+    ``<|python_tag|>``; after the last call, the rest is text. If the first does not turn
+    out to be a call, the whole answer is text."""
+
+    def split(self, text: str, final: bool) -> list[OutputPart]:
+        lead = skip(text, 0)
+        if lead == len(text):  # only whitespace: the answer may still open with "{"
+            return [text] if final and text else []
+        if text[lead] == "{":
+            pos = lead
+        else:
+            tag = text.find(_TAG)
+            if tag < 0:
+                end = len(text) if final else held_suffix(text, _TAG)
+                return [text[:end]] if end else []
+            lead, pos = tag, tag + len(_TAG)
+        parts: list[OutputPart] = [text[:lead]] if lead else []
         while True:
-            pos = _skip(text, pos, " \t\r\n;")
-            try:
-                obj, end = _DECODER.raw_decode(text, pos)
-            except json.JSONDecodeError:
-                break
-            call = ToolCallItem.from_json(obj, ("parameters", "arguments"))
-            if call is None:
-                break
-            calls.append(call)
-            pos = end
-        if not calls:
-            return ParsedToolCalls(text, [])
-        return ParsedToolCalls((text[:start] + text[pos:]).strip(), calls)
-
-    def call_start(self, text: str) -> int | None:
-        tag = text.find(_TAG)
-        if tag >= 0:
-            return tag
-        stripped = len(text) - len(text.lstrip())
-        return stripped if text[stripped:].startswith("{") else None
-
-    def hold_from(self, text: str) -> int:
-        if not text.strip():
-            return 0  # the answer may still open with "{"
-        return held_suffix(text, _TAG)
+            pos = skip(text, pos, " \t\r\n;")
+            scan = scan_call(text, pos, _ARGS_KEYS)
+            if scan.state == "undecided" and not final:
+                return parts  # held until decided
+            if scan.state != "call":
+                if not any(isinstance(p, ToolCallItem) for p in parts):
+                    return [text]  # the first is not a call: the whole answer is text
+                rest = text[pos:]
+                return [*parts, rest] if rest else parts
+            parts.append(scan.item())
+            if scan.end is None:
+                return parts  # its arguments are still arriving
+            pos = scan.end
 
     def render_calls(self, calls: list[ToolCallItem]) -> str:
         return "; ".join(
@@ -67,9 +67,3 @@ class Llama3ToolCallParser(ToolCallParser):
             "argument name and its value}. Do not use variables.\n\n"
             f"{listed}"
         )
-
-
-def _skip(text: str, pos: int, chars: str) -> int:
-    while pos < len(text) and text[pos] in chars:
-        pos += 1
-    return pos

@@ -1,65 +1,83 @@
 """Streaming over the parsers: text deltas in, content / reasoning / calls out.
 
-Each wrapper keeps the whole output so far and a position up to which it has been sent;
-text that may be the start of a marker is held until it is decided. The parts a stream
-sends add up to what the parser gives for the whole output.
+Each wrapper keeps the whole output so far and what it has sent; text that may be the
+start of a marker is held until it is decided. The parts a stream sends add up to what the
+parser gives for the whole output (a call's argument fragments to its arguments).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvflow.runtime.server.parsers.base import (
+    OutputPart,
     ReasoningParser,
     ToolCallItem,
-    ToolCallParser,
     held_suffix,
 )
 
-__all__ = ["ReasoningStream", "StreamDelta", "ToolCallStream"]
+__all__ = ["ReasoningStream", "StreamDelta", "ToolCallDelta", "ToolCallStream"]
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of call ``index`` (0, 1, ... in the answer): its first piece has the
+    ``name``; every piece has the next fragment of its arguments' text."""
+
+    index: int
+    name: str | None
+    arguments: str
 
 
 @dataclass
 class StreamDelta:
     content: str = ""
     reasoning: str = ""
-    calls: list[ToolCallItem] = field(default_factory=list)
+    calls: list[ToolCallDelta] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.content or self.reasoning or self.calls)
 
 
-class ToolCallStream:
-    """Sends content until a call begins, then holds the rest and parses it at the end
-    (every call arrives whole, in the last delta: OpenAI's format allows one chunk per call)."""
+Split = Callable[[str, bool], list[OutputPart]]
 
-    def __init__(self, parser: ToolCallParser) -> None:
-        self.parser = parser
+
+class ToolCallStream:
+    """Sends what ``split`` (a :meth:`ToolCallParser.split`) reads from the output so far,
+    less what was sent: new content, each new call with its name and arguments so far,
+    then each call's further argument fragments. The fragments of a call add up to its
+    arguments in the split of the whole output."""
+
+    def __init__(self, split: Split) -> None:
+        self.split = split
         self.text = ""
-        self.sent = 0
-        self.in_call = False
+        self.sent: list[OutputPart] = []
 
     def feed(self, delta: str) -> StreamDelta:
         self.text += delta
-        if self.in_call:
-            return StreamDelta()
-        start = self.parser.call_start(self.text)
-        if start is not None and start >= self.sent:
-            self.in_call = True
-            return self._send_to(start)
-        return self._send_to(max(self.parser.hold_from(self.text), self.sent))
+        return self._send(self.split(self.text, False))
 
     def finish(self) -> StreamDelta:
-        rest = self.text[self.sent :]
-        self.sent = len(self.text)
-        if not self.in_call:
-            return StreamDelta(content=rest)
-        parsed = self.parser.parse(rest)
-        return StreamDelta(content=parsed.content, calls=parsed.calls)
+        return self._send(self.split(self.text, True))
 
-    def _send_to(self, end: int) -> StreamDelta:
-        chunk, self.sent = self.text[self.sent : end], max(end, self.sent)
-        return StreamDelta(content=chunk)
+    def _send(self, parts: list[OutputPart]) -> StreamDelta:
+        out = StreamDelta()
+        calls = 0
+        for i, part in enumerate(parts):
+            before = self.sent[i] if i < len(self.sent) else None
+            if isinstance(part, str):
+                out.content += part[len(before) :] if isinstance(before, str) else part
+                continue
+            if isinstance(before, ToolCallItem):
+                if len(part.arguments) > len(before.arguments):
+                    fragment = part.arguments[len(before.arguments) :]
+                    out.calls.append(ToolCallDelta(calls, None, fragment))
+            else:
+                out.calls.append(ToolCallDelta(calls, part.name, part.arguments))
+            calls += 1
+        self.sent = parts
+        return out
 
 
 class ReasoningStream:
