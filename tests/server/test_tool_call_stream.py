@@ -84,7 +84,7 @@ def _streamed_calls(server: ServerProcess, body: dict) -> tuple[list[dict], str 
     calls: list[dict] = []
     finish, content = None, ""
     body = {**body, "stream": True}
-    with httpx.stream("POST", f"{server.url}{CHAT}", json=body, timeout=120) as response:
+    with httpx.stream("POST", f"{server.url}{CHAT}", json=body, timeout=300) as response:
         assert response.status_code == 200, response.read()
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -109,7 +109,7 @@ def _streamed_calls(server: ServerProcess, body: dict) -> tuple[list[dict], str 
 @pytest.mark.parametrize("choice", list(CHOICES))
 def test_streamed_arguments_add_up_to_the_whole_answers(parser_server, choice):
     body = _body(parser_server, choice)
-    response = httpx.post(f"{parser_server.url}{CHAT}", json=body, timeout=120)
+    response = httpx.post(f"{parser_server.url}{CHAT}", json=body, timeout=300)
     assert response.status_code == 200, response.text
     whole = response.json()["choices"][0]
     assert whole["finish_reason"] == "tool_calls", whole
