@@ -6,6 +6,8 @@
 #
 #   bash benchmarks/gpu_http_run.sh http     # sglang-oai: CI workload, online; then offline
 #   bash benchmarks/gpu_http_run.sh native   # sglang (/generate, --tokenize-prompt): CI, online
+#   STEPS="ci offline" bash benchmarks/gpu_http_run.sh native   # a subset of the steps
+#   STEPS="online offline" OFFLINE_PARTS=online bash ...  # bench_gpu.py's online replay offline
 #   bash benchmarks/gpu_http_run.sh tests    # pytest -m gpu tests/gpu tests/kernels
 #   TESTS="tests/kernels/x.py ..." bash benchmarks/gpu_http_run.sh smoke
 #       those tests, then the server and a small bench_serving run (32 prompts, input <= 1024,
@@ -23,6 +25,8 @@
 set -u
 MODE=${1:-http}
 STOP_AT=${2:-570}  # seconds after the start by which every step must have ended
+STEPS=${STEPS:-ci online offline}  # which of the steps below run
+OFFLINE_PARTS=${OFFLINE_PARTS:-throughput}  # bench_gpu.py parts of the offline step
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 T0=$(date +%s)
@@ -53,6 +57,7 @@ case "$MODE" in
     SERVER_FLAGS=(--max-running-requests 32 --cuda-graph-max-bs 32)
     CI=(--num-prompts 32 --random-input-len 1024 --random-output-len 128)
     ONLINE=()
+    STEPS=ci
     timeout 100 python3 -P -m pytest -m gpu ${TESTS:-tests/gpu} -q -p no:cacheprovider \
       -o timeout=60 -rfE 2>&1 | tee "$OUT/pytest.log"
     echo "pytest rc=${PIPESTATUS[0]} after $(elapsed) s"
@@ -91,10 +96,10 @@ flush() {  # empties the radix cache, so no run reuses an earlier run's prompts
   python3 -c "import urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:$PORT/flush_cache', method='POST'), timeout=30)"
 }
 # SGLang's CI workload: 500 prompts, all at once (~140 s at 4,000 output tok/s).
-[ "$(left)" -gt 30 ] && timeout "$(left)" "${BENCH[@]}" "${CI[@]}" --output-file "$OUT/ci-$MODE.jsonl" 2>&1 | tee -a "$OUT/run.log"
+[[ " $STEPS " == *" ci "* ]] && [ "$(left)" -gt 30 ] && timeout "$(left)" "${BENCH[@]}" "${CI[@]}" --output-file "$OUT/ci-$MODE.jsonl" 2>&1 | tee -a "$OUT/run.log"
 echo "ci done after $(elapsed) s"
 # Online: 100 prompts at 1 request/s (~120 s), if the call has time left.
-if [ ${#ONLINE[@]} -gt 0 ] && [ "$(left)" -gt 150 ]; then
+if [ ${#ONLINE[@]} -gt 0 ] && [[ " $STEPS " == *" online "* ]] && [ "$(left)" -gt 150 ]; then
   flush
   timeout "$(left)" "${BENCH[@]}" "${ONLINE[@]}" --output-file "$OUT/online-$MODE.jsonl" 2>&1 \
     | tee -a "$OUT/run.log"
@@ -109,8 +114,8 @@ kill -9 $SERVER 2> /dev/null
 wait $SERVER
 tail -3 "$OUT/server.log"
 # The offline engine on the same workload (~40 s to load, ~135 s to run), GPU now free.
-if [ "$MODE" = http ] && [ "$(left)" -gt 190 ]; then
-  timeout "$(left)" python3 -P benchmarks/bench_gpu.py throughput --json-out "$OUT/offline.json" 2>&1 \
+if [[ " $STEPS " == *" offline "* ]] && [ "$(left)" -gt 180 ]; then
+  timeout "$(left)" python3 -P benchmarks/bench_gpu.py $OFFLINE_PARTS --json-out "$OUT/offline.json" 2>&1 \
     | tee -a "$OUT/run.log"
   echo "offline done after $(elapsed) s"
 fi
