@@ -2,7 +2,11 @@
 # One device-tool call on the GPU machine (issue 16): `kvflow serve` with Llama-3.1-8B shapes
 # (dummy weights) driven by SGLang's own `python -m sglang.bench_serving`, the offline engine
 # on the same workload, and/or the GPU test suite. Writes everything under $OUT (the device
-# tool's output folder: at most 8 files come back, so the clients' output goes to run.log). Each step runs only if the call has time left for it (STOP_AT).
+# tool's output folder: at most 8 files come back, so the clients' output goes to run.log).
+# Each step runs only if the call has time left for it (STOP_AT). On the H100 the server
+# starts in ~80 s, the CI workload takes ~145 s, online ~120 s, offline throughput ~150 s
+# and offline online ~140 s: all three default steps do not fit one 600 s call (the offline
+# step is then skipped), two do.
 #
 #   bash benchmarks/gpu_http_run.sh http     # sglang-oai: CI workload, online; then offline
 #   bash benchmarks/gpu_http_run.sh native   # sglang (/generate, --tokenize-prompt): CI, online
@@ -15,8 +19,9 @@
 #
 #   CI workload: 500 prompts, input uniform in [1, 4096], output uniform in [1, 2048], all
 #   at once (SGLang's offline-throughput CI bar). Online: 100 such prompts at 1 request/s.
-#   Offline: benchmarks/bench_gpu.py throughput (the same workload through Engine.generate,
-#   no HTTP), after the server has exited, so the HTTP cost shows as a ratio.
+#   Offline: benchmarks/bench_gpu.py throughput (its own draw of the same distributions
+#   through Engine.generate, no HTTP), after the server has exited, so the HTTP cost shows
+#   as a ratio of rates.
 #
 # Carried (gitignored, prepared on the dev machine by benchmarks/gpu_http_prep.sh):
 #   .whl/grammar/*.whl, .whl/http/*.whl   cp312 wheels the GPU machine lacks
