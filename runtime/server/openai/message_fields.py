@@ -100,6 +100,8 @@ def _check_part(part: Any, where: str) -> None:
     if not isinstance(part, Mapping):
         return
     kind = part.get("type")
+    if not isinstance(kind, str):
+        raise RequestError(400, f"{where}.'type' must be a string, such as 'text'")
     if kind in CONTENT_PART_REFUSED:
         raise RequestError(
             400,
