@@ -3,12 +3,19 @@
 The GGUF (Q4_1) is de-quantized once by transformers into a float32 Hugging Face folder
 (config, safetensors, tokenizer with its chat template) under the kvflow cache; later
 starts just load that folder.
+
+The conversion runs in a child process that exits when it is done: it peaks near 1.9 GB
+(transformers, two float32 copies of the model), which a process that goes on to serve
+would keep (freed heap is not returned to the system, and transformers stays imported)
+while the scheduler loads its own copy beside it; in a container with a memory limit that
+sum is what gets the pod OOM-killed.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
+import multiprocessing as mp
 import shutil
 import tempfile
 from pathlib import Path
@@ -59,6 +66,19 @@ def _convert(gguf: Path, out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
+def _convert_in_child(gguf: Path, out_dir: Path) -> None:
+    """:func:`_convert` in a fresh (spawned) process; raises if it does not finish cleanly."""
+    child = mp.get_context("spawn").Process(
+        target=_convert, args=(gguf, out_dir), name="kvflow-convert-embedded"
+    )
+    child.start()
+    child.join()
+    if child.exitcode != 0:
+        code = child.exitcode
+        how = f"was killed by signal {-code}" if code and code < 0 else f"exited with code {code}"
+        raise RuntimeError(f"converting {gguf.name} failed: the converter process {how}")
+
+
 def embedded_model_path() -> Path:
     """Return the Hugging Face folder of the embedded model, converting it on first use."""
     target = cache_dir() / "models" / EMBEDDED_MODEL_NAME
@@ -69,7 +89,7 @@ def embedded_model_path() -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         staging = Path(tmp) / "model"
-        _convert(gguf, staging)
+        _convert_in_child(gguf, staging)
         (staging / _READY_MARKER).write_text(str(gguf) + "\n")
         if target.exists():
             shutil.rmtree(target)
