@@ -3,22 +3,28 @@ decode that claimed the request's bootstrap room, and free it.
 
 Queue of one request::
 
-    arrive (room queued) -> scheduler prefills, samples the first token -> parked
-    -> room claimed by a decode -> KV written into the decode's slots (a sender thread)
-    -> room done (first token, logprobs) -> KV released into the prefix cache
+    arrive (room queued) -> scheduler prefills, chunk by chunk, samples the first token
+    -> parked -> room claimed by a decode -> the rest of the KV written into the decode's
+    slots (sender threads) -> room done (first token, logprobs) -> KV released into the
+    prefix cache
 
-A parked request nobody claims within the timeout, a cancelled room, or a failed write
-ends the room as failed; the KV is released in every case.
+A long prompt's KV goes out as its chunks complete: once the decode has claimed the room,
+each chunk's pages are written while the scheduler computes the next chunk, so the write
+after the last chunk is short. Only pages the prefix cache holds (locked for the request)
+are sent early: they cannot be freed under a write. A parked request nobody claims within
+the timeout, a cancelled room, or a failed write ends the room as failed; the KV is
+released in every case.
 """
 
 from __future__ import annotations
 
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvflow.runtime.disagg.bootstrap import BootstrapServer
-from kvflow.runtime.disagg.layout import layout_of
+from kvflow.runtime.disagg.layout import KVLayout, layout_of
 from kvflow.runtime.disagg.plan import transfer_plan
 from kvflow.runtime.disagg.roles import Role, RoleStats
 from kvflow.runtime.disagg.rooms import Claim, Rooms
@@ -52,7 +58,7 @@ class PrefillRole(Role):
         self.server = BootstrapServer(bootstrap_host, bootstrap_port, self.layout, self.rooms)
         self.server.start()
         self._sender = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvflow-kv-send")
-        self._sending: dict[int, Future] = {}  # id(req) -> the write in flight
+        self._sends: dict[str, _Send] = {}  # rid -> its KV on the way (early or whole)
         self._room_of: dict[str, int] = {}  # rid -> room, while the scheduler has the request
         self.transfers = TransferLog()
 
@@ -82,13 +88,13 @@ class PrefillRole(Role):
                 continue
             room = self._room_of.pop(out.rid, None)
             if room is not None and out.finish_reason.type == "abort":
-                self.rooms.finish(
-                    room, "failed", f"the prefill aborted: {out.finish_reason.message}"
-                )
+                self._sends.pop(out.rid, None)  # writes in flight end within their timeout
+                why = f"the prefill aborted: {out.finish_reason.message}"
+                self.rooms.finish(room, "failed", {}, why)
 
     def abort(self, rid: str, message: str) -> TokenOutput | None:
         for req in self.scheduler.parked:
-            if req.rid == rid and id(req) not in self._sending:
+            if req.rid == rid and rid not in self._sends:
                 self._give_up(req, f"aborted at the prefill: {message}")
         return None  # its output (the first token) was sent already
 
@@ -97,20 +103,39 @@ class PrefillRole(Role):
 
     def poll(self) -> list[TokenOutput]:
         self.rooms.expire()
+        chunked = self.scheduler.chunked
+        if chunked is not None and chunked.bootstrap is not None:
+            self._send_early(chunked)
         for req in list(self.scheduler.parked):
-            if id(req) in self._sending:
-                self._collect(req)
-                continue
             assert req.bootstrap is not None
-            self.rooms.ready(req.bootstrap.room)
-            claim = self.rooms.take_claim(req.bootstrap.room)
-            if isinstance(claim, Claim):
-                self._send(req, claim)
-            elif claim is not None:
-                self._give_up(req, claim)
+            send = self._sends.get(req.rid)
+            if send is None:
+                self.rooms.ready(req.bootstrap.room)
+                claim = self.rooms.take_claim(req.bootstrap.room)
+                if isinstance(claim, Claim):
+                    send = self._start(req, claim)
+                elif claim is not None:
+                    self._give_up(req, claim)
+            if send is not None:
+                self._send_upto(req, send, len(req.origin_input_ids))
+                self._collect(req, send)
         return []
 
-    def _send(self, req: Req, claim: Claim) -> None:
+    def _send_early(self, req: Req) -> None:
+        """Write the chunks of a prompt still being prefilled that the prefix cache holds."""
+        assert req.bootstrap is not None
+        send = self._sends.get(req.rid)
+        if send is None:
+            claim = self.rooms.start_early(req.bootstrap.room)
+            if claim is None:
+                return
+            send = self._start(req, claim)
+            if send is None:
+                return  # refused: the room failed; the request ends when parked
+        self._send_upto(req, send, len(req.prefix_indices))
+
+    def _start(self, req: Req, claim: Claim) -> _Send | None:
+        """Check the decode's claim against the prompt; None (room failed) if it is wrong."""
         assert req.bootstrap is not None
         prompt_len = len(req.origin_input_ids)
         peer = self.server.sessions.get(claim.session)
@@ -120,28 +145,38 @@ class PrefillRole(Role):
                 if peer is not None
                 else f"decode session {claim.session} is not registered"
             )
-            self._give_up(req, why)
-            return
-        src_slots = self.scheduler.runner.req_to_token.read(req.req_pool_idx, prompt_len)
-        writes = transfer_plan(self.layout, peer, src_slots.tolist(), list(claim.slots))
-        self._sending[id(req)] = self._sender.submit(
-            timed_write, self.transport.write, claim.session, writes
-        )
+            self.rooms.finish(req.bootstrap.room, "failed", {}, why)
+            return None
+        send = self._sends[req.rid] = _Send(claim, peer)
+        return send
 
-    def _collect(self, req: Req) -> None:
-        future = self._sending[id(req)]
-        if not future.done():
+    def _send_upto(self, req: Req, send: _Send, end: int) -> None:
+        """Write prompt positions ``send.sent .. end - 1`` (their slots as the row says)."""
+        begin = send.sent
+        if end <= begin or send.failed():
             return
-        del self._sending[id(req)]
+        src = self.scheduler.runner.req_to_token.read(req.req_pool_idx, end, begin)
+        writes = transfer_plan(self.layout, send.peer, src.tolist(), send.claim.slots[begin:end])
+        send.writes.append(
+            self._sender.submit(timed_write, self.transport.write, send.claim.session, writes)
+        )
+        send.sent = end
+
+    def _collect(self, req: Req, send: _Send) -> None:
+        """Once every write of a parked request ended: the room is done, or failed."""
+        if not all(f.done() for f in send.writes):
+            return
+        del self._sends[req.rid]
         assert req.bootstrap is not None
-        error = future.exception()
-        if error is not None:
-            logger.warning("KV transfer for room %d failed: %s", req.bootstrap.room, error)
+        errors = [f.exception() for f in send.writes if f.exception() is not None]
+        if errors:
+            logger.warning("KV transfer for room %d failed: %s", req.bootstrap.room, errors[0])
             self.transfers.record_failure()
-            self._give_up(req, f"KV transfer failed: {error}")
+            self._give_up(req, f"KV transfer failed: {errors[0]}")
             return
-        self.transfers.record(future.result())
-        result = {
+        for future in send.writes:
+            self.transfers.record(future.result())
+        result: dict[str, Any] = {
             "first_token": req.output_ids[0] if req.output_ids else None,
             "logprob": req.output_logprobs[0] if req.output_logprobs else None,
             "top_logprobs": req.output_top_logprobs[0] if req.output_top_logprobs else None,
@@ -156,4 +191,17 @@ class PrefillRole(Role):
     def _give_up(self, req: Req, why: str) -> None:
         assert req.bootstrap is not None
         self.scheduler.release_parked(req)
-        self.rooms.finish(req.bootstrap.room, "failed", why)
+        self.rooms.finish(req.bootstrap.room, "failed", {}, why)
+
+
+@dataclass
+class _Send:
+    """A request's KV on its way to the decode that claimed its room."""
+
+    claim: Claim
+    peer: KVLayout  # the decode's layout
+    sent: int = 0  # prompt positions written or being written
+    writes: list[Future] = field(default_factory=list)
+
+    def failed(self) -> bool:
+        return any(f.done() and f.exception() is not None for f in self.writes)

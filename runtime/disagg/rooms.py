@@ -7,6 +7,7 @@ the states below; the decode polls until a final state and the entry is then dro
     waiting (claimed, no request yet) --request--> queued --prefilled--> ready
     queued (request, no claim yet)    --claim--/
     ready --transfer--> transferring --> done | failed
+    queued + claimed --first chunk written--> transferring (the prompt's later chunks follow)
     any state --cancel--> cancelled (after a transfer in flight has ended)
     waiting or ready for longer than the timeout --> failed
 
@@ -129,11 +130,23 @@ class Rooms:
             self._move(room, "transferring")
             return room.claim
 
-    def finish(self, room_id: int, state: str, result: dict[str, Any], message: str = "") -> None:
-        """Final state of a room this side worked on (a cancel during transfer wins)."""
+    def start_early(self, room_id: int) -> Claim | None:
+        """For a room whose request is still being prefilled (``queued``): its claim, if the
+        decode made one and did not cancel (the room moves to ``transferring``, so a cancel
+        now waits for the writes in flight); None to go on without sending yet."""
         with self._lock:
             room = self._rooms.get(room_id)
-            if room is None:
+            if room is None or room.state != "queued" or room.claim is None or room.cancelled:
+                return None
+            self._move(room, "transferring")
+            return room.claim
+
+    def finish(self, room_id: int, state: str, result: dict[str, Any], message: str = "") -> None:
+        """Final state of a room this side worked on (a cancel during transfer wins; a
+        room that ended already keeps how it ended)."""
+        with self._lock:
+            room = self._rooms.get(room_id)
+            if room is None or room.state in FINAL_STATES:
                 return
             if room.cancelled and state == "done":
                 state, message = "cancelled", "cancelled by the decode"

@@ -1,0 +1,42 @@
+"""The prefill's room table: claims, early transfers, cancels and how a room ends."""
+
+from __future__ import annotations
+
+from kvflow.runtime.disagg.rooms import Claim, Rooms
+
+CLAIM = Claim("127.0.0.1:1", (4, 5, 6))
+
+
+def test_a_claimed_queued_room_starts_early_and_a_cancel_waits_for_its_writes():
+    rooms = Rooms(timeout_s=5)
+    assert rooms.arrive(1) is None
+    assert rooms.start_early(1) is None  # not claimed yet: nothing to send to
+    assert rooms.claim(1, CLAIM) is None
+    assert rooms.start_early(1) == CLAIM
+    assert rooms.start_early(1) is None  # once
+    # a cancel while writes may be in flight does not end the room...
+    assert rooms.status([1], cancel=[1])[1]["state"] == "transferring"
+    # ...the prefill's end does, as cancelled (the decode frees its slots only now)
+    rooms.finish(1, "done", {"first_token": 3})
+    assert rooms.status([1], cancel=[])[1]["state"] == "cancelled"
+
+
+def test_a_cancelled_queued_room_does_not_start_early():
+    rooms = Rooms(timeout_s=5)
+    rooms.arrive(2)
+    rooms.claim(2, CLAIM)
+    rooms.status([], cancel=[2])
+    assert rooms.start_early(2) is None
+    assert rooms.take_claim(2) == "cancelled"
+
+
+def test_a_room_keeps_the_first_way_it_ended():
+    rooms = Rooms(timeout_s=5)
+    rooms.arrive(3)
+    rooms.claim(3, CLAIM)
+    assert rooms.start_early(3) == CLAIM
+    rooms.finish(3, "failed", {}, "the decode claimed 3 slots for a 4-token prompt")
+    rooms.finish(3, "failed", {}, "failed")  # a later give-up does not hide the reason
+    report = rooms.status([3], cancel=[])[3]
+    assert report["state"] == "failed"
+    assert "3 slots" in report["message"]
