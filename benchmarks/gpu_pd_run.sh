@@ -250,7 +250,10 @@ for n in LENGTHS:
 results["greedy"] = greedy
 results["greedy_all_equal"] = all(r.get("equal") for r in greedy)
 
-# 2. TTFT PD vs unified, and the transfer metrics over the PD requests of this phase
+# 2. TTFT PD vs unified, and the transfer metrics over the PD requests of this phase. The
+# prefill's /metrics shows the scheduler stats it last pushed (every 0.25 s at most): a scrape
+# right after a response missed that request's writes in the first GPU run, hence the waits.
+time.sleep(1.0)
 before = metrics(PREFILL)
 ttft = []
 for i in range(4):
@@ -266,6 +269,7 @@ for i in range(4):
         row["error"] = repr(exc)
     print("ttft", row, flush=True)
     ttft.append(row)
+time.sleep(1.0)
 after = metrics(PREFILL)
 results["ttft"] = ttft
 results["prefill_metrics_before"], results["prefill_metrics_after"] = before, after
