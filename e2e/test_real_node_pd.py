@@ -18,6 +18,7 @@ Times are printed (`pytest -s`): apply -> first answered request.
 from __future__ import annotations
 
 import copy
+import ipaddress
 import json
 import os
 import subprocess
@@ -165,6 +166,24 @@ def metric(port: int, name: str, labels: str = "") -> float:
     return total
 
 
+def listening() -> dict[int, set[str]]:
+    """TCP ports listened on in this network namespace (the host-network pods' too), with
+    the addresses each is bound to."""
+    out: dict[int, set[str]] = {}
+    for table, size in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 16)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A":  # LISTEN
+                continue
+            address, port = fields[1].split(":")
+            raw = bytes.fromhex(address)
+            # /proc prints each 32-bit word in host (little-endian) order
+            words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            host = ipaddress.ip_address(words[:size])
+            out.setdefault(int(port, 16), set()).add(str(host))
+    return out
+
+
 @pytest.fixture(scope="module")
 def pd_deployment(
     kube: Kube, md_ns: str, operator_release: dict[str, Any], seed: Path
@@ -174,6 +193,7 @@ def pd_deployment(
     ports = dict(zip(keys, free_ports(len(keys)), strict=True))
     adapted = adapt_disaggregated(body, kube.kubeconfig, ports, seed)
     name, api_key = adapted["metadata"]["name"], secret["stringData"]["api-key"]
+    before = listening()
     started = time.monotonic()
     kube.apply(
         [{**doc, "metadata": {**doc["metadata"], "namespace": md_ns}} for doc in (secret, adapted)]
@@ -194,7 +214,13 @@ def pd_deployment(
         raise AssertionError(f"{err}\n{_diagnose(kube, md_ns)}") from err
     first_answer_s = time.monotonic() - started
     print(f"PD + HiCache: apply -> first answered request: {first_answer_s:.1f}s")
+    opened = {
+        port: hosts - before.get(port, set())
+        for port, hosts in listening().items()
+        if hosts - before.get(port, set())
+    }
     yield {
+        "listening": opened,
         "name": name,
         "api_key": api_key,
         "ports": ports,
@@ -257,6 +283,13 @@ def test_chat_goes_router_prefill_decode_with_the_mooncake_master_running(
         "router": "Running",
         "mooncake-master": "Running",
     }, roles
+    # Every port the spec gives a role is bound on the pod IP (127.0.0.1 here), none on
+    # every interface of the node: workers, router, bootstrap server, Mooncake master.
+    opened = pd_deployment["listening"]
+    for role, port in ports.items():
+        assert opened.get(port) == {"127.0.0.1"}, (role, port, opened.get(port))
+    others = {p: h for p, h in opened.items() if p not in ports.values()}
+    print(f"other listeners opened meanwhile (transfer engines, other suites): {others}")
     # One more request, counted on each side: the prefill computes the prompt's KV and
     # writes it to the decode (bytes on the prefill, none on the decode), the decode
     # generates the tokens.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import names
-from .placement import cluster_master, master_argv
+from .placement import cluster_master, master_argv, metadata_server_argv
 from .podparts import (
     POD_IP_FIELD,
     apply_pod_settings,
@@ -23,6 +23,7 @@ from .podparts import (
 from .spec import ModelDeployment
 
 MASTER_REQUESTS = {"cpu": "100m", "memory": "256Mi"}
+METADATA_REQUESTS = {"cpu": "50m", "memory": "64Mi"}  # an aiohttp process and a dict
 
 
 def _ports(md: ModelDeployment) -> dict[str, int]:
@@ -34,18 +35,23 @@ def _ports(md: ModelDeployment) -> dict[str, int]:
     }
 
 
-def master_deployment(md: ModelDeployment) -> dict[str, Any]:
-    """Deployment ``<name>-mooncake-master`` (one replica: the master holds the index)."""
-    component = names.MOONCAKE_MASTER
+def _container(
+    md: ModelDeployment,
+    name: str,
+    argv: list[str],
+    ports: dict[str, int],
+    resources: dict[str, Any],
+) -> dict[str, Any]:
+    """One container of the master's pod, probed on its first port."""
     settings = md.mooncake_master.pods
-    probe = {"tcpSocket": {"port": "rpc"}, "periodSeconds": 5, "failureThreshold": 3}
+    probe = {"tcpSocket": {"port": next(iter(ports))}, "periodSeconds": 5, "failureThreshold": 3}
     container: dict[str, Any] = {
-        "name": "mooncake-master",
+        "name": name,
         "image": md.mooncake_master_image,
         "imagePullPolicy": md.image_pull_policy,
-        "command": master_argv(cluster_master(md)),
-        "ports": container_ports(_ports(md), settings.host_network),
-        "resources": container_resources({**MASTER_REQUESTS, **settings.requests}, settings.limits),
+        "command": argv,
+        "ports": container_ports(ports, settings.host_network),
+        "resources": resources,
         "securityContext": container_security_context(),
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "readinessProbe": probe,
@@ -57,10 +63,35 @@ def master_deployment(md: ModelDeployment) -> dict[str, Any]:
         container["env"] = env
     if settings.volume_mounts:
         container["volumeMounts"] = user_mounts(settings)
+    return container
+
+
+def master_deployment(md: ModelDeployment) -> dict[str, Any]:
+    """Deployment ``<name>-mooncake-master`` (one replica: the master holds the index).
+
+    On the host network the HTTP metadata server runs in a container of its own
+    (``metadata``), bound to the pod IP: the master's built-in one binds every interface.
+    """
+    component = names.MOONCAKE_MASTER
+    settings = md.mooncake_master.pods
+    placement = cluster_master(md)
+    ports = _ports(md)
+    master_ports = dict(ports)
+    if placement.separate_metadata_server:
+        del master_ports["metadata"]
+    resources = container_resources({**MASTER_REQUESTS, **settings.requests}, settings.limits)
+    containers = [
+        _container(md, "mooncake-master", master_argv(placement), master_ports, resources)
+    ]
+    if placement.separate_metadata_server:
+        metadata = {"metadata": ports["metadata"]}
+        requests = container_resources(METADATA_REQUESTS, {})
+        argv = metadata_server_argv(placement)
+        containers.append(_container(md, "metadata", argv, metadata, requests))
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "securityContext": pod_security_context(),
-        "containers": [container],
+        "containers": containers,
     }
     if md.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": secret} for secret in md.image_pull_secrets]

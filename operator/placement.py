@@ -37,6 +37,10 @@ class MasterPlacement:
     metadata_port: int = contract.MOONCAKE_MASTER_METADATA_PORT
     metrics_port: int = contract.MOONCAKE_MASTER_METRICS_PORT
     bind_host: str | None = None  # None: the master's default (every interface)
+    # The HTTP metadata server as a process of its own (:func:`metadata_server_argv`) rather
+    # than the master's built-in one, which (Mooncake 0.3.13) binds every interface
+    # whatever ``--http_metadata_server_host`` says.
+    separate_metadata_server: bool = False
 
     @property
     def rpc_address(self) -> str:
@@ -115,21 +119,30 @@ def router_options(runtime: RouterRuntime, placement: RouterPlacement) -> contra
 
 
 def master_argv(master: MasterPlacement) -> list[str]:
-    """The ``mooncake_master`` command (HTTP metadata server built in, no etcd)."""
-    argv = [
-        "mooncake_master",
-        f"--rpc_port={master.rpc_port}",
-        "--enable_http_metadata_server=true",
-        f"--http_metadata_server_port={master.metadata_port}",
-        f"--metrics_port={master.metrics_port}",
-    ]
-    if master.bind_host is not None:
+    """The ``mooncake_master`` command (no etcd; the HTTP metadata server built in unless
+    ``master.separate_metadata_server``)."""
+    argv = ["mooncake_master", f"--rpc_port={master.rpc_port}"]
+    if master.separate_metadata_server:
+        argv.append("--enable_http_metadata_server=false")
+    else:
         argv += [
-            f"--rpc_address={master.bind_host}",
-            f"--http_metadata_server_host={master.bind_host}",
-            f"--metrics_host={master.bind_host}",
+            "--enable_http_metadata_server=true",
+            f"--http_metadata_server_port={master.metadata_port}",
         ]
+    argv.append(f"--metrics_port={master.metrics_port}")
+    if master.bind_host is not None:
+        argv.append(f"--rpc_address={master.bind_host}")
+        if not master.separate_metadata_server:
+            argv.append(f"--http_metadata_server_host={master.bind_host}")
+        argv.append(f"--metrics_host={master.bind_host}")
     return argv
+
+
+def metadata_server_argv(master: MasterPlacement) -> list[str]:
+    """Mooncake's own HTTP metadata server (the ``/metadata`` key-value routes the store
+    clients use), binding ``master.bind_host`` (every interface when unset)."""
+    host = master.bind_host or ALL_INTERFACES
+    return ["mooncake_http_metadata_server", "--host", host, "--port", str(master.metadata_port)]
 
 
 def mooncake_client_config(
@@ -153,7 +166,9 @@ def mooncake_client_config(
 
 def cluster_master(md: ModelDeployment) -> MasterPlacement:
     """The master as pods reach it: ``spec.mooncakeMaster.host``, else its Service's name.
-    On the host network it binds its pod IP (the node's), else every interface of its pod."""
+    On the host network it binds its pod IP (the node's), with the metadata server as a
+    process of its own (the built-in one would bind every interface of the node); else
+    every interface of its pod."""
     master = md.mooncake_master
     service = f"{names.child_name(md.name, names.MOONCAKE_MASTER)}.{md.namespace}.svc"
     return MasterPlacement(
@@ -162,6 +177,7 @@ def cluster_master(md: ModelDeployment) -> MasterPlacement:
         metadata_port=master.metadata_port,
         metrics_port=master.metrics_port,
         bind_host=POD_IP if master.pods.host_network else None,
+        separate_metadata_server=master.pods.host_network,
     )
 
 

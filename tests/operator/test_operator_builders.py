@@ -64,11 +64,12 @@ def test_runtime_pods_follow_the_contract(spec_name: str) -> None:
     http_ports = {f"{md.name}-{w.role}": w.http_port for w in md.workers}
     http_ports[f"{md.name}-router"] = md.router.http_port
     for name, pod in pod_specs(children).items():
-        (container,) = pod["containers"]
+        container = pod["containers"][0]
         argv = container["command"]
         if container["name"] == "mooncake-master":
             assert f"--rpc_port={md.mooncake_master.rpc_port}" in argv
             continue
+        assert len(pod["containers"]) == 1, name
         flags = contract.SERVE_FLAGS if argv[1] == "serve" else contract.ROUTER_FLAGS
         assert argv[0] == "kvflow" and argv[1] in ("serve", "router"), name
         for flag in [a for a in argv[2:] if a.startswith("--")]:
@@ -262,9 +263,10 @@ def test_host_network_roles_bind_distinct_host_ports_and_resolve_cluster_names()
     bound: list[int] = []
     for name, pod in pods.items():
         assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
-        for port in pod["containers"][0]["ports"]:
-            assert port["hostPort"] == port["containerPort"], name
-            bound.append(port["hostPort"])
+        for container in pod["containers"]:
+            for port in container["ports"]:
+                assert port["hostPort"] == port["containerPort"], name
+                bound.append(port["hostPort"])
     assert len(bound) == len(set(bound)) == 7  # prefill 2, decode 1, router 1, master 3
     for name, pod in pod_specs(children_of("unified-embedded")).items():
         assert "hostNetwork" not in pod and "dnsPolicy" not in pod
@@ -296,17 +298,36 @@ def test_role_images_env_volumes_and_mounts_are_rendered() -> None:
 
 def test_mooncake_master_placement_reaches_every_client() -> None:
     children = children_of("host-network")
-    master = pod_specs(children)["hostnet-mooncake-master"]["containers"][0]
+    master, metadata = pod_specs(children)["hostnet-mooncake-master"]["containers"]
+    # On the host network it binds its pod IP, not every interface of the node; the HTTP
+    # metadata server runs beside it (the built-in one ignores its host flag).
     assert master["command"] == [
         "mooncake_master",
         "--rpc_port=30300",
-        "--enable_http_metadata_server=true",
-        "--http_metadata_server_port=30301",
+        "--enable_http_metadata_server=false",
         "--metrics_port=30302",
-        # on the host network it binds its pod IP, not every interface of the node
         "--rpc_address=$(KVFLOW_POD_IP)",
-        "--http_metadata_server_host=$(KVFLOW_POD_IP)",
         "--metrics_host=$(KVFLOW_POD_IP)",
+    ]
+    assert metadata["command"] == [
+        "mooncake_http_metadata_server",
+        "--host",
+        "$(KVFLOW_POD_IP)",
+        "--port",
+        "30301",
+    ]
+    assert [p["name"] for p in master["ports"]] == ["rpc", "metrics"]
+    assert metadata["ports"] == [{"name": "metadata", "containerPort": 30301, "hostPort": 30301}]
+    # Off the host network: one container, the built-in metadata server on every interface.
+    (default_master,) = pod_specs(children_of("disaggregated-hicache"))[
+        "smollm2-pd-mooncake-master"
+    ]["containers"]
+    assert default_master["command"] == [
+        "mooncake_master",
+        "--rpc_port=50051",
+        "--enable_http_metadata_server=true",
+        "--http_metadata_server_port=8080",
+        "--metrics_port=9003",
     ]
     (config_map,) = by_kind(children, "ConfigMap").values()
     client = json.loads(config_map["data"]["mooncake.json"])

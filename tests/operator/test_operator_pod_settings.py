@@ -144,9 +144,10 @@ def test_operator_env_names_every_variable_the_operator_renders() -> None:
 
 
 def test_host_network_pods_bind_their_pod_ip_not_every_interface() -> None:
-    """On the host network every role (workers, router, Mooncake master) binds the address
-    the kubelet expands from ``$(KVFLOW_POD_IP)``, set from the pod's status; off it, every
-    interface of the pod."""
+    """On the host network every role (workers, router, Mooncake master and its metadata
+    server) binds the address the kubelet expands from ``$(KVFLOW_POD_IP)``, set from the
+    pod's status; off it, every interface of the pod."""
+    pod_ip_env = {"name": "KVFLOW_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
     for on_host in (True, False):
         body = host_network()
         for role in ("prefill", "decode", "router", "mooncakeMaster"):
@@ -154,20 +155,15 @@ def test_host_network_pods_bind_their_pod_ip_not_every_interface() -> None:
         for child in render_children(parse_model_deployment(body)):
             if child["kind"] != "Deployment":
                 continue
-            (container,) = child["spec"]["template"]["spec"]["containers"]
-            argv, env = container["command"], container.get("env", [])
-            pod_ip = [e for e in env if e["name"] == "KVFLOW_POD_IP"]
-            if container["name"] == "mooncake-master":
-                binds = [a.split("=", 1)[1] for a in argv if a.split("=")[0].endswith(
-                    ("_address", "_host"))]  # fmt: skip
-                assert binds == (["$(KVFLOW_POD_IP)"] * 3 if on_host else []), argv
-            else:
-                bind = argv[argv.index("--host") + 1]
-                assert bind == ("$(KVFLOW_POD_IP)" if on_host else "0.0.0.0"), argv
-            if on_host:
-                assert pod_ip == [
-                    {
-                        "name": "KVFLOW_POD_IP",
-                        "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
-                    }
-                ], container["name"]
+            for container in child["spec"]["template"]["spec"]["containers"]:
+                argv, env = container["command"], container.get("env", [])
+                if container["name"] == "mooncake-master":
+                    flags = [a.split("=", 1) for a in argv if "=" in a]
+                    binds = [v for k, v in flags if k.endswith(("_address", "_host"))]
+                    # on the host network the metadata server is a container of its own
+                    assert binds == (["$(KVFLOW_POD_IP)"] * 2 if on_host else []), argv
+                else:
+                    bind = argv[argv.index("--host") + 1]
+                    assert bind == ("$(KVFLOW_POD_IP)" if on_host else "0.0.0.0"), argv
+                if on_host:
+                    assert [e for e in env if e["name"] == "KVFLOW_POD_IP"] == [pod_ip_env]
