@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvflow.runtime.disagg.bootstrap import BootstrapServer
@@ -82,7 +82,11 @@ class PrefillRole(Role):
         self.scheduler.add_request(req)
         self._room_of[req.rid] = req.bootstrap.room
 
-    def observe(self, outputs: list[TokenOutput]) -> None:
+    def observe(self, outputs: list[TokenOutput]) -> list[TokenOutput]:
+        """Rooms of aborted requests fail. Prompt logprobs travel to the decode with the
+        room's result and the decode answers them; this half answers an empty list, so a
+        router that concatenates the halves' ``input_token_logprobs`` (SGLang's) gets each
+        once."""
         for out in outputs:
             if out.finish_reason is None:
                 continue
@@ -91,6 +95,12 @@ class PrefillRole(Role):
                 self._sends.pop(out.rid, None)  # writes in flight end within their timeout
                 why = f"the prefill aborted: {out.finish_reason.message}"
                 self.rooms.finish(room, "failed", {}, why)
+        return [
+            replace(out, input_logprobs=[], input_top_logprobs=[])
+            if out.input_logprobs is not None
+            else out
+            for out in outputs
+        ]
 
     def abort(self, rid: str, message: str) -> TokenOutput | None:
         for req in self.scheduler.parked:

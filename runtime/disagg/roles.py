@@ -43,8 +43,9 @@ class Role:
     def poll(self) -> list[TokenOutput]:
         return []
 
-    def observe(self, outputs: list[TokenOutput]) -> None:
-        return None
+    def observe(self, outputs: list[TokenOutput]) -> list[TokenOutput]:
+        """See the step's outputs; returns what the server answers its clients."""
+        return outputs
 
     def abort(self, rid: str, message: str) -> TokenOutput | None:
         return None

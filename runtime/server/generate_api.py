@@ -84,7 +84,8 @@ def _meta(
             [entry(lp, t) for t, lp in (top or [])] for top in result.top_logprobs
         ]
         if result.input_logprobs is not None:
-            scored = inp.input_ids[inp.logprob_start_len :]
+            # a PD prefill answers [] (its decode answers the prompt's logprobs)
+            scored = inp.input_ids[inp.logprob_start_len :] if result.input_logprobs else []
             meta["input_token_logprobs"] = [
                 entry(lp, t) for lp, t in zip(result.input_logprobs, scored, strict=True)
             ]

@@ -215,9 +215,7 @@ class SchedulerLoop:
                 outputs += self._handle(message)
             outputs += self.role.poll()
             if self.scheduler.has_work():
-                stepped = self.scheduler.step()
-                self.role.observe(stepped)
-                outputs += stepped
+                outputs += self.role.observe(self.scheduler.step())
             self.watchdog.tick(self.scheduler.has_work())
             if outputs:
                 self.to_detokenizer.send(TokenBatch(outputs))

@@ -96,6 +96,24 @@ def test_native_generate_through_sglang_router_equals_unified(pd, sglang_router)
     _idle(pd)
 
 
+def test_logprobs_through_sglang_router_equal_unified(pd, sglang_router):
+    """Output and prompt logprobs: sglang-router merges the prefill's and the decode's
+    ``meta_info``; the result is unified's."""
+    body = {
+        "input_ids": list(range(2000, 2080)),
+        "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+    }
+    want = _post(pd.unified.url, "/generate", body)["meta_info"]
+    got = _post(sglang_router.url, "/generate", body)["meta_info"]
+    for key in ("output_token_logprobs", "input_token_logprobs"):
+        assert [t for _, t, _ in got[key]] == [t for _, t, _ in want[key]], key
+        lps = [lp for lp, _, _ in got[key][1:]]
+        assert lps == pytest.approx([lp for lp, _, _ in want[key][1:]], abs=1e-4), key
+    _idle(pd)
+
+
 def test_sglang_output_switches_other_than_false_are_refused(pd):
     body = {"text": "x", "sampling_params": {"max_new_tokens": 1}, "return_hidden_states": True}
     response = httpx.post(f"{pd.unified.url}/generate", json=body, timeout=30, trust_env=False)
