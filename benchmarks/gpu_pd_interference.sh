@@ -1,0 +1,483 @@
+#!/usr/bin/env bash
+# One device-tool call (issue 17): long-prefill interference, PD on two GPUs vs two unified
+# replicas on the same two GPUs. Llama-3.1-8B shapes, dummy weights, bf16, ids in / ids out
+# (--skip-tokenizer-init), default chunked prefill (8,192 on CUDA). Two phases, one after
+# the other (the first phase's processes are stopped before the second starts):
+#   pd      : prefill :31100 on GPU 0 (--role prefill --bootstrap-port 31198
+#             --disable-cuda-graph), decode :31200 on GPU 1 (--role decode), KV through the
+#             Mooncake transfer engine (CUDA build, TCP loopback, device memory registered),
+#             `kvflow router` PD mode :31300 in front
+#   unified : two `kvflow serve` :32000 on GPU 0 and :32001 on GPU 1 behind `kvflow router
+#             --worker-urls ... --policy round_robin` :32300
+# Same client, same seed, same workload in both phases (all through the phase's router):
+#   1. greedy: GREEDY_LENS prompts, 32 tokens each, temperature 0; the unified phase sends
+#      each prompt twice (round robin: both replicas) and compares with the pd phase's ids;
+#   2. a steady stream: one request every 1/RATE s, STREAM_IN prompt ids, STREAM_OUT tokens
+#      (ignore_eos), streamed /generate; first QUIET_S s alone ("quiet"), then LOAD_S s while
+#      long prompts (LONG_LENS, cycled; LONG_OUT tokens) arrive every LONG_EVERY s ("long");
+#      ITL (gap between stream events, split evenly over the tokens an event adds, as
+#      sglang bench_serving does) and TTFT p50/p99 of the stream per window, output tok/s
+#      (all tokens whose event fell in the window), long prompts' TTFT; the prefill's
+#      /metrics before/after the long window (KV-transfer seconds per 1,000 prompt tokens).
+# Everything is time-guarded (STOP_AT seconds after the start); results.json is rewritten
+# after every step, so a cut-off run still returns what it measured. At most 8 files come
+# back: run.log (env first), results.json, prefill.log, decode.log, unified0.log,
+# unified1.log, routers.log.
+#
+#   bash benchmarks/gpu_pd_interference.sh            # on nvidia-h200-x2 (device tool `run`,
+#                                                     # carry .whl)
+#   PD_LOCAL=1 bash benchmarks/gpu_pd_interference.sh # CPU dry run here: a tiny dummy Llama,
+#                                                     # small prompts, low rate, short windows
+# Carried (gitignored): .whl/grammar, .whl/http and .whl/mooncake-cuda.tar.xz, made by
+# benchmarks/gpu_http_prep.sh and benchmarks/gpu_pd_prep.sh (see gpu_pd_run.sh).
+set -u
+STOP_AT=${STOP_AT:-310}  # seconds after the start by which everything has ended
+OUT=${OUT:-/tmp/out}
+LOCAL=${PD_LOCAL:-0}
+mkdir -p "$OUT"
+T0=$(date +%s)
+elapsed() { echo $(($(date +%s) - T0)); }
+left() { echo $((STOP_AT - $(elapsed))); }
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+exec > >(tee -a "$OUT/run.log") 2>&1
+
+if [ "$LOCAL" = 1 ]; then
+  PYTHON=.venv/bin/python
+  TINY=/tmp/kvflow-pd-tiny/config.json
+  mkdir -p "$(dirname $TINY)"
+  sed -e 's/"hidden_size": 4096/"hidden_size": 256/' -e 's/"intermediate_size": 14336/"intermediate_size": 512/' \
+    -e 's/"num_hidden_layers": 32/"num_hidden_layers": 4/' -e 's/"num_attention_heads": 32/"num_attention_heads": 4/' \
+    -e 's/"num_key_value_heads": 8/"num_key_value_heads": 2/' -e 's/"head_dim": 128/"head_dim": 64/' \
+    -e 's/"vocab_size": 128256/"vocab_size": 32000/' -e 's/"torch_dtype": "bfloat16"/"torch_dtype": "float32"/' \
+    runtime/configs/llama-3.1-8b.json > $TINY
+  MODEL=(--model-path $TINY --load-format dummy --dtype float32)
+  FLAGS=(--context-length 2048 --max-total-tokens 8000 --max-running-requests 8 --skip-tokenizer-init)
+  PREFILL_FLAGS=()
+  export VOCAB=32000 GREEDY_LENS="40 300 900" STREAM_IN=32 STREAM_OUT=12 RATE=0.5 \
+    LONG_LENS="600 900" LONG_OUT=4 LONG_EVERY=4 QUIET_S=4 LOAD_S=10 DRAIN_S=20
+else
+  PYTHON=python3
+  source scripts/device_env.sh
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    .whl/grammar/*.whl .whl/http/*.whl || exit 1
+  export PYTHONPATH="$PYTHONPATH:/tmp/site"
+  # The trimmed Mooncake CUDA wheel, as gpu_pd_run.sh: carried system libraries only where
+  # the machine lacks them, the carried site/ first on the path.
+  MC=/tmp/mooncake-cuda
+  mkdir -p $MC/missing
+  tar -C $MC -xJf .whl/mooncake-cuda.tar.xz || exit 1
+  HAVE=$(ldconfig -p | awk '{print $1}')
+  for f in $MC/syslibs/*; do
+    n=$(basename "$f")
+    grep -qx "$n" <<< "$HAVE" || ln -sf "$f" "$MC/missing/$n"
+  done
+  export LD_LIBRARY_PATH="$MC/lib:$MC/missing${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export PYTHONPATH="$MC/site:$PYTHONPATH"
+  MODEL=(--model-path llama-3.1-8b --load-format dummy --dtype bfloat16)
+  FLAGS=(--context-length 20480 --max-total-tokens 160000 --max-running-requests 64
+    --cuda-graph-max-bs 32 --skip-tokenizer-init)
+  PREFILL_FLAGS=(--disable-cuda-graph)
+  export VOCAB=128256 GREEDY_LENS="64 512 4096 16000" STREAM_IN=512 STREAM_OUT=256 RATE=2 \
+    LONG_LENS="8192 12288 16384" LONG_OUT=16 LONG_EVERY=6 QUIET_S=${QUIET_S:-12} \
+    LOAD_S=${LOAD_S:-50} DRAIN_S=15
+fi
+{
+  date -u
+  git log -1 --format='commit %H %s' 2> /dev/null || true
+  git status --short 2> /dev/null | grep -v '^??' | sed 's/^/uncommitted: /'
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2> /dev/null
+  nvidia-smi topo -m 2> /dev/null
+  $PYTHON -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "gpus", torch.cuda.device_count())'
+  echo "carried system libraries linked (the machine lacks them): $(ls ${MC:-/nonexistent}/missing 2> /dev/null | tr '\n' ' ')"
+  $PYTHON -c 'import mooncake.engine as m; print("mooncake.engine from", m.__file__)'
+  echo "flags: ${MODEL[*]} ${FLAGS[*]}; prefill also ${PREFILL_FLAGS[*]:-}"
+  env | grep -E '^(GREEDY_LENS|STREAM_IN|STREAM_OUT|RATE|LONG_LENS|LONG_OUT|LONG_EVERY|QUIET_S|LOAD_S|DRAIN_S|STOP_AT)='
+}
+
+PGIDS=()
+start() {  # NAME GPU PORT ARGS...: a `kvflow serve` in its own session (its pid is its group)
+  local name=$1 gpu=$2 port=$3
+  shift 3
+  CUDA_VISIBLE_DEVICES=$gpu setsid $PYTHON -P -m kvflow serve "${MODEL[@]}" "${FLAGS[@]}" \
+    --host 127.0.0.1 --port "$port" "$@" > "$OUT/$name.log" 2>&1 &
+  PGIDS+=($!)
+}
+router() {  # ARGS...: a `kvflow router` in its own session, logging to routers.log
+  echo "=== router $* ($(elapsed) s)" >> "$OUT/routers.log"
+  setsid $PYTHON -P -m kvflow router --host 127.0.0.1 "$@" >> "$OUT/routers.log" 2>&1 &
+  PGIDS+=($!)
+}
+stop_all() {  # every process group started so far: TERM, up to 15 s, then KILL
+  [ ${#PGIDS[@]} = 0 ] && return
+  for g in "${PGIDS[@]}"; do kill -TERM -- "-$g" 2> /dev/null; done
+  for _ in $(seq 15); do
+    alive=0
+    for g in "${PGIDS[@]}"; do kill -0 -- "-$g" 2> /dev/null && alive=1; done
+    [ $alive = 0 ] && break
+    sleep 1
+  done
+  for g in "${PGIDS[@]}"; do kill -KILL -- "-$g" 2> /dev/null; done
+  PGIDS=()
+  echo "processes stopped after $(elapsed) s"
+}
+trap stop_all EXIT
+up() { $PYTHON -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$1/health', timeout=2)" 2> /dev/null; }
+wait_up() {  # LIMIT_S NAME:PORT:PID...: all healthy (0), or one exited / time out (1)
+  local limit=$1
+  shift
+  local until=$(($(elapsed) + limit))
+  while [ "$(elapsed)" -lt "$until" ]; do
+    local ready=1
+    for spec in "$@"; do
+      IFS=: read -r name port pid <<< "$spec"
+      up "$port" && continue
+      ready=0
+      kill -0 "$pid" 2> /dev/null || {
+        echo "$name exited after $(elapsed) s:"
+        tail -30 "$OUT/$name.log" 2> /dev/null
+        return 1
+      }
+    done
+    [ $ready = 1 ] && return 0
+    sleep 1
+  done
+  echo "not up by $(elapsed) s: $*"
+  return 1
+}
+
+CLIENT=/tmp/kvflow_pd_interference_client.py
+cat > $CLIENT << 'PY'
+"""One phase of the interference run against ROUTER: greedy, then a steady stream, quiet and
+with long prompts arriving; merges its results into RESULTS under the phase's name."""
+import http.client
+import json
+import os
+import random
+import sys
+import threading
+import time
+
+PHASE, ROUTER, PREFILL, RESULTS = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+E = os.environ
+DEADLINE = time.monotonic() + float(E["PHASE_LEFT_S"])
+VOCAB = int(E["VOCAB"])
+GREEDY_LENS = [int(n) for n in E["GREEDY_LENS"].split()]
+STREAM_IN, STREAM_OUT, RATE = int(E["STREAM_IN"]), int(E["STREAM_OUT"]), float(E["RATE"])
+LONG_LENS = [int(n) for n in E["LONG_LENS"].split()]
+LONG_OUT, LONG_EVERY = int(E["LONG_OUT"]), float(E["LONG_EVERY"])
+QUIET_S, LOAD_S, DRAIN_S = float(E["QUIET_S"]), float(E["LOAD_S"]), float(E["DRAIN_S"])
+rng = random.Random(17)  # same seed, same prompts in both phases
+res: dict = {"router_port": ROUTER}
+
+
+def save() -> None:
+    try:
+        allres = json.load(open(RESULTS))
+    except (OSError, ValueError):
+        allres = {}
+    allres[PHASE] = res
+    json.dump(allres, open(RESULTS + ".tmp", "w"), indent=1)
+    os.replace(RESULTS + ".tmp", RESULTS)
+
+
+def ids(n: int) -> list[int]:
+    return [rng.randrange(1000, VOCAB - 1000) for _ in range(n)]
+
+
+def body(prompt, max_new, stream):
+    return {"input_ids": prompt, "stream": stream,
+            "sampling_params": {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}}
+
+
+def post(b: dict, timeout: float) -> dict:
+    for attempt in range(20):  # a router answers 503 until its health check saw workers
+        conn = http.client.HTTPConnection("127.0.0.1", ROUTER, timeout=timeout)
+        conn.request("POST", "/generate", json.dumps(b), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        if resp.status == 503 and attempt < 19:
+            time.sleep(0.5)
+            continue
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {data[:300]!r}")
+        return json.loads(data)
+    raise AssertionError("unreachable")
+
+
+def stream(prompt: list[int], max_new: int, timeout: float) -> dict:
+    """Streamed /generate: send time, (time, completion_tokens) per event with new ids."""
+    conn = http.client.HTTPConnection("127.0.0.1", ROUTER, timeout=timeout)
+    sent = time.monotonic()
+    conn.request("POST", "/generate", json.dumps(body(prompt, max_new, True)),
+                 {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
+    events, count = [], 0
+    while True:
+        line = resp.readline()
+        if not line:
+            break
+        if not line.startswith(b"data: "):
+            continue
+        payload = line[6:].strip()
+        if payload == b"[DONE]":
+            break
+        ev = json.loads(payload)
+        n = ev.get("meta_info", {}).get("completion_tokens", len(ev.get("output_ids") or []))
+        if n > count:
+            events.append((time.monotonic(), n - count))
+            count = n
+    return {"sent": sent, "events": events, "tokens": count}
+
+
+def pct(xs: list[float], p: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    k = (len(xs) - 1) * p / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def metrics() -> dict[str, float]:
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", PREFILL, timeout=10)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    except OSError as exc:
+        return {"error": repr(exc)}
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or "_bucket" in line:
+            continue
+        if not any(k in line for k in ("kv_transfer", "prompt_tokens_total", "num_requests_total")):
+            continue
+        name, _, value = line.rpartition(" ")
+        base = name.split("{")[0]
+        found[base] = found.get(base, 0.0) + float(value)
+    return found
+
+
+# 1. greedy (also the warm-up: the first request and the first long prompt pay one-time costs)
+greedy = []
+for n in GREEDY_LENS:
+    prompt = ids(n)
+    row: dict = {"len": n}
+    for _rep in range(2 if PHASE == "unified" else 1):
+        if time.monotonic() > DEADLINE - 30:
+            row["skipped"] = "deadline"
+            break
+        try:
+            t = time.monotonic()
+            out = post(body(prompt, 32, False), timeout=max(5.0, min(60.0, DEADLINE - t - 20)))
+            row.setdefault("s", []).append(round(time.monotonic() - t, 3))
+            row.setdefault("ids", []).append(out["output_ids"])
+        except Exception as exc:  # the error is the result
+            row["error"] = repr(exc)
+            break
+    print(PHASE, "greedy", n, {k: v for k, v in row.items() if k != "ids"}, flush=True)
+    greedy.append(row)
+res["greedy"] = greedy
+if PHASE == "unified":
+    try:
+        pd = {r["len"]: r.get("ids", [None])[0] for r in json.load(open(RESULTS))["pd"]["greedy"]}
+    except (OSError, ValueError, KeyError):
+        pd = {}
+    for r in greedy:
+        outs = r.get("ids", [])
+        r["replicas_equal"] = len(outs) == 2 and outs[0] == outs[1]
+        if pd.get(r["len"]) is not None and outs:
+            r["equal_to_pd"] = all(o == pd[r["len"]] for o in outs)
+    res["greedy_equal_to_pd"] = [r.get("equal_to_pd") for r in greedy]
+    print(PHASE, "greedy equal to pd:", res["greedy_equal_to_pd"], "replicas equal:",
+          [r["replicas_equal"] for r in greedy], flush=True)
+save()
+
+# 2. the steady stream, quiet then with long prompts; windows shortened to fit the deadline
+avail = DEADLINE - time.monotonic() - DRAIN_S - 5
+quiet_s = max(0.0, min(QUIET_S, 0.2 * avail))
+load_s = max(0.0, min(LOAD_S, avail - quiet_s))
+res["windows_s"] = {"quiet": quiet_s, "long": load_s}
+print(PHASE, f"windows: quiet {quiet_s:.0f} s, long prompts {load_s:.0f} s", flush=True)
+stream_prompts = [ids(STREAM_IN) for _ in range(int((quiet_s + load_s) * RATE) + 2)]
+long_prompts = [ids(LONG_LENS[i % len(LONG_LENS)]) for i in range(int(load_s / LONG_EVERY) + 2)]
+lock = threading.Lock()
+stream_done: list[dict] = []
+long_done: list[dict] = []
+errors: list[str] = []
+req_timeout = quiet_s + load_s + DRAIN_S + 30
+
+
+def run_one(prompt, max_new, sink, kind) -> None:
+    try:
+        r = stream(prompt, max_new, req_timeout)
+        r["len"] = len(prompt)
+        with lock:
+            sink.append(r)
+    except Exception as exc:
+        with lock:
+            errors.append(f"{kind}: {exc!r}"[:300])
+
+
+t0 = time.monotonic()
+w_quiet, w_long, w_end = t0, t0 + quiet_s, t0 + quiet_s + load_s
+threads = []
+
+
+def long_arrivals() -> None:
+    i = 0
+    while True:
+        at = w_long + i * LONG_EVERY
+        if at >= w_end or i >= len(long_prompts):
+            return
+        time.sleep(max(0.0, at - time.monotonic()))
+        th = threading.Thread(target=run_one, args=(long_prompts[i], LONG_OUT, long_done, "long"),
+                              daemon=True)
+        th.start()
+        threads.append(th)
+        i += 1
+
+
+scrape: dict = {}
+
+
+def scrape_at_window() -> None:
+    time.sleep(max(0.0, w_long - time.monotonic() - 0.5))
+    scrape["before"] = metrics()
+
+
+arrivals = threading.Thread(target=long_arrivals, daemon=True)
+arrivals.start()
+threading.Thread(target=scrape_at_window, daemon=True).start()
+i = 0
+while True:
+    at = t0 + i / RATE
+    if at >= w_end or i >= len(stream_prompts):
+        break
+    time.sleep(max(0.0, at - time.monotonic()))
+    th = threading.Thread(target=run_one, args=(stream_prompts[i], STREAM_OUT, stream_done,
+                                                "stream"), daemon=True)
+    th.start()
+    threads.append(th)
+    i += 1
+    if i % int(max(1, 10 * RATE)) == 0:
+        print(PHASE, f"t={time.monotonic() - t0:.0f}s sent {i}, done {len(stream_done)}, "
+              f"long done {len(long_done)}, errors {len(errors)}", flush=True)
+sent_stream = i
+arrivals.join(timeout=5)
+drain_until = time.monotonic() + DRAIN_S
+for th in list(threads):
+    th.join(timeout=max(0.0, drain_until - time.monotonic()))
+time.sleep(1.0)  # the prefill's /metrics lags its last writes (stats push)
+scrape["after"] = metrics()
+with lock:
+    done, longs, errs = list(stream_done), list(long_done), list(errors)
+
+
+def window_stats(lo: float, hi: float) -> dict:
+    itl, ttft, toks = [], [], 0
+    for r in done:
+        prev = r["sent"]
+        for j, (t, n) in enumerate(r["events"]):
+            if lo <= t < hi:
+                toks += n
+                if j:
+                    itl.extend([(t - prev) / n] * n)
+            prev = t
+        if lo <= r["sent"] < hi and r["events"]:
+            ttft.append(r["events"][0][0] - r["sent"])
+    long_toks = sum(n for r in longs for t, n in r["events"] if lo <= t < hi)
+    span = hi - lo
+    f = lambda x: None if x is None else round(1000 * x, 2)  # noqa: E731
+    return {
+        "span_s": round(span, 1),
+        "itl_p50_ms": f(pct(itl, 50)), "itl_p99_ms": f(pct(itl, 99)),
+        "itl_max_ms": f(max(itl) if itl else None), "itl_n": len(itl),
+        "ttft_p50_ms": f(pct(ttft, 50)), "ttft_p99_ms": f(pct(ttft, 99)), "ttft_n": len(ttft),
+        "stream_out_tok_s": round(toks / span, 1) if span > 0 else None,
+        "all_out_tok_s": round((toks + long_toks) / span, 1) if span > 0 else None,
+    }
+
+
+res["stream"] = {
+    "sent": sent_stream, "completed": len(done),
+    "complete_len": sum(1 for r in done if r["tokens"] == STREAM_OUT),
+    "quiet": window_stats(w_quiet, w_long), "long": window_stats(w_long, w_end),
+}
+res["long_prompts"] = {
+    "sent": min(len(long_prompts), int(load_s / LONG_EVERY) + (load_s % LONG_EVERY > 0)),
+    "completed": len(longs),
+    "ttft_ms": [round(1000 * (r["events"][0][0] - r["sent"]), 1) if r["events"] else None
+                for r in sorted(longs, key=lambda r: r["sent"])],
+    "lens": [r["len"] for r in sorted(longs, key=lambda r: r["sent"])],
+}
+res["errors"] = len(errs)
+res["first_errors"] = errs[:5]
+b, a = scrape.get("before", {}), scrape["after"]
+if PHASE == "pd" and b and "error" not in a and "error" not in b:
+    d = {k: a.get(k, 0.0) - b.get(k, 0.0) for k in a}
+    secs = d.get("kvflow:kv_transfer_seconds_sum", 0.0)
+    nbytes = d.get("kvflow:kv_transfer_bytes_total", 0.0)
+    ptoks = d.get("sglang:prompt_tokens_total", 0.0)
+    res["transfer_long_window"] = {
+        "prompt_tokens": ptoks, "requests": d.get("sglang:num_requests_total"),
+        "bytes": nbytes, "writes": d.get("kvflow:kv_transfer_seconds_count"),
+        "write_seconds_sum": round(secs, 3),
+        "write_ms_per_1000_prompt_tokens": round(secs / (ptoks / 1e6), 1) if ptoks else None,
+        "gb_s_over_write_time": round(nbytes / secs / 1e9, 3) if secs else None,
+        "bytes_per_prompt_token": round(nbytes / ptoks, 1) if ptoks else None,
+    }
+res["prefill_metrics"] = scrape
+save()
+shown = {k: v for k, v in res.items() if k not in ("greedy", "prefill_metrics")}
+print(PHASE, "result", json.dumps(shown, indent=1), flush=True)
+PY
+
+# Phase PD: prefill GPU 0, decode GPU 1, router PD mode.
+echo "=== phase pd ($(elapsed) s)"
+start prefill 0 31100 --role prefill --bootstrap-port 31198 "${PREFILL_FLAGS[@]}"
+P=$!
+start decode 1 31200 --role decode
+D=$!
+if wait_up $(($(left) / 2 - 60)) "prefill:31100:$P" "decode:31200:$D"; then
+  echo "pd servers up after $(elapsed) s"
+  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader 2> /dev/null
+  router --port 31300 --prefill-urls "http://127.0.0.1:31100#31198" \
+    --decode-urls http://127.0.0.1:31200
+  for _ in $(seq 30); do up 31300 && break; sleep 1; done
+  # this phase gets half of what is left after the unified start-up (~40 s) and stop
+  PHASE_LEFT=$((($(left) - 60) / 2))
+  PHASE_LEFT_S=$PHASE_LEFT timeout $((PHASE_LEFT + 10)) $PYTHON $CLIENT pd 31300 31100 "$OUT/results.json"
+  echo "pd client rc=$? after $(elapsed) s"
+  for p in 31100 31200; do
+    echo "metrics :$p"
+    $PYTHON -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$p/metrics', timeout=5).read().decode())" \
+      2> /dev/null | grep -E '^(kvflow|sglang):(kv_transfer|num_requests_total|prompt_tokens_total|generation_tokens_total)' | grep -v _bucket
+  done
+else
+  echo "pd phase skipped: servers not up"
+fi
+stop_all
+
+# Phase unified: two replicas, GPU 0 and GPU 1, router round robin.
+echo "=== phase unified ($(elapsed) s)"
+start unified0 0 32000
+U0=$!
+start unified1 1 32001
+U1=$!
+if wait_up $(($(left) - 40)) "unified0:32000:$U0" "unified1:32001:$U1"; then
+  echo "unified servers up after $(elapsed) s"
+  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader 2> /dev/null
+  router --port 32300 --policy round_robin \
+    --worker-urls http://127.0.0.1:32000,http://127.0.0.1:32001
+  for _ in $(seq 30); do up 32300 && break; sleep 1; done
+  PHASE_LEFT=$(($(left) - 20))
+  PHASE_LEFT_S=$PHASE_LEFT timeout $((PHASE_LEFT + 5)) $PYTHON $CLIENT unified 32300 32000 "$OUT/results.json"
+  echo "unified client rc=$? after $(elapsed) s"
+else
+  echo "unified phase skipped: servers not up"
+fi
+stop_all
+echo "end after $(elapsed) s"
