@@ -26,8 +26,9 @@ class RoleStats(NamedTuple):
 class Role:
     """The scheduler process's hooks. The loop calls, in order each iteration: :meth:`add`
     for new requests (``ValueError`` refuses one), :meth:`poll` (outputs of requests the
-    role finished outside the scheduler), the scheduler's step, then :meth:`observe` with
-    that step's outputs. :meth:`abort` ends a request the role holds outside the scheduler
+    role finished outside the scheduler), the scheduler's step; :meth:`observe` sees the
+    outputs of the step and of handled messages (aborts) and returns what is sent on.
+    :meth:`abort` ends a request the role holds outside the scheduler
     (None if it holds no such request). :meth:`busy` keeps the loop from idling."""
 
     def __init__(self, scheduler: Scheduler) -> None:

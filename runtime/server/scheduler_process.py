@@ -211,8 +211,8 @@ class SchedulerLoop:
             first = self.inbox.recv(timeout_ms=wait_ms)
             messages = ([first] if first is not None else []) + self.inbox.recv_all()
             outputs: list[TokenOutput] = []
-            for message in messages:
-                outputs += self._handle(message)
+            for message in messages:  # aborts of running requests end here too: the role sees them
+                outputs += self.role.observe(self._handle(message))
             outputs += self.role.poll()
             if self.scheduler.has_work():
                 outputs += self.role.observe(self.scheduler.step())
