@@ -92,12 +92,22 @@ def pod_node(control_plane: ControlPlane) -> Iterator[RealNode]:
     )
     kubelet = resolve_binaries(NODE_BINARIES)["kubelet"]
     node = RealNode(kubelet, config, control_plane.kube, plane.pki_dir / "ca.crt")
+    root_before = root_addresses()
     try:
         node.start()
     except NodeUnavailable as err:
         pytest.skip(f"this machine cannot run a pod-network real node: {err}")
     yield node
+    root_during = root_addresses()
     node.stop()
+    # every pod, bridge and veth address lived in the node's namespace
+    assert root_during == root_before, (root_before, root_during)
+
+
+def root_addresses() -> list[str]:
+    """The root network namespace's interfaces and addresses (`ip -o addr`)."""
+    listed = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True, check=True)
+    return sorted(" ".join(line.split()[1:4]) for line in listed.stdout.splitlines())
 
 
 @pytest.fixture(scope="module")
