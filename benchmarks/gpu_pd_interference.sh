@@ -17,7 +17,8 @@
 #      long prompts (LONG_LENS, cycled; LONG_OUT tokens) arrive every LONG_EVERY s ("long");
 #      ITL (gap between stream events, split evenly over the tokens an event adds, as
 #      sglang bench_serving does) and TTFT p50/p99 of the stream per window, output tok/s
-#      (all tokens whose event fell in the window), long prompts' TTFT; the prefill's
+#      (all tokens whose event fell in the window), ITL p99.9, each request's longest gap,
+#      requests that ended short of their tokens (finish reasons), long prompts' TTFT; the prefill's
 #      /metrics before/after the long window (KV-transfer seconds per 1,000 prompt tokens).
 # Everything is time-guarded (STOP_AT seconds after the start); results.json is rewritten
 # after every step, so a cut-off run still returns what it measured. At most 8 files come
@@ -213,7 +214,7 @@ def stream(prompt: list[int], max_new: int, timeout: float) -> dict:
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
-    events, count = [], 0
+    events, count, finish = [], 0, None
     while True:
         line = resp.readline()
         if not line:
@@ -224,11 +225,13 @@ def stream(prompt: list[int], max_new: int, timeout: float) -> dict:
         if payload == b"[DONE]":
             break
         ev = json.loads(payload)
-        n = ev.get("meta_info", {}).get("completion_tokens", len(ev.get("output_ids") or []))
+        meta = ev.get("meta_info", {})
+        finish = meta.get("finish_reason") or finish
+        n = meta.get("completion_tokens", len(ev.get("output_ids") or []))
         if n > count:
             events.append((time.monotonic(), n - count))
             count = n
-    return {"sent": sent, "events": events, "tokens": count}
+    return {"sent": sent, "events": events, "tokens": count, "finish": finish}
 
 
 def pct(xs: list[float], p: float) -> float | None:
@@ -377,15 +380,18 @@ with lock:
 
 
 def window_stats(lo: float, hi: float) -> dict:
-    itl, ttft, toks = [], [], 0
+    itl, ttft, worst, toks = [], [], [], 0
     for r in done:
-        prev = r["sent"]
+        prev, top = r["sent"], None
         for j, (t, n) in enumerate(r["events"]):
             if lo <= t < hi:
                 toks += n
                 if j:
                     itl.extend([(t - prev) / n] * n)
+                    top = max(top or 0.0, t - prev)
             prev = t
+        if top is not None:
+            worst.append(top)
         if lo <= r["sent"] < hi and r["events"]:
             ttft.append(r["events"][0][0] - r["sent"])
     long_toks = sum(n for r in longs for t, n in r["events"] if lo <= t < hi)
@@ -394,7 +400,11 @@ def window_stats(lo: float, hi: float) -> dict:
     return {
         "span_s": round(span, 1),
         "itl_p50_ms": f(pct(itl, 50)), "itl_p99_ms": f(pct(itl, 99)),
-        "itl_max_ms": f(max(itl) if itl else None), "itl_n": len(itl),
+        "itl_p999_ms": f(pct(itl, 99.9)), "itl_max_ms": f(max(itl) if itl else None),
+        "itl_n": len(itl), "itl_over_50ms": sum(1 for x in itl if x > 0.05),
+        # each request's longest gap between events: a stall shows here even when it is too
+        # rare among all gaps to move the p99
+        "req_max_gap_p50_ms": f(pct(worst, 50)), "req_max_gap_p99_ms": f(pct(worst, 99)),
         "ttft_p50_ms": f(pct(ttft, 50)), "ttft_p99_ms": f(pct(ttft, 99)), "ttft_n": len(ttft),
         "stream_out_tok_s": round(toks / span, 1) if span > 0 else None,
         "all_out_tok_s": round((toks + long_toks) / span, 1) if span > 0 else None,
@@ -404,11 +414,16 @@ def window_stats(lo: float, hi: float) -> dict:
 res["stream"] = {
     "sent": sent_stream, "completed": len(done),
     "complete_len": sum(1 for r in done if r["tokens"] == STREAM_OUT),
+    # ended without error but short of STREAM_OUT tokens (e.g. a failed KV transfer aborts
+    # the request): their finish reasons
+    "short": [[r["tokens"], r["finish"]] for r in done if r["tokens"] != STREAM_OUT][:20],
+    "short_n": sum(1 for r in done if r["tokens"] != STREAM_OUT),
     "quiet": window_stats(w_quiet, w_long), "long": window_stats(w_long, w_end),
 }
 res["long_prompts"] = {
     "sent": min(len(long_prompts), int(load_s / LONG_EVERY) + (load_s % LONG_EVERY > 0)),
     "completed": len(longs),
+    "complete_len": sum(1 for r in longs if r["tokens"] == LONG_OUT),
     "ttft_ms": [round(1000 * (r["events"][0][0] - r["sent"]), 1) if r["events"] else None
                 for r in sorted(longs, key=lambda r: r["sent"])],
     "lens": [r["len"] for r in sorted(longs, key=lambda r: r["sent"])],
