@@ -192,3 +192,24 @@ def test_malformed_session_is_an_error(local) -> None:
     with pytest.raises(TransferError, match="host:port"):
         transport.write("no-port", [Write(0, 0, 1)])
     transport.write("127.0.0.1:1", [])  # nothing to write: no call at all
+
+
+def test_concurrent_scattered_writes_to_one_peer_all_land(local, pool_peer) -> None:
+    """Writes from several sender threads (a prefill sends chunks and requests at once), each
+    of 1,920 pieces (every other slot; last in the file: it fills the peer's float32 pool): together over the engine's per-peer queue, which
+    rejects them unless the transport sends one at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    transport, pools = local
+    src = layout_of(pools["float32"], CONFIG, 1)
+    dst = pool_peer.layouts["float32"]
+    slots = list(range(0, 64, 2))
+    plans = [transfer_plan(src, dst, slots, [s + i % 2 for s in slots]) for i in range(8)]
+    assert len(plans[0]) == 2 * CONFIG.num_layers * len(slots)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda plan: transport.write(pool_peer.session_id, plan), plans))
+    received = pool_peer.dump("float32")
+    for layer, src_buf in enumerate(pools["float32"].k_buffer):
+        dst_buf = received["k"][layer]
+        assert np.array_equal(_raw(dst_buf)[slots], _raw(src_buf)[slots])
+        assert np.array_equal(_raw(dst_buf)[[s + 1 for s in slots]], _raw(src_buf)[slots])
