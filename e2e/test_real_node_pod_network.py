@@ -238,12 +238,12 @@ class Outcome:
 
 
 class Stream:
-    """`clients` closed-loop clients (one request in flight each, non-streamed) sending
-    through the router until stopped; every outcome is kept. A request without an answer
+    """`clients` closed-loop clients (one request in flight each, non-streamed, `pause_s`
+    between two) sending through the router until stopped; every outcome is kept. A request without an answer
     within `REQUEST_TIMEOUT_S` fails."""
 
-    def __init__(self, port: int, clients: int, max_tokens: int) -> None:
-        self.port, self.max_tokens = port, max_tokens
+    def __init__(self, port: int, clients: int, max_tokens: int, pause_s: float = 0.0) -> None:
+        self.port, self.max_tokens, self.pause_s = port, max_tokens, pause_s
         self.stopped = threading.Event()
         self.outcomes: list[Outcome] = []
         self.in_flight: dict[int, float] = {}  # client -> when its request started
@@ -267,6 +267,7 @@ class Stream:
                 self.outcomes.append(Outcome(begin, 0, f"{type(err).__name__}: {err}"))
             del self.in_flight[client]
             i += 1
+            self.stopped.wait(self.pause_s)
 
     def stop(self) -> float:
         """Stop sending and wait for the requests in flight; returns when it was asked."""
@@ -398,7 +399,8 @@ def _failover(
     assert len(before) == 2 and all(p["spec"]["nodeName"] == NODE for p in before.values())
     assert len({p["status"]["podIP"] for p in before.values()}) == 2  # one address each
 
-    stream = Stream(port, clients=2, max_tokens=8)
+    # paced, so the surviving worker leaves CPU for its replacement's start on 2 cores
+    stream = Stream(port, clients=2, max_tokens=8, pause_s=0.2)
     try:
         time.sleep(3)
         victim_url, victim = sorted(before.items())[0]
@@ -407,7 +409,7 @@ def _failover(
         kube.kubectl("delete", "pod", "-n", ns, victim["metadata"]["name"], "--wait=false")
         t_dropped = wait(lambda: victim_url not in router_workers(port), 60,
                          "the router dropped the deleted pod", lambda: diagnose(kube, ns))  # fmt: skip
-        t_added = wait(lambda: _healthy_workers(kube, port, ns, name) == 2, 180,
+        t_added = wait(lambda: _healthy_workers(kube, port, ns, name) == 2, 240,
                        "a replacement Ready and healthy in the router", lambda: diagnose(kube, ns))  # fmt: skip
         t_added += t_dropped
         (new_url,) = set(router_workers(port)) - set(before)
