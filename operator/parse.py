@@ -7,7 +7,7 @@ cannot check is checked here and reported as :class:`SpecError` naming the field
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -55,15 +55,7 @@ def _volumes(raw: Mapping[str, Any], path: str) -> tuple[tuple[dict[str, Any], .
     """``volumes`` and ``volumeMounts``: user volumes beside the operator's own."""
     volumes = tuple(dict(v) for v in raw.get("volumes") or ())
     mounts = tuple(dict(m) for m in raw.get("volumeMounts") or ())
-    declared: set[str] = set()
-    for i, volume in enumerate(volumes):
-        name = str(volume.get("name", ""))
-        if not name:
-            raise SpecError(f"{path}.volumes[{i}].name", "required")
-        if name in OPERATOR_VOLUMES or name in declared:
-            taken = "used by the operator" if name in OPERATOR_VOLUMES else "declared twice"
-            raise SpecError(f"{path}.volumes[{i}].name", f"{name!r} is {taken}")
-        declared.add(name)
+    declared = _named(volumes, f"{path}.volumes", OPERATOR_VOLUMES, "used by the operator")
     reserved_paths = set(OPERATOR_VOLUMES.values())
     for i, mount in enumerate(mounts):
         name, mount_path = str(mount.get("name", "")), str(mount.get("mountPath", ""))
@@ -84,16 +76,24 @@ def _env(raw: Mapping[str, Any], path: str) -> tuple[dict[str, Any], ...]:
     """``env``: variables of the user's own names (the operator sets :data:`OPERATOR_ENV`,
     and a container's env may name a variable once)."""
     env = tuple(dict(e) for e in raw.get("env") or ())
+    _named(env, f"{path}.env", OPERATOR_ENV, "set by the operator")
+    return env
+
+
+def _named(
+    entries: tuple[dict[str, Any], ...], path: str, reserved: Collection[str], why: str
+) -> set[str]:
+    """The names of ``entries``: each required, once, and none of ``reserved``."""
     declared: set[str] = set()
-    for i, entry in enumerate(env):
+    for i, entry in enumerate(entries):
         name = str(entry.get("name", ""))
         if not name:
-            raise SpecError(f"{path}.env[{i}].name", "required")
-        if name in OPERATOR_ENV or name in declared:
-            taken = "set by the operator" if name in OPERATOR_ENV else "declared twice"
-            raise SpecError(f"{path}.env[{i}].name", f"{name!r} is {taken}")
+            raise SpecError(f"{path}[{i}].name", "required")
+        if name in reserved or name in declared:
+            taken = why if name in reserved else "declared twice"
+            raise SpecError(f"{path}[{i}].name", f"{name!r} is {taken}")
         declared.add(name)
-    return env
+    return declared
 
 
 def _pods(raw: Mapping[str, Any], path: str) -> PodSettings:
