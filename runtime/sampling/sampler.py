@@ -186,9 +186,8 @@ class Sampler:
         picks = torch.zeros(probs.shape[0], dtype=torch.int64, device=probs.device)
         for row, req in enumerate(batch.reqs):
             if not batch.greedy[row]:
-                picks[row] = torch.multinomial(
-                    probs[row], 1, generator=req.next_token_generator()
-                )[0]
+                generator = req.next_token_generator()
+                picks[row] = torch.multinomial(probs[row], 1, generator=generator)[0]
         if index is not None:
             picks = index.gather(1, picks[:, None])[:, 0]
         return picks

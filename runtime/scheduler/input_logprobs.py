@@ -72,9 +72,7 @@ class InputLogprobs:
         else:
             self.tops += [None] * count
 
-    def fill(
-        self, values: list[float | None], tops: list[list[list[float]] | None] | None
-    ) -> None:
+    def fill(self, values: list[float | None], tops: list[list[list[float]] | None] | None) -> None:
         """Take the values another process computed (a PD decode: its prefill's), as
         :meth:`take` gives them out; ``tops`` pairs as ``[token_id, logprob]``."""
         if len(values) != len(self.prompt_ids) - self.start:
