@@ -31,10 +31,8 @@ class PDStack(NamedTuple):
     router: RouterProcess
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def pd(model_path, tmp_path_factory) -> Iterator[PDStack]:
-    """One stack for every module of tests/pd that uses it (each start loads three models;
-    test_pd_faults runs first, alphabetically, with its own stack, torn down before)."""
     logs = tmp_path_factory.mktemp("pd")
     bootstrap_port = free_port()
     specs = {
