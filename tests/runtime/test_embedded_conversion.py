@@ -17,11 +17,14 @@ PROBE = """
 import json, resource, sys
 from kvflow.runtime.models.embedded import embedded_model_path
 path = embedded_model_path()
+# VmHWM: this process's own peak (ru_maxrss of RUSAGE_SELF would start at the RSS of the
+# process that forked it, pytest's, which may be large by then)
+hwm = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
 print(json.dumps({
     "path": str(path),
     "transformers_imported": "transformers" in sys.modules,
     "torch_imported": "torch" in sys.modules,
-    "self_max_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    "self_max_rss_kb": int(hwm.split()[1]),
     "children_max_rss_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
 }))
 """
