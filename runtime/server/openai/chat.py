@@ -15,8 +15,8 @@ from kvflow.runtime.server.openai.common import (
     merge_streams,
     new_id,
     now,
-    sample_usage,
     sse,
+    stream_chunk,
     usage_dict,
 )
 from kvflow.runtime.server.openai.protocol import ChatCompletionRequest
@@ -161,18 +161,9 @@ async def _stream(
     every_chunk_usage = continuous_usage(body.stream_options)
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None, logprobs=None) -> str:
-        payload = {
-            "id": chunk_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [
-                {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-            ],
-        }
-        if every_chunk_usage:
-            payload["usage"] = sample_usage(results[index])
-        return sse(payload)
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        usage = results[index] if every_chunk_usage else None
+        return stream_chunk((chunk_id, created, model), "chat.completion.chunk", choice, usage)
 
     for index in range(len(handles)):
         yield chunk(index, {"role": "assistant", "content": ""})

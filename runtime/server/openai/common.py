@@ -143,3 +143,25 @@ def now() -> int:
 
 
 TokenText = Callable[[int], str]
+
+
+def stream_chunk(
+    ids: tuple[str, int, str],
+    kind: str,
+    choice: dict[str, Any],
+    usage: SampleResult | None = None,
+) -> str:
+    """One SSE chunk of a streamed completion: ``ids`` is (id, created, model), ``kind`` the
+    ``object``, ``choice`` its only choice; ``usage`` (the sample's so far) with
+    ``stream_options.continuous_usage_stats``."""
+    chunk_id, created, model = ids
+    payload: dict[str, Any] = {
+        "id": chunk_id,
+        "object": kind,
+        "created": created,
+        "model": model,
+        "choices": [choice],
+    }
+    if usage is not None:
+        payload["usage"] = sample_usage(usage)
+    return sse(payload)

@@ -14,8 +14,8 @@ from kvflow.runtime.server.openai.common import (
     merge_streams,
     new_id,
     now,
-    sample_usage,
     sse,
+    stream_chunk,
     usage_dict,
 )
 from kvflow.runtime.server.openai.protocol import CompletionRequest
@@ -145,18 +145,9 @@ async def _stream(
     every_chunk_usage = continuous_usage(body.stream_options)
 
     def chunk(index: int, text: str, finish: str | None, logprobs=None) -> str:
-        payload = {
-            "id": chunk_id,
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "choices": [
-                {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
-            ],
-        }
-        if every_chunk_usage:
-            payload["usage"] = sample_usage(results[index])
-        return sse(payload)
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        usage = results[index] if every_chunk_usage else None
+        return stream_chunk((chunk_id, created, model), "text_completion", choice, usage)
 
     if body.echo:
         for index in range(len(handles)):
