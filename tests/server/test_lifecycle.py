@@ -80,10 +80,14 @@ def test_dead_scheduler_makes_the_server_fail_fast_and_exit(embedded_ready, tmp_
 def _spawned_children(proc: psutil.Process) -> list[psutil.Process]:
     """The server's scheduler and detokenizer, in start order (multiprocessing's resource
     tracker, also a child, is left out)."""
-    children = [
-        c for c in proc.children() if "spawn_main" in " ".join(c.cmdline())
-    ]  # fmt: skip
-    return sorted(children, key=lambda c: c.create_time())
+    children = []
+    for child in proc.children():
+        try:  # a short-lived child (a compiler the start-up runs) may be gone already
+            if "spawn_main" in " ".join(child.cmdline()):
+                children.append((child.create_time(), child))
+        except psutil.NoSuchProcess:
+            continue
+    return [c for _, c in sorted(children, key=lambda pair: pair[0])]
 
 
 @pytest.mark.parametrize(("index", "name"), [(0, "kvflow-scheduler"), (1, "kvflow-detokenizer")])
