@@ -471,6 +471,24 @@ def operator_metric(port: int, name: str) -> float | None:
     return None
 
 
+def autoscaler_view(kube: Kube, operator: dict[str, Any]) -> str:
+    """The operator's autoscaler series for `auto` and its log tail: what the rule read
+    (signals, Ready vs reporting pods) and any scrape it failed, put first so that a
+    failure's report shows them even when the rest is cut."""
+    try:
+        text = httpx.get(f"http://127.0.0.1:{operator['metrics_port']}/metrics", timeout=5).text
+        series = [
+            line for line in text.splitlines()
+            if line.startswith("kvflow_autoscaler_") and 'deployment="auto"' in line
+        ]  # fmt: skip
+    except httpx.HTTPError as exc:
+        series = [f"operator /metrics: {exc}"]
+    logs = kube.kubectl(
+        "logs", "-n", operator["namespace"], operator["pod"], "--tail=30", check=False, timeout=20
+    )
+    return "\n".join(["--- autoscaler series", *series, "--- operator log", logs.stdout[-3000:]])
+
+
 def autoscaling_status(kube: Kube, ns: str) -> dict[str, Any]:
     body = kube.get_json("md", "auto", "-n", ns)
     roles = (body.get("status") or {}).get("roles") or {}
@@ -494,7 +512,7 @@ def test_autoscaler_scales_out_under_load_and_back_in(
     the stabilization window while a light stream goes on; no request fails."""
     ns = namespaces["autoscale"]
     try:
-        _autoscale(kube, pod_node, ns, operator["metrics_port"], seed, record_property)
+        _autoscale(kube, pod_node, ns, operator, seed, record_property)
     finally:
         remove(kube, ns, "auto")
 
@@ -503,13 +521,14 @@ def _autoscale(
     kube: Kube,
     pod_node: RealNode,
     ns: str,
-    metrics: int,
+    operator: dict[str, Any],
     seed: Path,
     record_property: Callable[[str, object], None],
 ) -> None:
     up = deploy(kube, pod_node, ns, autoscaled(seed), workers=1)
     port = up["port"]
-    why = lambda: diagnose(kube, ns)  # noqa: E731
+    metrics = operator["metrics_port"]
+    why = lambda: autoscaler_view(kube, operator) + "\n" + diagnose(kube, ns)  # noqa: E731
     # the operator pod scrapes the worker at its pod address
     wait(lambda: operator_metric(metrics, "kvflow_autoscaler_reporting_pods") == 1, 60,
          "the operator's collector reads the worker pod", why)  # fmt: skip

@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("--autoscaler-scale-up-cooldown", "scale_up_cooldown_s", float, "least seconds between scale-outs of a role"),
         ("--autoscaler-scale-down-cooldown", "scale_down_cooldown_s", float, "least seconds after any change before a scale-in"),
         ("--autoscaler-stale-after", "stale_s", float, "a pod whose newest metrics are older holds the size"),
+        ("--autoscaler-gauge-window", "gauge_window_s", float, "seconds over which each pod's queue, running and KV usage gauges are averaged (0: the newest scrape alone)"),
         ("--autoscaler-prometheus-url", "prometheus_url", str, "read pod metrics from this Prometheus (series labelled namespace and pod, as a PodMonitor does) instead of scraping pods"),
     ):  # fmt: skip
         auto.add_argument(flag, dest=field, type=kind, default=getattr(d, field), help=text)
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def autoscaler_settings(args: argparse.Namespace) -> AutoscalerSettings:
     names = ("interval_s", "scale_up_window_s", "scale_up_cooldown_s", "scale_down_cooldown_s")
-    values = {n: getattr(args, n) for n in (*names, "stale_s", "prometheus_url")}
+    values = {n: getattr(args, n) for n in (*names, "stale_s", "gauge_window_s", "prometheus_url")}
     return AutoscalerSettings(**values)
 
 

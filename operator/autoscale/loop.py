@@ -84,7 +84,9 @@ class Autoscaler(threading.Thread):
         if source is None:
             url = settings.prometheus_url
             source = PrometheusSource(url) if url else ScrapeSource()
-        self._collector = Collector(source, window_s=settings.latency_window_s)
+        self._collector = Collector(
+            source, window_s=max(settings.latency_window_s, settings.gauge_window_s)
+        )
         self._states: dict[tuple[str, str, str], ScaleState] = {}
         self._pods: dict[tuple[str, str, str], set[str]] = {}
         self._stopped = threading.Event()
@@ -160,7 +162,11 @@ class Autoscaler(threading.Thread):
         self._collector.drop(md.namespace, self._pods.get(key, set()) - names_now)
         self._pods[key] = names_now
         signals = role_signals(
-            [t.name for t in targets], windows, now, stale_seconds=self.settings.stale_s
+            [t.name for t in targets],
+            windows,
+            now,
+            stale_seconds=self.settings.stale_s,
+            gauge_window_s=self.settings.gauge_window_s,
         )
         state = self._states.get(key, ScaleState())
         decision, self._states[key] = decide(policy, signals, current, state, now)

@@ -48,6 +48,7 @@ class AutoscalerSettings:
     interval_s: float = 5.0
     latency_window_s: float = 60.0
     stale_s: float = 20.0
+    gauge_window_s: float = 10.0
     scale_up_window_s: float = 10.0
     scale_up_cooldown_s: float = 30.0
     scale_down_cooldown_s: float = 60.0

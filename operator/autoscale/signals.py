@@ -4,7 +4,10 @@ A :class:`PodSample` is one scrape of one Ready pod's ``/metrics``: the gauges a
 and the two latency histograms as cumulative bucket counts. :func:`role_signals` turns the
 samples of one role over a window into :class:`RoleSignals`, the input of the decision:
 
-- gauges (queue, running, KV usage) come from each pod's newest sample;
+- gauges (queue, running, KV usage) are each pod's mean over its samples of the last
+  ``gauge_window_s`` (Prometheus' ``avg_over_time``; 0 takes the newest sample alone): one
+  scrape that catches a request counted on two pods at once (each pod's gauge lags its
+  scheduler by up to a publishing interval) must not decide a size on its own;
 - TTFT and ITL p90 come from the histograms' growth between the oldest and the newest
   sample in the window, summed over pods, interpolated inside a bucket as Prometheus'
   ``histogram_quantile`` does. A pod whose counts went down restarted: its newest counts
@@ -135,10 +138,12 @@ def role_signals(
     now: float,
     stale_seconds: float,
     quantile: float = 0.9,
+    gauge_window_s: float = 0.0,
 ) -> RoleSignals:
     """Signals of one role from each Ready pod's samples (oldest first) within the window."""
     fresh: list[tuple[PodSample, PodSample]] = []  # (oldest, newest) per reporting pod
     missing: list[str] = []
+    recent: list[list[PodSample]] = []  # per reporting pod: its samples in the gauge window
     for pod in ready_pods:
         samples = windows.get(pod) or ()
         newest = samples[-1] if samples else None
@@ -146,8 +151,16 @@ def role_signals(
             missing.append(pod)
         else:
             fresh.append((samples[0], newest))
+            recent.append(
+                [s for s in samples if s.valid and s.time >= now - gauge_window_s] or [newest]
+            )
     n = len(fresh)
     newest_samples = [new for _, new in fresh]
+
+    def per_replica(gauge: str) -> float:
+        """Sum over pods of each pod's mean ``gauge`` over the gauge window, divided by n."""
+        means = (sum(getattr(s, gauge) for s in pod) / len(pod) for pod in recent)
+        return sum(means) / n if n else 0.0
 
     def growth(kind: str) -> Buckets | None:
         parts = []
@@ -161,9 +174,9 @@ def role_signals(
         ready=len(ready_pods),
         reporting=n,
         missing=tuple(missing),
-        queue_per_replica=sum(s.queue for s in newest_samples) / n if n else 0.0,
-        running_per_replica=sum(s.running for s in newest_samples) / n if n else 0.0,
-        kv_usage=sum(s.kv_usage for s in newest_samples) / n if n else 0.0,
+        queue_per_replica=per_replica("queue"),
+        running_per_replica=per_replica("running"),
+        kv_usage=per_replica("kv_usage"),
         ttft_p90_s=histogram_quantile(quantile, growth("ttft")) if n else None,
         itl_p90_s=histogram_quantile(quantile, growth("itl")) if n else None,
         cached_kv={

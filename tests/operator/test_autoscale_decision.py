@@ -249,3 +249,22 @@ def test_stale_nan_and_unscraped_pods_are_missing():
     assert (sig.reporting, sig.queue_per_replica, sig.kv_usage) == (1, 3, 0.4)
     assert sig.ttft_p90_s is None  # one sample is no window
     assert sig.cached_kv == {"fresh": 0.2}
+
+
+def test_gauges_are_averaged_over_the_gauge_window():
+    """A request counted on two pods in one scrape (each pod's gauge lags its scheduler)
+    must not by itself ask for more replicas: each pod's gauges are its mean over the
+    gauge window; older samples and invalid ones are left out of the mean."""
+    windows = {
+        "a": [sample("a", t, queue=q) for t, q in ((0, 8), (91, 0), (93, 0), (95, 0), (97, 2))],
+        "b": [sample("b", 91, queue=0), sample("b", 96, queue=math.nan), sample("b", 97, queue=2)],
+    }
+    newest = role_signals(["a", "b"], windows, now=98, stale_seconds=15)
+    assert newest.queue_per_replica == 2  # the one scrape that saw both
+    averaged = role_signals(["a", "b"], windows, now=98, stale_seconds=15, gauge_window_s=10)
+    assert averaged.queue_per_replica == pytest.approx((2 / 4 + 2 / 2) / 2)
+    policy = ScalePolicy(
+        "unified", queue_per_replica=1.0, scale_up_window_s=0, scale_down_window_s=0
+    )
+    assert decide(policy, newest, 2, ScaleState(), 98.0)[0].replicas == 4
+    assert decide(policy, averaged, 2, ScaleState(), 98.0)[0].replicas == 2
