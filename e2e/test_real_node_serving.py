@@ -2,7 +2,9 @@
 pod), `kubectl apply` the unified embedded example adapted to the node, and a chat
 completion through the router pod returns text. Killing the worker pod: its Deployment
 replaces it, the router drops and re-adds it, and clients see only clean errors while no
-worker is there.
+worker is there. Honest status: a deployment whose worker exits (a misspelt flag) or that
+no node can host (too much memory) turns Degraded with the pod's reason and the runtime's or
+the scheduler's own words.
 
 The example differs from a user's only in per-role pod settings: host networking with
 loopback ports (the node has no pod network), the host base image with this checkout, its
@@ -268,3 +270,94 @@ def test_killed_worker_is_replaced_and_rejoins(
     ]
     assert new["metadata"]["name"] != old["metadata"]["name"]
     assert router_workers(router_port) == [worker_url]
+
+
+# --- honest status: what the operator says when its pods cannot serve -----------------
+
+
+def _apply_variant(
+    kube: Kube, ns: str, seed: Path, name: str, unified: dict[str, Any]
+) -> tuple[dict[str, Any], int]:
+    """The adapted example renamed `name`, its unified role updated with `unified`;
+    applied in `ns`; returns it and its router's port."""
+    body, router_port, _ = adapted_example(kube, seed)
+    body["metadata"] = {"name": name, "namespace": ns}
+    body["spec"]["unified"].update(unified)
+    kube.apply(body)
+    return body, router_port
+
+
+def _degraded(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:
+    body = kube.get_json("md", name, "-n", ns)
+    found = {c["type"]: c for c in body.get("status", {}).get("conditions", [])}
+    degraded = found.get("Degraded", {})
+    return found if degraded.get("status") == "True" else None
+
+
+def test_a_refused_flag_makes_the_deployment_degraded_with_its_last_words(
+    kube: Kube, md_ns: str, operator_release: dict[str, Any], seed: Path
+) -> None:
+    """A misspelt `kvflow serve` flag in extraArgs passes admission (extraArgs are the
+    runtime's to judge) and the container exits 2 on the real kubelet: the ModelDeployment
+    turns Degraded within seconds with the pod's reason and the runtime's own error, is not
+    Ready, and its router answers clients at once with a 503 naming the cause."""
+    name = "refused-flag"
+    _, router_port = _apply_variant(
+        kube, md_ns, seed, name, {"extraArgs": ["--max-runing-requests", "4"]}
+    )
+    started = time.monotonic()
+    try:
+        try:
+            found = kube.wait_for(
+                lambda: _degraded(kube, md_ns, name), timeout=150, what="Degraded=True"
+            )
+        except TimeoutError as err:
+            raise AssertionError(f"{err}\n{_diagnose(kube, md_ns)}") from err
+        print(f"refused flag -> Degraded: {time.monotonic() - started:.1f}s")
+        assert found is not None
+        degraded = found["Degraded"]
+        assert degraded["reason"] in ("ContainerFailed", "ContainerRestarted", "CrashLoopBackOff")
+        assert "exit code 2" in degraded["message"], degraded
+        assert "unrecognized arguments: --max-runing-requests 4" in degraded["message"], degraded
+        assert found["Ready"]["status"] == "False"
+        assert found["UnifiedReady"]["reason"] == degraded["reason"]
+
+        def refused() -> tuple[int, dict[str, Any]] | None:
+            try:
+                return chat(router_port, "Hello?", timeout=30)
+            except OSError:  # the router pod is still starting
+                return None
+
+        got = kube.wait_for(refused, timeout=90, interval=0.5, what="the router's answer")
+        assert got is not None
+        status, reply = got
+        assert status == 503, (status, reply)
+        assert "worker" in json.dumps(reply), reply
+    finally:
+        kube.kubectl("delete", "md", name, "-n", md_ns, "--wait=false", check=False)
+
+
+def test_a_spec_no_node_can_host_is_degraded_unschedulable(
+    kube: Kube, md_ns: str, operator_release: dict[str, Any], seed: Path
+) -> None:
+    """A worker asking for more memory than any node has stays Pending: the operator says
+    so (Degraded, reason Unschedulable, the scheduler's own message) rather than waiting
+    for the Deployment's progress deadline."""
+    name = "too-big"
+    resources = {"requests": {"cpu": "250m", "memory": "100Ti"}, "limits": {"memory": "100Ti"}}
+    _apply_variant(kube, md_ns, seed, name, {"resources": resources})
+    try:
+        try:
+            found = kube.wait_for(
+                lambda: _degraded(kube, md_ns, name), timeout=90, what="Degraded=True"
+            )
+        except TimeoutError as err:
+            raise AssertionError(f"{err}\n{_diagnose(kube, md_ns)}") from err
+        assert found is not None
+        degraded = found["Degraded"]
+        assert degraded["reason"] == "Unschedulable", degraded
+        assert "Insufficient memory" in degraded["message"], degraded
+        assert found["UnifiedReady"]["reason"] == "Unschedulable"
+        assert found["Ready"]["status"] == "False"
+    finally:
+        kube.kubectl("delete", "md", name, "-n", md_ns, "--wait=false", check=False)

@@ -4,7 +4,9 @@ A Deployment's own status says how many pods are ready, not why the others are n
 container that exits at once (a refused flag: exit 2) leaves the Deployment "progressing"
 until its deadline, 40 minutes later. The pods say it at once: a container waiting in
 ``CrashLoopBackOff`` (or an image or configuration error), or restarted after a failed
-exit, is failing, with the kubelet's reason and message and the container's last words
+exit, or a pod the scheduler cannot place (``Unschedulable``: no node has the resources,
+selector or tolerations it asks for), is failing, with the kubelet's or the scheduler's
+reason and message and the container's last words
 (the operator renders ``terminationMessagePolicy: FallbackToLogsOnError``, so a container
 that wrote no termination message leaves the tail of its log there).
 """
@@ -52,6 +54,10 @@ class PodReport:
         if status.get("phase") == "Failed":
             reason = str(status.get("reason") or "PodFailed")
             message = str(status.get("message") or "")
+        for c in conditions:  # the scheduler found no node for it (a spec no node can host)
+            unschedulable = c.get("type") == "PodScheduled" and c.get("status") == "False"
+            if unschedulable and c.get("reason") == "Unschedulable" and reason is None:
+                reason, message = "Unschedulable", " ".join(str(c.get("message") or "").split())
         statuses = [
             *(status.get("initContainerStatuses") or ()),
             *(status.get("containerStatuses") or ()),

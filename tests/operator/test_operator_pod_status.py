@@ -140,3 +140,50 @@ def test_only_a_change_of_failure_refreshes_status() -> None:
     assert failures.changed(crashing, deleted=False)
     assert failures.changed(crashing, deleted=True)  # a failing pod went away
     assert not failures.changed(ready, deleted=True)
+
+
+UNSCHEDULABLE = (
+    "0/3 nodes are available: 1 Insufficient memory, 2 node(s) didn't match Pod's node "
+    "affinity/selector. preemption: 0/3 nodes are available: 3 No preemption victims found."
+)
+
+
+def unschedulable(name: str, role: str) -> dict[str, Any]:
+    """A pod the scheduler could not place (status written by the scheduler)."""
+    return {
+        "metadata": {"name": name, "labels": {"kvflow.dev/role": role}},
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": UNSCHEDULABLE,
+                }
+            ],
+        },
+    }
+
+
+def test_an_unschedulable_pod_is_failing_with_the_schedulers_message() -> None:
+    report = PodReport.from_pod(unschedulable("m-unified-1", "unified"))
+    assert report.failing and report.failure_reason == "Unschedulable"
+    assert report.failure_message == UNSCHEDULABLE
+    # Scheduled at last (the condition turns True): no longer failing.
+    placed = unschedulable("m-unified-1", "unified")
+    placed["status"]["conditions"][0].update(status="True", reason="", message="")
+    assert not PodReport.from_pod(placed).failing
+
+    obs = observe_with_pods(
+        pod("m-unified-0", "unified", ready=True),
+        unschedulable("m-unified-1", "unified"),
+        pod("m-router-0", "router", ready=True),
+        unified_ready=1,
+    )
+    status = compute_status(1, ["unified", "router"], obs, None, [], T0)
+    got = conditions(status)
+    assert got["Degraded"] == ("True", "Unschedulable")
+    assert got["UnifiedReady"] == ("False", "Unschedulable")
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert "Insufficient memory" in degraded["message"]
