@@ -11,7 +11,7 @@ import torch
 
 from kvflow.runtime.cache import RadixCache
 from kvflow.runtime.mem import ReqToTokenPool, TokenToKVPoolAllocator
-from kvflow.runtime.scheduler.policy import LPM_MAX_QUEUE, order_waiting
+from kvflow.runtime.scheduler.policy import LPM_MAX_QUEUE, LPM_MAX_WAIT_S, order_waiting
 from kvflow.runtime.scheduler.req import Req
 from kvflow.runtime.wire import SamplingParams
 
@@ -28,11 +28,13 @@ def _cache_with(*prefixes: list[int]) -> RadixCache:
     return cache
 
 
-def _order(policy: str, waiting: list[Req], cache: RadixCache) -> list[str]:
+def _order(
+    policy: str, waiting: list[Req], cache: RadixCache, now: float | None = None
+) -> list[str]:
     def match_len(req: Req) -> int:
         return len(cache.match_prefix(req.all_token_ids()[:-1], req.extra_key).kv_indices)
 
-    return [r.rid for r in order_waiting(policy, waiting, match_len)]
+    return [r.rid for r in order_waiting(policy, waiting, match_len, now)]
 
 
 @pytest.fixture
@@ -101,3 +103,18 @@ def test_scheduler_admits_in_policy_order(model_path, policy, first):
     assert engine.is_memory_free()
     del engine, scheduler
     gc.collect()
+
+
+def test_lpm_serves_a_starved_request_first(queue):
+    """Requests past LPM_MAX_WAIT_S go ahead of cache hits, oldest first: a stream of
+    requests that hit the cache cannot keep one that does not waiting for ever."""
+    waiting, cache = queue
+    now = waiting[0].created_at
+    assert _order("lpm", waiting, cache, now)[-2:] == ["none", "other-ns"]
+    later = now + LPM_MAX_WAIT_S + 1
+    for req in waiting[2:]:  # long, medium and other-ns arrived just now
+        req.created_at = later - 0.5
+    waiting[1].created_at = now + 0.5  # short: starved too, after none
+    assert _order("lpm", waiting, cache, later) == ["none", "short", "long", "medium", "other-ns"]
+    waiting[3].retractions = 1  # retracted still goes first
+    assert _order("lpm", waiting, cache, later)[0] == "medium"
