@@ -3,6 +3,7 @@ frozen peer is an error within a bound, and layouts that differ are refused."""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import os
@@ -208,6 +209,8 @@ def test_concurrent_scattered_writes_to_one_peer_all_land(local, pool_peer) -> N
     assert len(plans[0]) == 2 * CONFIG.num_layers * len(slots)
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda plan: transport.write(pool_peer.session_id, plan), plans))
+    gc.collect()
+    assert len(transport._peer_locks) == 0  # no writer now: the peer's lock is gone
     received = pool_peer.dump("float32")
     for layer, src_buf in enumerate(pools["float32"].k_buffer):
         dst_buf = received["k"][layer]

@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -55,6 +56,23 @@ def _engine_env(timeout_s: float) -> dict[str, str]:
         "MC_TCP_PROGRESS_TIMEOUT_SEC": str(max(1, math.ceil(timeout_s))),
         "MC_HANDSHAKE_CONNECT_TIMEOUT": str(max(1, math.ceil(timeout_s))),
     }
+
+
+class _PeerLock:
+    """A lock a ``WeakValueDictionary`` can hold (``threading.Lock`` takes no weak
+    reference)."""
+
+    __slots__ = ("__weakref__", "_lock")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> _PeerLock:
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
 
 
 class MooncakeTransport(KVTransport):
@@ -110,7 +128,11 @@ class MooncakeTransport(KVTransport):
             )
         self._registered: list[int] = []
         self._lock = threading.Lock()
-        self._peer_locks: dict[str, threading.Lock] = {}  # session -> one write at a time
+        # session -> one write at a time; an entry lives while a writer holds its lock, so
+        # the table does not grow with every decode process a prefill has ever served
+        self._peer_locks: weakref.WeakValueDictionary[str, _PeerLock] = (
+            weakref.WeakValueDictionary()
+        )
         self._abandoned = 0  # calls past their deadline still running inside the engine
 
     @property
@@ -131,7 +153,7 @@ class MooncakeTransport(KVTransport):
             raise TransferError(f"KV transfer session {session_id!r} is not 'host:port'")
         total = sum(w.nbytes for w in writes)
         with self._lock:
-            peer_lock = self._peer_locks.setdefault(session_id, threading.Lock())
+            peer_lock = self._peer_locks.setdefault(session_id, _PeerLock())
         # One write per peer at a time: the engine's per-peer TCP queue holds a few thousand
         # pieces across all calls, and concurrent writes to one peer overflow it ("TCP lane
         # queue-full rejection"; 8 threads of 1,024 pieces failed here, one at a time did
