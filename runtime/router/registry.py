@@ -105,6 +105,8 @@ class WorkerRegistry:
 
     def why_none(self, role: str) -> str:
         """Names the cause when :meth:`available` is empty: the 503's message."""
+        if not self._sorted:  # the role is only a default then: do not name it
+            return "no worker is registered yet (none given, or no discovered pod is Ready)"
         workers = [w for w in self._sorted if w.role == role]
         if not workers:
             return f"no {role} worker is registered"

@@ -150,3 +150,16 @@ def test_parse_load_reads_sglang_queue_metrics():
     )
     assert parse_load(text) == 5
     assert parse_load("other_metric 1\n") is None
+
+
+def test_the_503_names_the_cause_without_guessing_a_role():
+    from kvflow.runtime.router.discovery.base import WorkerSpec
+    from kvflow.runtime.router.registry import WorkerRegistry
+
+    registry = WorkerRegistry(BreakerConfig(), RouterMetrics())
+    empty = registry.why_none(registry.main_role())
+    assert empty.startswith("no worker is registered yet") and "unified" not in empty
+    registry.upsert(WorkerSpec("http://127.0.0.1:1", "decode"))
+    assert registry.why_none("prefill") == "no prefill worker is registered"
+    registry.get("http://127.0.0.1:1").healthy = False  # type: ignore[union-attr]
+    assert registry.why_none("decode").startswith("no healthy decode worker: 1 known, 1 failing")
