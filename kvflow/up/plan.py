@@ -3,7 +3,7 @@
 The operator's own parser reads the file and its own role builders decide what each role
 runs (:mod:`kvflow.operator.roles`); this module only places them locally: every process on
 127.0.0.1 with its own port, the embedded model or a local folder, the file store in a
-directory, the Mooncake master as a process, the router given the workers' URLs. What the
+directory, the Mooncake master and its HTTP metadata server as processes, the router given the workers' URLs. What the
 operator would do that has no local meaning (scheduling, images, Services) is listed as not
 applied; what would change the behaviour and cannot be done here is refused.
 """
@@ -25,6 +25,7 @@ from kvflow.operator.placement import (
     RouterPlacement,
     WorkerPlacement,
     master_argv,
+    metadata_server_argv,
     mooncake_client_config,
     router_options,
     serve_options,
@@ -166,11 +167,12 @@ def _refusals(
     _pod_refusals(md.router.pods, "spec.router", refusals)
     if md.hicache.store == "mooncake":
         _pod_refusals(md.mooncake_master.pods, "spec.mooncakeMaster", refusals)
-        if shutil.which("mooncake_master", path=_bin_path()) is None:
-            refusals.append(
-                "spec.hiCache.sharedStore.type mooncake: no mooncake_master binary on PATH "
-                "(pip install mooncake-transfer-engine-non-cuda)"
-            )
+        for binary in ("mooncake_master", "mooncake_http_metadata_server"):
+            if shutil.which(binary, path=_bin_path()) is None:
+                refusals.append(
+                    f"spec.hiCache.sharedStore.type mooncake: no {binary} binary on PATH "
+                    "(pip install mooncake-transfer-engine-non-cuda)"
+                )
     if md.kv_transfer.protocol == "rdma" and not Path("/sys/class/infiniband").is_dir():
         refusals.append("spec.kvTransfer.protocol rdma: this machine has no RDMA device")
     ref = md.endpoint.api_key
@@ -223,6 +225,9 @@ def local_plan(
             metadata_port=free_port(),
             metrics_port=free_port(),
             bind_host=LOOPBACK,
+            # the master's built-in metadata server binds every interface whatever its
+            # host flag says (Mooncake 0.3.13): Mooncake's own one, on loopback, instead
+            separate_metadata_server=True,
         )
         config = mooncake_client_config(
             master, md.hicache.mooncake_segment_bytes, md.kv_transfer.protocol
@@ -238,6 +243,18 @@ def local_plan(
                 argv,
                 master_env,
                 Health(master.rpc_port),
+                MASTER_START_TIMEOUT_S,
+                stage=0,
+            )
+        )
+        argv = metadata_server_argv(master)
+        argv[0] = shutil.which(argv[0], path=_bin_path()) or argv[0]
+        processes.append(
+            LocalProcess(
+                "mooncake-metadata",
+                argv,
+                master_env,
+                Health(master.metadata_port),
                 MASTER_START_TIMEOUT_S,
                 stage=0,
             )

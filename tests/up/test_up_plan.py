@@ -78,13 +78,19 @@ def test_same_runtime_options_as_the_operator_at_another_placement(tmp_path: Pat
         if role in ("prefill", "decode"):
             cluster = pods[role]["command"]
             assert runtime_flags(process.argv[5:]) == runtime_flags(cluster[2:])
-    master = next(p for p in plan.processes if p.name == "mooncake-master")
-    rpc = flag(plan.processes[1].argv, "--hicache-storage-path")
+    by_name = {p.name: p for p in plan.processes}
+    master, prefill = by_name["mooncake-master"], by_name["prefill-0"]
+    rpc = flag(prefill.argv, "--hicache-storage-path")
     assert rpc == f"127.0.0.1:{master.health.port}" and master.stage == 0
     assert "--rpc_address=127.0.0.1" in master.argv
+    assert "--enable_http_metadata_server=false" in master.argv
     assert master.env == {}  # the spec gives the master no env
+    # Mooncake's own metadata server, on loopback (the master's built-in one binds every
+    # interface whatever its host flag says)
+    metadata = by_name["mooncake-metadata"]
+    assert metadata.argv[1:3] == ["--host", "127.0.0.1"] and metadata.stage == 0
+    assert metadata.argv[-1] == str(metadata.health.port)
     router = plan.processes[-1]
-    prefill = plan.processes[1]
     bootstrap = flag(prefill.argv, "--bootstrap-port")
     assert flag(router.argv, "--prefill-urls") == (
         f"http://127.0.0.1:{flag(prefill.argv, '--port')}#{bootstrap}"
@@ -92,7 +98,7 @@ def test_same_runtime_options_as_the_operator_at_another_placement(tmp_path: Pat
     assert len(flag(router.argv, "--decode-urls").split(",")) == 2
     # The API key comes from the Secret in the same file, to every process.
     assert plan.api_key == "change-me"
-    assert all(p.env.get(contract.API_KEY_ENV) == "change-me" for p in plan.processes[1:])
+    assert all(p.env.get(contract.API_KEY_ENV) == "change-me" for p in plan.processes[2:])
     config = Path(prefill.env[contract.MOONCAKE_CONFIG_ENV])
     assert config.parent == tmp_path and f'"127.0.0.1:{master.health.port}"' in config.read_text()
 
