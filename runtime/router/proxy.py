@@ -159,9 +159,8 @@ class Forwarder:
                     return _failure_response(failure, rid)
                 failure.worker.breaker.record_failure()
                 failure.worker.last_error = failure.message
+                # PD: only the worker blamed is left out; its partner may serve the retry
                 tried.add(failure.worker.url)
-                if failure.worker is not plan.worker:
-                    tried.add(plan.worker.url)  # PD: a pair is retried whole
                 log.warning("rid=%s %s: %s; retrying elsewhere", rid, route, failure.message)
                 delay = budget.next_delay()
                 if delay is None:
@@ -333,6 +332,9 @@ def _prefill_failure(opened: Opened) -> UpstreamFailure | None:
 
 
 async def _status_failure(plan: Plan, opened: Opened) -> UpstreamFailure:
+    """The failure a 5xx answer stands for. PD: when the prefill failed too, it is the
+    cause (a decode answers 503 when its prefill died): the prefill is blamed, so the
+    retry may pair the same decode with another prefill."""
     response = opened.response
     try:
         body = await response.read()
@@ -340,8 +342,11 @@ async def _status_failure(plan: Plan, opened: Opened) -> UpstreamFailure:
         body = None
     finally:
         response.close()
+        cause = _prefill_failure(opened)
         if opened.prefill is not None:
             opened.prefill.cancel()
+    if cause is not None:
+        return cause
     return UpstreamFailure(
         plan.worker,
         f"{plan.worker.url} answered {response.status}",

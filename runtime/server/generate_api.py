@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from kvflow.runtime.server.bootstrap_fields import bootstraps_of
-from kvflow.runtime.server.openai.common import SampleResult, collect, merge_streams, sse
+from kvflow.runtime.server.openai.common import SampleResult, collect, sse, started
 from kvflow.runtime.server.openai.fields import check_sampling_fields
 from kvflow.runtime.server.openai.protocol import GenerateRequestBody
 from kvflow.runtime.server.tokenizer_manager import GenerateInput, RequestHandle, TokenizerManager
@@ -140,7 +140,7 @@ async def _stream(
 ) -> AsyncIterator[str]:
     """Each event carries the cumulative text and ids of one sample (``index``), as SGLang does."""
     results = [SampleResult() for _ in handles]
-    async for index, out in merge_streams(handles):
+    async for index, out in await started(handles):  # nothing is sent before the first output
         result = results[index]
         result.add(out)
         yield sse(

@@ -44,10 +44,12 @@ async def _respond(
 ) -> Response:
     """Await the response body; abort its samples if the client disconnects meanwhile.
 
-    A streaming body is returned as soon as it exists; its own clean-up aborts unfinished
-    samples when the client goes away mid-stream.
+    A streaming body is answered once its first chunk exists (a stream sends nothing
+    before its first output), so a failure before that is an HTTP error status a router
+    can retry rather than a 200 with an error event; the stream's own clean-up aborts
+    unfinished samples when the client goes away mid-stream.
     """
-    task = asyncio.ensure_future(body)
+    task = asyncio.ensure_future(_primed(body))
     try:
         while not task.done():
             await asyncio.wait([task], timeout=_DISCONNECT_POLL_S)
@@ -59,10 +61,41 @@ async def _respond(
     except BaseException:
         _cancel(handles)
         raise
-    if isinstance(result, AsyncIterator):
-        return StreamingResponse(_guarded(result), media_type="text/event-stream")
+    if isinstance(result, _Primed):
+        return StreamingResponse(_guarded(result.chunks()), media_type="text/event-stream")
     _cancel(handles)
     return JSONResponse(result)
+
+
+class _Primed:
+    """A stream whose first chunk was already drawn."""
+
+    def __init__(self, first: str | None, rest: AsyncIterator[str]) -> None:
+        self.first, self.rest = first, rest
+
+    async def chunks(self) -> AsyncIterator[str]:
+        try:
+            if self.first is None:
+                return
+            yield self.first
+            async for chunk in self.rest:
+                yield chunk
+        finally:  # ended early (client gone): the stream's clean-up aborts its samples now
+            close = getattr(self.rest, "aclose", None)
+            if close is not None:
+                await close()
+
+
+async def _primed(body: Awaitable[Any]) -> Any:
+    """The body; a stream as :class:`_Primed`, once its first chunk exists."""
+    result = await body
+    if not isinstance(result, AsyncIterator):
+        return result
+    try:
+        first = await anext(result)
+    except StopAsyncIteration:
+        first = None
+    return _Primed(first, result)
 
 
 async def _guarded(stream: AsyncIterator[str]) -> AsyncIterator[str]:

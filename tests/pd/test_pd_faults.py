@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -127,3 +128,61 @@ def test_killing_the_decode_frees_the_prefill(stack):
     assert asyncio.run(scenario()) >= 500
     stack.prefill.wait_idle_and_free(timeout=30)  # the room fails; its KV is released
     stack.decode = stack.start_decode()
+
+
+def test_a_stream_whose_prefill_dies_is_retried_on_another_prefill(stack, tmp_path):
+    """A streamed request whose prefill dies before the first token: the decode answers 503
+    (a stream's status waits for its first output, so nothing was sent yet), the router
+    blames the prefill and retries on the other one with the same decode, and the client
+    gets 200 and the whole stream, with no error event."""
+    deadline = time.monotonic() + 60
+    while _ask(stack.router.url, "Hi", max_tokens=4).status_code != 200:  # decode restarted
+        assert time.monotonic() < deadline, "the restarted decode never served"
+        time.sleep(1)
+    bootstrap = free_port()
+    spare = start_worker(
+        "--role", "prefill", "--bootstrap-port", str(bootstrap), *COMMON, log=tmp_path / "spare.log"
+    )
+    added = {"url": spare.url, "role": "prefill", "bootstrap_port": bootstrap}
+    assert httpx.post(f"{stack.router.url}/workers", json=added, timeout=10).status_code < 300
+    stack.router.wait_for(lambda ws: ws.get(spare.url, {}).get("healthy"), "the spare prefill")
+
+    def running(server: ServerProcess) -> int:
+        return int(server.server_info()["stats"]["num_running_reqs"])
+
+    async def scenario() -> tuple[ServerProcess, int, str]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            body = {
+                "messages": [{"role": "user", "content": LONG}],
+                "max_tokens": 8,
+                "stream": True,
+            }
+
+            async def read() -> tuple[int, str]:
+                url = f"{stack.router.url}/v1/chat/completions"
+                async with client.stream("POST", url, json=body) as response:
+                    return response.status_code, (await response.aread()).decode()
+
+            call = asyncio.create_task(read())
+            victim = None
+            while victim is None:  # the prefill working through the prompt's chunks
+                victim = next((p for p in (stack.prefill, spare) if running(p)), None)
+                await asyncio.sleep(0.05)
+            victim.proc.kill()
+            return victim, *(await call)
+
+    victim, status, text = asyncio.run(scenario())
+    survivor = spare if victim is stack.prefill else stack.prefill
+    try:
+        assert status == 200, text
+        assert '"error"' not in text, text
+        assert '"finish_reason":"length"' in text.replace(" ", ""), text
+        assert text.rstrip().endswith("data: [DONE]"), text
+        assert stack.router.workers()[victim.url]["last_error"], "the prefill was not blamed"
+        survivor.wait_idle_and_free(timeout=30)
+        stack.decode.wait_idle_and_free(timeout=30)
+    finally:
+        httpx.delete(f"{stack.router.url}/workers/{quote(spare.url, safe='')}", timeout=10)
+        spare.stop()
+        if victim is stack.prefill:
+            stack.prefill = stack.start_prefill()

@@ -12,10 +12,10 @@ from kvflow.runtime.server.openai.common import (
     SampleResult,
     collect,
     continuous_usage,
-    merge_streams,
     new_id,
     now,
     sse,
+    started,
     stream_chunk,
     usage_dict,
 )
@@ -165,9 +165,10 @@ async def _stream(
         usage = results[index] if every_chunk_usage else None
         return stream_chunk((chunk_id, created, model), "chat.completion.chunk", choice, usage)
 
+    outputs = await started(handles)  # nothing is sent before the first output
     for index in range(len(handles)):
         yield chunk(index, {"role": "assistant", "content": ""})
-    async for index, out in merge_streams(handles):
+    async for index, out in outputs:
         results[index].add(out)
         logprobs = (
             _logprobs(out.new_token_ids, out.new_logprobs, out.new_top_logprobs, tm)

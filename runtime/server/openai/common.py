@@ -22,6 +22,7 @@ __all__ = [
     "new_id",
     "sample_usage",
     "sse",
+    "started",
     "usage_dict",
 ]
 
@@ -94,6 +95,34 @@ async def merge_streams(handles: list[RequestHandle]) -> AsyncIterator[tuple[int
             task.cancel()
         for handle in handles:
             handle.cancel()
+
+
+async def started(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, TextOutput]]:
+    """:func:`merge_streams` once its first output is there. A stream awaits this before
+    its first chunk, and the server sends the status with that chunk, so a first output
+    that is a retryable abort before any token (a failed prefill/decode peer) is answered
+    as a 503 that a router may still retry, as :func:`collect` does for whole answers."""
+    stream = merge_streams(handles)
+    try:
+        first = await anext(stream)
+    except StopAsyncIteration:
+        return stream
+    reason = first[1].finish_reason
+    if reason is not None and reason.retryable and not first[1].new_token_ids:
+        await stream.aclose()
+        raise RequestError(503, reason.message)
+    return _prepend(first, stream)
+
+
+async def _prepend(
+    first: tuple[int, TextOutput], rest: AsyncIterator[tuple[int, TextOutput]]
+) -> AsyncIterator[tuple[int, TextOutput]]:
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]
 
 
 async def collect(handles: list[RequestHandle]) -> list[SampleResult]:

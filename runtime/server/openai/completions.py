@@ -11,10 +11,10 @@ from kvflow.runtime.server.openai.common import (
     TokenText,
     collect,
     continuous_usage,
-    merge_streams,
     new_id,
     now,
     sse,
+    started,
     stream_chunk,
     usage_dict,
 )
@@ -149,10 +149,11 @@ async def _stream(
         usage = results[index] if every_chunk_usage else None
         return stream_chunk((chunk_id, created, model), "text_completion", choice, usage)
 
+    outputs = await started(handles)  # nothing is sent before the first output
     if body.echo:
         for index in range(len(handles)):
             yield chunk(index, prompt_texts[index // n], None)
-    async for index, out in merge_streams(handles):
+    async for index, out in outputs:
         results[index].add(out)
         logprobs = None
         if body.logprobs is not None and out.new_token_ids:
