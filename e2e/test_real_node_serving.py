@@ -287,11 +287,20 @@ def _apply_variant(
     return body, router_port
 
 
-def _degraded(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:
-    body = kube.get_json("md", name, "-n", ns)
-    found = {c["type"]: c for c in body.get("status", {}).get("conditions", [])}
-    degraded = found.get("Degraded", {})
-    return found if degraded.get("status") == "True" else None
+def _wait_degraded(kube: Kube, ns: str, name: str, timeout: float) -> dict[str, Any]:
+    """The ModelDeployment's conditions by type, once Degraded is True."""
+
+    def degraded() -> dict[str, Any] | None:
+        body = kube.get_json("md", name, "-n", ns)
+        found = {c["type"]: c for c in body.get("status", {}).get("conditions", [])}
+        return found if found.get("Degraded", {}).get("status") == "True" else None
+
+    try:
+        found = kube.wait_for(degraded, timeout=timeout, what="Degraded=True")
+    except TimeoutError as err:
+        raise AssertionError(f"{err}\n{_diagnose(kube, ns)}") from err
+    assert found is not None
+    return found
 
 
 def test_a_refused_flag_makes_the_deployment_degraded_with_its_last_words(
@@ -307,14 +316,8 @@ def test_a_refused_flag_makes_the_deployment_degraded_with_its_last_words(
     )
     started = time.monotonic()
     try:
-        try:
-            found = kube.wait_for(
-                lambda: _degraded(kube, md_ns, name), timeout=150, what="Degraded=True"
-            )
-        except TimeoutError as err:
-            raise AssertionError(f"{err}\n{_diagnose(kube, md_ns)}") from err
+        found = _wait_degraded(kube, md_ns, name, timeout=150)
         print(f"refused flag -> Degraded: {time.monotonic() - started:.1f}s")
-        assert found is not None
         degraded = found["Degraded"]
         assert degraded["reason"] in ("ContainerFailed", "ContainerRestarted", "CrashLoopBackOff")
         assert "exit code 2" in degraded["message"], degraded
@@ -347,13 +350,7 @@ def test_a_spec_no_node_can_host_is_degraded_unschedulable(
     resources = {"requests": {"cpu": "250m", "memory": "100Ti"}, "limits": {"memory": "100Ti"}}
     _apply_variant(kube, md_ns, seed, name, {"resources": resources})
     try:
-        try:
-            found = kube.wait_for(
-                lambda: _degraded(kube, md_ns, name), timeout=90, what="Degraded=True"
-            )
-        except TimeoutError as err:
-            raise AssertionError(f"{err}\n{_diagnose(kube, md_ns)}") from err
-        assert found is not None
+        found = _wait_degraded(kube, md_ns, name, timeout=90)
         degraded = found["Degraded"]
         assert degraded["reason"] == "Unschedulable", degraded
         assert "Insufficient memory" in degraded["message"], degraded
