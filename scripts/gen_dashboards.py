@@ -72,6 +72,10 @@ DASHBOARDS: dict[str, tuple[str, tuple[str, ...], list[tuple[str, str, list[tupl
                 [
                     (f"sum by (pod) (sglang:num_queue_reqs{RT})", "queued {{pod}}"),
                     (f"sum by (pod) (sglang:num_running_reqs{RT})", "running {{pod}}"),
+                    (
+                        f"sum by (pod) (sglang:num_grammar_queue_reqs{RT})",
+                        "compiling grammar {{pod}}",
+                    ),
                 ],
             ),
             (
