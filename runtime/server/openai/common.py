@@ -6,7 +6,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +67,9 @@ class SampleResult:
             self.matched_stop = out.finish_reason.matched
 
 
-async def merge_streams(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, TextOutput]]:
+async def merge_streams(
+    handles: list[RequestHandle],
+) -> AsyncGenerator[tuple[int, TextOutput], None]:
     """Interleave the outputs of several samples as they arrive: ``(index, output)``."""
     queue: asyncio.Queue = asyncio.Queue()
 
@@ -115,14 +117,14 @@ async def started(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, Text
 
 
 async def _prepend(
-    first: tuple[int, TextOutput], rest: AsyncIterator[tuple[int, TextOutput]]
+    first: tuple[int, TextOutput], rest: AsyncGenerator[tuple[int, TextOutput], None]
 ) -> AsyncIterator[tuple[int, TextOutput]]:
     try:
         yield first
         async for item in rest:
             yield item
     finally:
-        await rest.aclose()  # type: ignore[attr-defined]
+        await rest.aclose()
 
 
 async def collect(handles: list[RequestHandle]) -> list[SampleResult]:
