@@ -43,7 +43,7 @@ from e2e.k8s.realnode import (
     missing_capability,
 )
 from e2e.k8s.realnode.podnet import pod_network_missing
-from e2e.k8s.realnode.product import adapt_to_pod_network, pod_network_chart_values, seed_cache
+from e2e.k8s.realnode.product import adapt_to_pod_network, pod_network_chart_values, seed_embedded
 
 pytestmark = pytest.mark.cluster
 
@@ -113,15 +113,7 @@ def root_addresses() -> list[str]:
 @pytest.fixture(scope="module")
 def seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The converted embedded model and the built CPU kernels, readable by the pods."""
-    from kvflow.kernels.cpu.build import load_library
-    from kvflow.runtime.env import cache_dir
-    from kvflow.runtime.models.embedded import EMBEDDED_MODEL_NAME, embedded_model_path
-
-    embedded_model_path()
-    load_library()
-    seeded = seed_cache(cache_dir(), tmp_path_factory.mktemp("seed") / "cache", EMBEDDED_MODEL_NAME)
-    assert seeded is not None
-    return seeded
+    return seed_embedded(tmp_path_factory.mktemp("seed") / "cache")
 
 
 @pytest.fixture(scope="module")

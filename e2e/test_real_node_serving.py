@@ -37,7 +37,7 @@ from e2e.chart_release import install_operator_chart
 from e2e.k8s import Kube
 from e2e.k8s.ports import free_ports
 from e2e.k8s.realnode import RealNode
-from e2e.k8s.realnode.product import adapt_model_deployment, operator_chart_values, seed_cache
+from e2e.k8s.realnode.product import adapt_model_deployment, operator_chart_values, seed_embedded
 
 pytestmark = pytest.mark.cluster
 
@@ -50,15 +50,7 @@ FIRST_ANSWER_TARGET_S = 60.0
 def seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A kvflow cache readable by the pods' user: the converted embedded model and the
     native CPU kernels built for this machine (both made here first if missing)."""
-    from kvflow.kernels.cpu.build import load_library
-    from kvflow.runtime.env import cache_dir
-    from kvflow.runtime.models.embedded import EMBEDDED_MODEL_NAME, embedded_model_path
-
-    embedded_model_path()
-    load_library()
-    seeded = seed_cache(cache_dir(), tmp_path_factory.mktemp("seed") / "cache", EMBEDDED_MODEL_NAME)
-    assert seeded is not None
-    return seeded
+    return seed_embedded(tmp_path_factory.mktemp("seed") / "cache")
 
 
 @pytest.fixture(scope="module")

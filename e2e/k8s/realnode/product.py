@@ -24,6 +24,7 @@ __all__ = [
     "operator_chart_values",
     "pod_network_chart_values",
     "seed_cache",
+    "seed_embedded",
 ]
 
 # Folders of the kvflow cache a seed directory may hold (`models/` with the converted
@@ -185,3 +186,17 @@ def seed_cache(source: Path, target: Path, model: str) -> Path | None:
         if not path.is_symlink():
             path.chmod(0o755 if path.is_dir() else 0o644)
     return target
+
+
+def seed_embedded(target: Path) -> Path:
+    """A seed directory at `target` for the embedded model: the model converted and the
+    native CPU kernels built here first when missing, then copied (:func:`seed_cache`)."""
+    from kvflow.kernels.cpu.build import load_library
+    from kvflow.runtime.env import cache_dir
+    from kvflow.runtime.models.embedded import EMBEDDED_MODEL_NAME, embedded_model_path
+
+    embedded_model_path()
+    load_library()
+    seeded = seed_cache(cache_dir(), target, EMBEDDED_MODEL_NAME)
+    assert seeded is not None, "the embedded model was converted but left no marker"
+    return seeded
