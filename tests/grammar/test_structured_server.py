@@ -338,7 +338,8 @@ def test_structural_tags(server, tokenizer):
         tokenize=False,
     )
     resp = generate(server, text=prompt, sampling_params={"structural_tag": json.dumps(tag),
-                                                          "max_new_tokens": 32})  # fmt: skip
+                                                          "max_new_tokens": 32,
+                                                          "temperature": 0})  # fmt: skip
     assert resp.status_code == 200, resp.text
     out = resp.json()
     match = re.fullmatch(r"<answer>(.*)</answer>", out["text"], re.S)
