@@ -33,48 +33,13 @@
 # benchmarks/gpu_http_prep.sh and benchmarks/gpu_pd_prep.sh (see gpu_pd_run.sh).
 set -u
 STOP_AT=${STOP_AT:-310}  # seconds after the start by which everything has ended
-OUT=${OUT:-/tmp/out}
-LOCAL=${PD_LOCAL:-0}
-mkdir -p "$OUT"
-T0=$(date +%s)
-elapsed() { echo $(($(date +%s) - T0)); }
-left() { echo $((STOP_AT - $(elapsed))); }
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-exec > >(tee -a "$OUT/run.log") 2>&1
-
+source benchmarks/pd/device.sh
 if [ "$LOCAL" = 1 ]; then
-  PYTHON=.venv/bin/python
-  TINY=/tmp/kvflow-pd-tiny/config.json
-  mkdir -p "$(dirname $TINY)"
-  sed -e 's/"hidden_size": 4096/"hidden_size": 256/' -e 's/"intermediate_size": 14336/"intermediate_size": 512/' \
-    -e 's/"num_hidden_layers": 32/"num_hidden_layers": 4/' -e 's/"num_attention_heads": 32/"num_attention_heads": 4/' \
-    -e 's/"num_key_value_heads": 8/"num_key_value_heads": 2/' -e 's/"head_dim": 128/"head_dim": 64/' \
-    -e 's/"vocab_size": 128256/"vocab_size": 32000/' -e 's/"torch_dtype": "bfloat16"/"torch_dtype": "float32"/' \
-    runtime/configs/llama-3.1-8b.json > $TINY
-  MODEL=(--model-path $TINY --load-format dummy --dtype float32)
   FLAGS=(--context-length 2048 --max-total-tokens 8000 --max-running-requests 8 --skip-tokenizer-init)
   PREFILL_FLAGS=()
   export VOCAB=32000 GREEDY_LENS="40 300 900" STREAM_IN=32 STREAM_OUT=12 RATE=0.5 \
     LONG_LENS="600 900" LONG_OUT=4 LONG_EVERY=4 QUIET_S=4 LOAD_S=10 DRAIN_S=20
 else
-  PYTHON=python3
-  source scripts/device_env.sh
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    .whl/grammar/*.whl .whl/http/*.whl || exit 1
-  export PYTHONPATH="$PYTHONPATH:/tmp/site"
-  # The trimmed Mooncake CUDA wheel, as gpu_pd_run.sh: carried system libraries only where
-  # the machine lacks them, the carried site/ first on the path.
-  MC=/tmp/mooncake-cuda
-  mkdir -p $MC/missing
-  tar -C $MC -xJf .whl/mooncake-cuda.tar.xz || exit 1
-  HAVE=$(ldconfig -p | awk '{print $1}')
-  for f in $MC/syslibs/*; do
-    n=$(basename "$f")
-    grep -qx "$n" <<< "$HAVE" || ln -sf "$f" "$MC/missing/$n"
-  done
-  export LD_LIBRARY_PATH="$MC/lib:$MC/missing${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  export PYTHONPATH="$MC/site:$PYTHONPATH"
-  MODEL=(--model-path llama-3.1-8b --load-format dummy --dtype bfloat16)
   FLAGS=(--context-length 20480 --max-total-tokens 160000 --max-running-requests 64
     --cuda-graph-max-bs 32 --skip-tokenizer-init)
   PREFILL_FLAGS=(--disable-cuda-graph)
@@ -83,67 +48,10 @@ else
     LOAD_S=${LOAD_S:-50} DRAIN_S=15
 fi
 {
-  date -u
-  git log -1 --format='commit %H %s' 2> /dev/null || true
-  git status --short 2> /dev/null | grep -v '^??' | sed 's/^/uncommitted: /'
-  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2> /dev/null
+  env_lines
   nvidia-smi topo -m 2> /dev/null
-  $PYTHON -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "gpus", torch.cuda.device_count())'
-  echo "carried system libraries linked (the machine lacks them): $(ls ${MC:-/nonexistent}/missing 2> /dev/null | tr '\n' ' ')"
-  $PYTHON -c 'import mooncake.engine as m; print("mooncake.engine from", m.__file__)'
   echo "flags: ${MODEL[*]} ${FLAGS[*]}; prefill also ${PREFILL_FLAGS[*]:-}"
   env | grep -E '^(GREEDY_LENS|STREAM_IN|STREAM_OUT|RATE|LONG_LENS|LONG_OUT|LONG_EVERY|QUIET_S|LOAD_S|DRAIN_S|STOP_AT)='
-}
-
-PGIDS=()
-start() {  # NAME GPU PORT ARGS...: a `kvflow serve` in its own session (its pid is its group)
-  local name=$1 gpu=$2 port=$3
-  shift 3
-  CUDA_VISIBLE_DEVICES=$gpu setsid $PYTHON -P -m kvflow serve "${MODEL[@]}" "${FLAGS[@]}" \
-    --host 127.0.0.1 --port "$port" "$@" > "$OUT/$name.log" 2>&1 &
-  PGIDS+=($!)
-}
-router() {  # ARGS...: a `kvflow router` in its own session, logging to routers.log
-  echo "=== router $* ($(elapsed) s)" >> "$OUT/routers.log"
-  setsid $PYTHON -P -m kvflow router --host 127.0.0.1 "$@" >> "$OUT/routers.log" 2>&1 &
-  PGIDS+=($!)
-}
-stop_all() {  # every process group started so far: TERM, up to 15 s, then KILL
-  [ ${#PGIDS[@]} = 0 ] && return
-  for g in "${PGIDS[@]}"; do kill -TERM -- "-$g" 2> /dev/null; done
-  for _ in $(seq 15); do
-    alive=0
-    for g in "${PGIDS[@]}"; do kill -0 -- "-$g" 2> /dev/null && alive=1; done
-    [ $alive = 0 ] && break
-    sleep 1
-  done
-  for g in "${PGIDS[@]}"; do kill -KILL -- "-$g" 2> /dev/null; done
-  PGIDS=()
-  echo "processes stopped after $(elapsed) s"
-}
-trap stop_all EXIT
-up() { $PYTHON -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$1/health', timeout=2)" 2> /dev/null; }
-wait_up() {  # LIMIT_S NAME:PORT:PID...: all healthy (0), or one exited / time out (1)
-  local limit=$1
-  shift
-  local until=$(($(elapsed) + limit))
-  while [ "$(elapsed)" -lt "$until" ]; do
-    local ready=1
-    for spec in "$@"; do
-      IFS=: read -r name port pid <<< "$spec"
-      up "$port" && continue
-      ready=0
-      kill -0 "$pid" 2> /dev/null || {
-        echo "$name exited after $(elapsed) s:"
-        tail -30 "$OUT/$name.log" 2> /dev/null
-        return 1
-      }
-    done
-    [ $ready = 1 ] && return 0
-    sleep 1
-  done
-  echo "not up by $(elapsed) s: $*"
-  return 1
 }
 
 CLIENT=/tmp/kvflow_pd_interference_client.py
@@ -452,9 +360,9 @@ PY
 
 # Phase PD: prefill GPU 0, decode GPU 1, router PD mode.
 echo "=== phase pd ($(elapsed) s)"
-start prefill 0 31100 --role prefill --bootstrap-port 31198 "${PREFILL_FLAGS[@]}"
+GPU=0 start prefill 31100 --role prefill --bootstrap-port 31198 "${PREFILL_FLAGS[@]}"
 P=$!
-start decode 1 31200 --role decode
+GPU=1 start decode 31200 --role decode
 D=$!
 if wait_up $(($(left) / 2 - 60)) "prefill:31100:$P" "decode:31200:$D"; then
   echo "pd servers up after $(elapsed) s"
@@ -478,9 +386,9 @@ stop_all
 
 # Phase unified: two replicas, GPU 0 and GPU 1, router round robin.
 echo "=== phase unified ($(elapsed) s)"
-start unified0 0 32000
+GPU=0 start unified0 32000
 U0=$!
-start unified1 1 32001
+GPU=1 start unified1 32001
 U1=$!
 if wait_up $(($(left) - 40)) "unified0:32000:$U0" "unified1:32001:$U1"; then
   echo "unified servers up after $(elapsed) s"

@@ -26,116 +26,31 @@
 # CUDA wheel: `mooncake.engine` and the libraries it links, unpacked to /tmp/mooncake-cuda).
 set -u
 STOP_AT=${STOP_AT:-400}  # seconds after the start by which everything has ended
-OUT=${OUT:-/tmp/out}
-LOCAL=${PD_LOCAL:-0}
-mkdir -p "$OUT"
-T0=$(date +%s)
-elapsed() { echo $(($(date +%s) - T0)); }
-left() { echo $((STOP_AT - $(elapsed))); }
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-exec > >(tee -a "$OUT/run.log") 2>&1
-
+source benchmarks/pd/device.sh
 if [ "$LOCAL" = 1 ]; then
-  PYTHON=.venv/bin/python
-  TINY=/tmp/kvflow-pd-tiny/config.json
-  mkdir -p "$(dirname $TINY)"
-  sed -e 's/"hidden_size": 4096/"hidden_size": 256/' -e 's/"intermediate_size": 14336/"intermediate_size": 512/' \
-    -e 's/"num_hidden_layers": 32/"num_hidden_layers": 4/' -e 's/"num_attention_heads": 32/"num_attention_heads": 4/' \
-    -e 's/"num_key_value_heads": 8/"num_key_value_heads": 2/' -e 's/"head_dim": 128/"head_dim": 64/' \
-    -e 's/"vocab_size": 128256/"vocab_size": 32000/' -e 's/"torch_dtype": "bfloat16"/"torch_dtype": "float32"/' \
-    runtime/configs/llama-3.1-8b.json > $TINY
-  MODEL=(--model-path $TINY --load-format dummy --dtype float32)
   FLAGS=(--context-length 2048 --max-total-tokens 8000 --chunked-prefill-size 256
     --max-running-requests 8 --skip-tokenizer-init)
   export PD_LENGTHS="50 150 300 500 700 900 1200 1500" PD_TTFT_LEN=1500 PD_VOCAB=32000
 else
-  PYTHON=python3
-  source scripts/device_env.sh
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    .whl/grammar/*.whl .whl/http/*.whl || exit 1
-  export PYTHONPATH="$PYTHONPATH:/tmp/site"
-  # The trimmed Mooncake CUDA wheel: site/ (mooncake/ with engine.so, libasio, libetcd_wrapper
-  # and mooncake_transfer_engine.libs/), lib/ (libcudart.so.12: the image has CUDA 13) and
-  # syslibs/ (Debian 12's libibverbs, libmlx5, libnuma, libcurl and what they link), of which
-  # only those the machine lacks go on the library path.
-  MC=/tmp/mooncake-cuda
-  mkdir -p $MC/missing
-  tar -C $MC -xJf .whl/mooncake-cuda.tar.xz || exit 1
-  HAVE=$(ldconfig -p | awk '{print $1}')
-  for f in $MC/syslibs/*; do
-    n=$(basename "$f")
-    grep -qx "$n" <<< "$HAVE" || ln -sf "$f" "$MC/missing/$n"
-  done
-  export LD_LIBRARY_PATH="$MC/lib:$MC/missing${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  export PYTHONPATH="$MC/site:$PYTHONPATH"  # first: no other mooncake is found before it
-  MODEL=(--model-path llama-3.1-8b --load-format dummy --dtype bfloat16)
   FLAGS=(--context-length 8192 --max-total-tokens 32768 --chunked-prefill-size 1024
     --max-running-requests 16 --cuda-graph-max-bs 16 --skip-tokenizer-init)
   export PD_LENGTHS="100 400 900 1500 2100 2800 3400 4000" PD_TTFT_LEN=4000 PD_VOCAB=128256
 fi
-{
-  date -u
-  git log -1 --format='commit %H %s' 2> /dev/null || true
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2> /dev/null
-  $PYTHON -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)'
-  echo "carried system libraries linked (the machine lacks them): $(ls ${MC:-/nonexistent}/missing 2> /dev/null | tr '\n' ' ')"
-  [ -n "${MC:-}" ] && { echo "ldd engine.so, unresolved:"; ldd $MC/site/mooncake/engine.so | grep 'not found'; }
-  $PYTHON -c 'import mooncake.engine as m; print("mooncake.engine from", m.__file__)'
-} > "$OUT/env.txt" 2>&1
+env_lines > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-PGIDS=()
-start() {  # NAME PORT ARGS...: a `kvflow serve` in its own session (its pid is its group)
-  local name=$1 port=$2
-  shift 2
-  setsid $PYTHON -P -m kvflow serve "${MODEL[@]}" "${FLAGS[@]}" --host 127.0.0.1 --port "$port" \
-    "$@" > "$OUT/$name.log" 2>&1 &
-  PGIDS+=($!)
-}
-stop_all() {
-  for g in "${PGIDS[@]}"; do kill -TERM -- "-$g" 2> /dev/null; done
-  for _ in $(seq 15); do
-    alive=0
-    for g in "${PGIDS[@]}"; do kill -0 -- "-$g" 2> /dev/null && alive=1; done
-    [ $alive = 0 ] && break
-    sleep 1
-  done
-  for g in "${PGIDS[@]}"; do kill -KILL -- "-$g" 2> /dev/null; done
-  echo "all processes stopped after $(elapsed) s"
-}
-trap stop_all EXIT
-up() { $PYTHON -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$1/health', timeout=2)" 2> /dev/null; }
-
 start unified 30000
+U=$!
 start prefill 30100 --role prefill --bootstrap-port 30198 --disable-cuda-graph
+P=$!
 start decode 30200 --role decode
-NAMES=(unified prefill decode)
-PORTS=(30000 30100 30200)
-ready=0
-while [ "$(left)" -gt 0 ]; do
-  ready=1
-  for i in 0 1 2; do
-    up "${PORTS[$i]}" && continue
-    ready=0
-    kill -0 "${PGIDS[$i]}" 2> /dev/null || {
-      echo "${NAMES[$i]} exited after $(elapsed) s:"
-      tail -30 "$OUT/${NAMES[$i]}.log"
-      exit 1
-    }
-  done
-  [ $ready = 1 ] && break
-  sleep 2
-done
-[ $ready = 1 ] || { echo "servers not up by $(elapsed) s"; exit 1; }
+D=$!
+wait_up "$(left)" "unified:30000:$U" "prefill:30100:$P" "decode:30200:$D" || exit 1
 echo "servers up after $(elapsed) s"
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader 2> /dev/null
-setsid $PYTHON -P -m kvflow router --host 127.0.0.1 --port 30300 \
-  --prefill-urls "http://127.0.0.1:30100#30198" --decode-urls http://127.0.0.1:30200 \
-  > "$OUT/routers.log" 2>&1 &
-PGIDS+=($!)
-setsid $PYTHON -P -m kvflow router --host 127.0.0.1 --port 30400 \
-  --worker-urls http://127.0.0.1:30000 >> "$OUT/routers.log" 2>&1 &
-PGIDS+=($!)
+router --port 30300 --prefill-urls "http://127.0.0.1:30100#30198" \
+  --decode-urls http://127.0.0.1:30200
+router --port 30400 --worker-urls http://127.0.0.1:30000
 for _ in $(seq 30); do up 30300 && up 30400 && break; sleep 1; done
 echo "routers up after $(elapsed) s"
 
