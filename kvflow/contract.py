@@ -116,7 +116,8 @@ ROUTER_FLAGS: Mapping[str, str] = {
     "--worker-urls": "comma-separated unified worker URLs",
     "--prefill-urls": "comma-separated prefill worker URLs (disaggregated mode)",
     "--decode-urls": "comma-separated decode worker URLs (disaggregated mode)",
-    "--discover-namespace": "discover workers in this Kubernetes namespace",
+    "--discover-namespace": "discover workers in this Kubernetes namespace; unset, with a selector: "
+    "the router pod's own",
     "--discover-selector": "label selector of the workers to discover",
 }
 
