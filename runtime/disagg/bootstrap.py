@@ -12,6 +12,7 @@ arrive, and polls their states in batches (see :mod:`kvflow.runtime.disagg.rooms
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import threading
@@ -125,10 +126,13 @@ class BootstrapClient:
         except urllib.error.HTTPError as err:
             try:
                 message = json.loads(err.read()).get("error", str(err))
-            except ValueError:
+            except (ValueError, OSError, http.client.HTTPException):
                 message = str(err)
             raise BootstrapError(message, refused=400 <= err.code < 500) from err
-        except (OSError, ValueError) as err:
+        except (OSError, ValueError, http.client.HTTPException) as err:
+            # HTTPException: a prefill killed mid-answer (IncompleteRead, BadStatusLine);
+            # anything escaping here would end the decode's watcher thread, and with it
+            # every room it watches
             raise BootstrapError(f"prefill bootstrap at {self.base} unreachable: {err}") from err
 
     def register(self, session: str, layout: KVLayout) -> None:
