@@ -88,9 +88,19 @@ class RoomWatcher(threading.Thread):
                 else:
                     self._cancels[item.address].append(item.room)
             for address, pending in claims.items():
-                self._claim(address, pending)
+                try:
+                    self._claim(address, pending)
+                except Exception as err:  # never end the thread: every room would hang
+                    logger.exception("claiming rooms at %s failed", address)
+                    for p in pending:
+                        self._fail(p.key, f"claim at {address} failed: {err}")
             for address in list(self._watched):
-                self._poll(address)
+                try:
+                    self._poll(address)
+                except Exception as err:
+                    logger.exception("polling rooms at %s failed", address)
+                    for key in self._watched.pop(address, {}).values():
+                        self._fail(key, f"status at {address} failed: {err}")
 
     def _client(self, address: str) -> BootstrapClient:
         if address not in self._clients:
