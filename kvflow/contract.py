@@ -10,7 +10,7 @@ This module must stay dependency-free (no torch, no kubernetes).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 __all__ = [
     "API_KEY_ENV",
@@ -21,6 +21,8 @@ __all__ = [
     "DEFAULT_BOOTSTRAP_PORT",
     "HEALTH_GENERATE_PATH",
     "HEALTH_PATH",
+    "HICACHE_ENGINE_FIELDS",
+    "HICACHE_FLAGS",
     "KV_TRANSFER_PORT_RANGE",
     "METRICS_PATH",
     "MODEL_CACHE_ENV",
@@ -28,6 +30,7 @@ __all__ = [
     "MOONCAKE_MASTER_METADATA_PORT",
     "MOONCAKE_MASTER_METRICS_PORT",
     "MOONCAKE_MASTER_RPC_PORT",
+    "NO_STORAGE",
     "OPERATOR_HEALTH_PATH",
     "OPERATOR_HEALTH_PORT",
     "OPERATOR_METRICS_PORT",
@@ -38,6 +41,7 @@ __all__ = [
     "ROUTER_READINESS_PATH",
     "RUNTIME_CONFIG_DIR",
     "SERVE_FLAGS",
+    "HiCacheOptions",
     "RouterOptions",
     "ServeOptions",
     "router_argv",
@@ -80,6 +84,9 @@ POD_IP_ENV = "KVFLOW_POD_IP"  # the pod's own IP: advertised to KV-transfer peer
 # --hicache-storage is mooncake. An empty local_hostname means "use $KVFLOW_POD_IP".
 MOONCAKE_CONFIG_ENV = "KVFLOW_MOONCAKE_CONFIG"
 
+# The ``--hicache-storage`` value meaning "no shared store" (the others name backends).
+NO_STORAGE = "none"
+
 # Files. The operator mounts its ConfigMap (runtime.json, mooncake.json) here.
 RUNTIME_CONFIG_DIR = "/etc/kvflow"
 
@@ -94,21 +101,6 @@ BOOTSTRAP_PORT_ANNOTATION = "kvflow.dev/bootstrap-port"  # prefill pods, decimal
 
 # Flag name -> help text. The runtime's parser adds exactly these (plus runtime-only tuning
 # flags); the operator only ever emits these.
-SERVE_FLAGS: Mapping[str, str] = {
-    "--model-path": "local Hugging Face folder; empty means the embedded SmolLM2-135M-Instruct",
-    "--served-model-name": "model name reported by /v1/models",
-    "--host": "address to bind",
-    "--port": "API port",
-    "--role": "unified | prefill | decode",
-    "--bootstrap-port": "KV-transfer bootstrap port (prefill role)",
-    "--kv-transfer-protocol": "tcp | rdma",
-    "--hicache-host-memory-gb": "host-memory KV tier size in GiB (0 disables HiCache)",
-    "--hicache-write-policy": "write_through | write_back",
-    "--hicache-storage": "none | mooncake | file",
-    "--hicache-storage-path": "shared file-store directory or Mooncake master address",
-    "--max-running-requests": "largest running batch",
-}
-
 ROUTER_FLAGS: Mapping[str, str] = {
     "--host": "address to bind",
     "--port": "API port",
@@ -134,8 +126,66 @@ def _argv(flags: Mapping[str, str], values: Mapping[str, object]) -> list[str]:
 
 
 @dataclass(frozen=True)
+class HiCacheOptions:
+    """The HiCache tiers of one ``kvflow serve`` process: its ``--hicache-*`` flags.
+
+    Declared once, here: each field is the flag ``--hicache-<name>`` (help text in its
+    metadata, see :data:`HICACHE_FLAGS`) and the runtime's ``EngineConfig.hicache_<name>``
+    (see :data:`HICACHE_ENGINE_FIELDS`), whose default is the field's default. ``storage``
+    names a shared store (L3) backend; :data:`NO_STORAGE` leaves it, and its path, out.
+    """
+
+    host_memory_gb: float = field(
+        default=0.0, metadata={"help": "host-memory KV tier size in GiB (0 disables HiCache)"}
+    )
+    write_policy: str = field(
+        default="write_through", metadata={"help": "write_through | write_back"}
+    )
+    storage: str = field(
+        default=NO_STORAGE, metadata={"help": f"shared store (L3) backend; {NO_STORAGE}: no store"}
+    )
+    storage_path: str = field(
+        default="", metadata={"help": "where the shared store is: a directory or an address"}
+    )
+
+    def argv(self) -> list[str]:
+        """The ``--hicache-*`` flags of these options (the path only with a store)."""
+        values = {_hicache_flag(f.name): getattr(self, f.name) for f in fields(self)}
+        if self.storage == NO_STORAGE:
+            del values[_hicache_flag("storage")], values[_hicache_flag("storage_path")]
+        return _argv(HICACHE_FLAGS, values)
+
+
+def _hicache_flag(name: str) -> str:
+    return "--hicache-" + name.replace("_", "-")
+
+
+HICACHE_FLAGS: Mapping[str, str] = {
+    _hicache_flag(f.name): f.metadata["help"] for f in fields(HiCacheOptions)
+}
+# The same settings as the runtime's EngineConfig fields (and argparse destinations).
+HICACHE_ENGINE_FIELDS: tuple[str, ...] = tuple(f"hicache_{f.name}" for f in fields(HiCacheOptions))
+
+# ``kvflow serve``'s flags, in the order rendered (the HiCache ones from HiCacheOptions).
+SERVE_FLAGS: Mapping[str, str] = {
+    "--model-path": "local Hugging Face folder; empty means the embedded SmolLM2-135M-Instruct",
+    "--served-model-name": "model name reported by /v1/models",
+    "--host": "address to bind",
+    "--port": "API port",
+    "--role": "unified | prefill | decode",
+    "--bootstrap-port": "KV-transfer bootstrap port (prefill role)",
+    "--kv-transfer-protocol": "tcp | rdma",
+    **HICACHE_FLAGS,
+    "--max-running-requests": "largest running batch",
+}
+
+
+@dataclass(frozen=True)
 class ServeOptions:
-    """What the operator decides about one runtime pod; rendered by :func:`serve_argv`."""
+    """What the operator decides about one runtime pod; rendered by :func:`serve_argv`.
+
+    ``hicache`` None renders no ``--hicache-*`` flag (the runtime then runs no tiers).
+    """
 
     model_path: str = ""
     served_model_name: str = ""
@@ -144,10 +194,7 @@ class ServeOptions:
     port: int = DEFAULT_API_PORT
     bootstrap_port: int | None = None
     kv_transfer_protocol: str | None = None
-    hicache_host_memory_gb: float | None = None
-    hicache_write_policy: str | None = None
-    hicache_storage: str | None = None
-    hicache_storage_path: str | None = None
+    hicache: HiCacheOptions | None = None
     max_running_requests: int | None = None
     extra_args: Sequence[str] = field(default_factory=tuple)
 
@@ -166,13 +213,17 @@ def serve_argv(opts: ServeOptions) -> list[str]:
         "--role": opts.role,
         "--bootstrap-port": opts.bootstrap_port,
         "--kv-transfer-protocol": opts.kv_transfer_protocol,
-        "--hicache-host-memory-gb": opts.hicache_host_memory_gb,
-        "--hicache-write-policy": opts.hicache_write_policy,
-        "--hicache-storage": opts.hicache_storage,
-        "--hicache-storage-path": opts.hicache_storage_path,
-        "--max-running-requests": opts.max_running_requests,
     }
-    return ["kvflow", "serve", *_argv(SERVE_FLAGS, values), *opts.extra_args]
+    hicache = opts.hicache.argv() if opts.hicache is not None else []
+    batch = {"--max-running-requests": opts.max_running_requests}
+    return [
+        "kvflow",
+        "serve",
+        *_argv(SERVE_FLAGS, values),
+        *hicache,
+        *_argv(SERVE_FLAGS, batch),
+        *opts.extra_args,
+    ]
 
 
 @dataclass(frozen=True)

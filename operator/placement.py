@@ -86,6 +86,14 @@ def serve_options(runtime: WorkerRuntime, placement: WorkerPlacement) -> contrac
         if placement.master is None:
             raise ValueError("a Mooncake store needs the master's placement")
         storage_path = placement.master.rpc_address
+    hicache = None
+    if runtime.hicache_host_memory_gb is not None:
+        hicache = contract.HiCacheOptions(
+            host_memory_gb=runtime.hicache_host_memory_gb,
+            write_policy=runtime.hicache_write_policy or contract.HiCacheOptions.write_policy,
+            storage=runtime.hicache_storage or contract.NO_STORAGE,
+            storage_path=storage_path or "",
+        )
     return contract.ServeOptions(
         model_path=placement.model_path,
         served_model_name=runtime.served_model_name,
@@ -94,10 +102,7 @@ def serve_options(runtime: WorkerRuntime, placement: WorkerPlacement) -> contrac
         port=placement.port,
         bootstrap_port=placement.bootstrap_port if runtime.role == "prefill" else None,
         kv_transfer_protocol=runtime.kv_transfer_protocol,
-        hicache_host_memory_gb=runtime.hicache_host_memory_gb,
-        hicache_write_policy=runtime.hicache_write_policy,
-        hicache_storage=runtime.hicache_storage,
-        hicache_storage_path=storage_path,
+        hicache=hicache,
         max_running_requests=runtime.max_running_requests,
         extra_args=runtime.extra_args,
     )

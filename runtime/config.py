@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvflow.contract import HiCacheOptions
+
 __all__ = ["DUMMY_CONFIGS", "EngineConfig", "ModelConfig"]
 
 # Shipped configs for ``load_format="dummy"`` (random weights in a real model's shapes).
@@ -123,10 +125,11 @@ class EngineConfig:
 
     # HiCache (SGLang's names): a host-memory KV tier under the radix cache, and a shared
     # storage tier under that (see kvflow.runtime.cache.hiradix and .storage).
-    hicache_host_memory_gb: float = 0.0  # 0: no host tier
-    hicache_write_policy: str = "write_through"  # write_through | write_back
-    hicache_storage: str = "none"  # none | file | mooncake
-    hicache_storage_path: str = ""  # file: a directory; mooncake: the master's host:port
+    # The fields and defaults of kvflow.contract.HiCacheOptions (the --hicache-* flags).
+    hicache_host_memory_gb: float = HiCacheOptions.host_memory_gb  # 0: no host tier
+    hicache_write_policy: str = HiCacheOptions.write_policy
+    hicache_storage: str = HiCacheOptions.storage  # a storage backend's name, or "none"
+    hicache_storage_path: str = HiCacheOptions.storage_path  # the backend's directory/address
     # Seconds a request may wait for its pages to arrive from storage before it runs with
     # what has arrived (best effort; storage never stalls the scheduler).
     hicache_prefetch_timeout: float = 0.5

@@ -30,12 +30,7 @@ _CHOICES = {
     "attention_backend": ["auto", *ATTENTION_BACKENDS.choices()],
 }
 # Contract flags that map onto EngineConfig fields of the same name (None: not given).
-_CONTRACT_ENGINE_FIELDS = (
-    "hicache_host_memory_gb",
-    "hicache_write_policy",
-    "hicache_storage",
-    "hicache_storage_path",
-)
+_CONTRACT_ENGINE_FIELDS = contract.HICACHE_ENGINE_FIELDS
 
 
 @dataclass(frozen=True)

@@ -38,23 +38,19 @@ def test_rendered_unified_command_parses():
 
 
 def test_hicache_flags_parse_and_impossible_combinations_are_refused(capsys):
-    options = contract.ServeOptions(
-        hicache_host_memory_gb=4.0,
-        hicache_write_policy="write_back",
-        hicache_storage="file",
-        hicache_storage_path="/mnt/kv",
-    )
-    engine = parse_args(contract.serve_argv(options)[2:]).engine
+    hicache = contract.HiCacheOptions(4.0, "write_back", "file", "/mnt/kv")
+    engine = parse_args(contract.serve_argv(contract.ServeOptions(hicache=hicache))[2:]).engine
     assert (engine.hicache_host_memory_gb, engine.hicache_write_policy) == (4.0, "write_back")
     assert (engine.hicache_storage, engine.hicache_storage_path) == ("file", "/mnt/kv")
     refused = {
-        "storage without a host pool": contract.ServeOptions(hicache_storage="mooncake"),
-        "the decode role": contract.ServeOptions(role="decode", hicache_host_memory_gb=1.0),
-        "a file store without a path": contract.ServeOptions(
-            hicache_host_memory_gb=1.0, hicache_storage="file"
-        ),
+        "storage without a host pool": contract.HiCacheOptions(storage="mooncake"),
+        "a file store without a path": contract.HiCacheOptions(1.0, storage="file"),
     }
-    for why, opts in refused.items():
+    refused_opts = {why: contract.ServeOptions(hicache=h) for why, h in refused.items()}
+    refused_opts["the decode role"] = contract.ServeOptions(
+        role="decode", hicache=contract.HiCacheOptions(1.0)
+    )
+    for why, opts in refused_opts.items():
         with pytest.raises(SystemExit):
             parse_args(contract.serve_argv(opts)[2:])
         assert "hicache" in capsys.readouterr().err.lower(), why
