@@ -1,4 +1,4 @@
-"""The runtime ConfigMap: resolved per-role settings and the Mooncake store client config.
+"""The runtime ConfigMap: resolved per-role settings and the shared store's client files.
 
 Worker pods mount it at :data:`contract.RUNTIME_CONFIG_DIR`; a hash of what they read goes
 into their pod template (``kvflow.dev/config-hash``) so that a configuration change rolls
@@ -15,9 +15,9 @@ from typing import Any
 from kvflow import contract
 
 from . import names
-from .placement import cluster_master, mooncake_client_config
-from .pods import MOONCAKE_CONFIG_FILE, model_mount, worker_serve_options
+from .pods import model_mount, worker_serve_options
 from .spec import ModelDeployment
+from .stores import shared_store
 
 RUNTIME_CONFIG_FILE = "runtime.json"
 
@@ -58,11 +58,9 @@ def runtime_config(md: ModelDeployment) -> dict[str, Any]:
 def _documents(md: ModelDeployment, runtime: dict[str, Any]) -> dict[str, str]:
     # Sorted keys: the same spec gives the same bytes, hence the same hash.
     data = {RUNTIME_CONFIG_FILE: json.dumps(runtime, indent=2, sort_keys=True)}
-    if md.hicache.store == "mooncake":
-        client = mooncake_client_config(
-            cluster_master(md), md.hicache.mooncake_segment_bytes, md.kv_transfer.protocol
-        )
-        data[MOONCAKE_CONFIG_FILE] = json.dumps(client, indent=2, sort_keys=True)
+    store = shared_store(md)
+    if store is not None:
+        data.update(store.cluster_client().files)
     return data
 
 

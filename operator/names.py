@@ -35,9 +35,9 @@ ANNOTATION_GENERATION = f"{GROUP}/generation"  # ModelDeployment generation a ch
 ANNOTATION_CONFIG_HASH = f"{GROUP}/config-hash"  # pod template: rolls pods on config change
 ANNOTATION_BOOTSTRAP_PORT = contract.BOOTSTRAP_PORT_ANNOTATION  # prefill pods: KV bootstrap port
 
-# Component names; the runtime roles come from kvflow.contract.ROLES.
+# Component names; the runtime roles come from kvflow.contract.ROLES, a shared store's from
+# its module in stores/.
 ROUTER = "router"
-MOONCAKE_MASTER = "mooncake-master"
 
 
 def child_name(deployment: str, component: str) -> str:

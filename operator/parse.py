@@ -32,6 +32,7 @@ from .spec import (
     SpecError,
     WorkerRole,
 )
+from .stores import STORES, shared_store, store_type
 
 
 def _secret_ref(raw: Mapping[str, Any] | None, default_key: str) -> SecretKeyRef | None:
@@ -189,11 +190,28 @@ def _hicache(raw: Mapping[str, Any] | None) -> HiCache:
                 parse_quantity(amount)
             except QuantityError as exc:
                 raise SpecError(path, str(exc)) from exc
-    if hicache.store != "none" and not hicache.enabled:
-        raise SpecError("spec.hiCache.hostMemory", "must be positive when a shared store is set")
-    if hicache.store == "file" and not hicache.store_size:
-        raise SpecError("spec.hiCache.sharedStore.size", "required when the store type is file")
+    if hicache.store != contract.NO_STORAGE:
+        if hicache.store not in STORES:
+            choices = ", ".join([contract.NO_STORAGE, *sorted(STORES)])
+            raise SpecError(
+                "spec.hiCache.sharedStore.type", f"unknown store {hicache.store!r} ({choices})"
+            )
+        if not hicache.enabled:
+            raise SpecError(
+                "spec.hiCache.hostMemory", "must be positive when a shared store is set"
+            )
     return hicache
+
+
+def _store_sections(spec: Mapping[str, Any], chosen: str) -> None:
+    """Spec sections of a store other than the chosen one are refused."""
+    for kind in STORES:
+        sections = store_type(kind).spec_sections if kind != chosen else ()
+        for section in sections:
+            if section in spec:
+                raise SpecError(
+                    f"spec.{section}", f"only valid when spec.hiCache.sharedStore.type is {kind}"
+                )
 
 
 def _mooncake_master(raw: Mapping[str, Any] | None) -> MooncakeMaster:
@@ -221,14 +239,8 @@ def _check_ports(md: ModelDeployment) -> None:
     host_network.append(
         (md.router.pods.host_network, {"spec.router.ports.http": md.router.http_port})
     )
-    if md.hicache.store == "mooncake":
-        master = md.mooncake_master
-        ports = {
-            "spec.mooncakeMaster.ports.rpc": master.rpc_port,
-            "spec.mooncakeMaster.ports.metadata": master.metadata_port,
-            "spec.mooncakeMaster.ports.metrics": master.metrics_port,
-        }
-        host_network.append((master.pods.host_network, ports))
+    store = shared_store(md)
+    host_network += store.bound_ports() if store is not None else []
     for on_host, ports in host_network:
         in_pod: dict[int, str] = {}
         for field_path, port in ports.items():
@@ -264,10 +276,7 @@ def parse_model_deployment(body: Mapping[str, Any]) -> ModelDeployment:
     endpoint = spec.get("endpoint") or {}
     netpol = spec.get("networkPolicy") or {}
     hicache = _hicache(spec.get("hiCache"))
-    if "mooncakeMaster" in spec and hicache.store != "mooncake":
-        raise SpecError(
-            "spec.mooncakeMaster", "only valid when spec.hiCache.sharedStore.type is mooncake"
-        )
+    _store_sections(spec, hicache.store)
     md = ModelDeployment(
         name=str(meta["name"]),
         namespace=str(meta.get("namespace") or "default"),
@@ -303,5 +312,8 @@ def parse_model_deployment(body: Mapping[str, Any]) -> ModelDeployment:
             metrics_namespace_labels=dict(netpol.get("metricsNamespaceSelector") or {}),
         ),
     )
+    store = shared_store(md)
+    if store is not None:
+        store.check()
     _check_ports(md)
     return md

@@ -13,7 +13,7 @@ from typing import Any
 from kvflow import contract
 
 from . import names
-from .paths import CACHE_DIR, HF_HOME_ENV, HICACHE_DIR, MODEL_DIR, SHM_DIR, TMP_DIR
+from .paths import CACHE_DIR, HF_HOME_ENV, MODEL_DIR, SHM_DIR, TMP_DIR
 from .placement import (
     cluster_router_placement,
     cluster_worker_placement,
@@ -37,10 +37,10 @@ from .podparts import (
 )
 from .roles import router_runtime, uses_hicache, worker_runtime
 from .spec import ModelDeployment, WorkerRole
+from .stores import shared_store
 
 SHM_SIZE = "1Gi"  # /dev/shm for the runtime's worker processes
 CONFIG_VOLUME = "config"
-MOONCAKE_CONFIG_FILE = "mooncake.json"
 ROUTER_STARTUP_TIMEOUT_SECONDS = 120
 
 
@@ -131,10 +131,10 @@ def worker_pod_template(
     ]
     config_dir = contract.RUNTIME_CONFIG_DIR
     tiered = uses_hicache(md, worker)
-    if tiered and md.hicache.store == "mooncake":
-        env.append(
-            {"name": contract.MOONCAKE_CONFIG_ENV, "value": f"{config_dir}/{MOONCAKE_CONFIG_FILE}"}
-        )
+    store = shared_store(md) if tiered else None  # only tiered workers are store clients
+    if store is not None:
+        client_env = store.cluster_client().env(config_dir)
+        env += [{"name": name, "value": value} for name, value in client_env.items()]
     env += [dict(e) for e in worker.pods.env]
     volumes = [
         empty_dir("cache"),
@@ -150,13 +150,14 @@ def worker_pod_template(
         {"name": CONFIG_VOLUME, "mountPath": config_dir, "readOnly": True},
         *mount.mounts,
     ]
-    if tiered and md.hicache.store == "file":
-        claim = names.child_name(md.name, "hicache")
-        volumes.append({"name": "hicache", "persistentVolumeClaim": {"claimName": claim}})
-        mounts.append({"name": "hicache", "mountPath": HICACHE_DIR})
+    extra_memory = md.hicache.host_memory_bytes if tiered else 0
+    if store is not None:
+        store_volumes, store_mounts = store.worker_volumes()
+        volumes += store_volumes
+        mounts += store_mounts
+        extra_memory += store.lent_memory_bytes()
     mounts += user_mounts(worker.pods)
     rdma = ("IPC_LOCK",) if md.kv_transfer.protocol == "rdma" else ()
-    extra_memory = md.hicache.host_memory_bytes + md.hicache.mooncake_segment_bytes if tiered else 0
     container = {
         "name": "runtime",
         "image": md.worker_image(worker),

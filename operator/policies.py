@@ -3,8 +3,8 @@
 Ingress is opened narrowly: the router's API port to any client; a worker's API port only
 to the router (and to namespaces allowed to scrape metrics); the KV bootstrap port and the
 KV transfer port range only between prefill and decode pods of the same deployment (and
-between all workers when they pool memory in a Mooncake store); the Mooncake master only to
-the workers. Egress is left open (model downloads, Kubernetes API for the router).
+between all workers when their shared store pools their memory); a shared store's own pods
+as the store says (:meth:`SharedStore.policies`). Egress is left open (model downloads, Kubernetes API for the router).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from kvflow import contract
 from . import names
 from .podparts import API_PORT_NAME, BOOTSTRAP_PORT_NAME
 from .spec import ModelDeployment
+from .stores import shared_store
 
 
 def disruption_budgets(md: ModelDeployment) -> list[dict[str, Any]]:
@@ -36,7 +37,7 @@ def disruption_budgets(md: ModelDeployment) -> list[dict[str, Any]]:
     ]
 
 
-def _pods(md: ModelDeployment, *roles: str) -> dict[str, Any]:
+def role_peers(md: ModelDeployment, *roles: str) -> dict[str, Any]:
     """A NetworkPolicy peer: this deployment's pods of the given roles."""
     return {
         "podSelector": {
@@ -53,7 +54,10 @@ def _kv_ports() -> list[dict[str, Any]]:
     return [{"protocol": "TCP", "port": first, "endPort": last}]
 
 
-def _policy(md: ModelDeployment, component: str, ingress: list[dict[str, Any]]) -> dict[str, Any]:
+def ingress_policy(
+    md: ModelDeployment, component: str, ingress: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A NetworkPolicy admitting ``ingress`` to one component's pods."""
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -71,27 +75,23 @@ def network_policies(md: ModelDeployment) -> list[dict[str, Any]]:
     if not md.network_policy.enabled:
         return []
     api_port = [{"protocol": "TCP", "port": API_PORT_NAME}]
+    store = shared_store(md)
     worker_roles = [worker.role for worker in md.workers]
-    api_from: list[dict[str, Any]] = [_pods(md, names.ROUTER)]
+    api_from: list[dict[str, Any]] = [role_peers(md, names.ROUTER)]
     if md.network_policy.metrics_namespace_labels:
         selector = {"matchLabels": dict(md.network_policy.metrics_namespace_labels)}
         api_from.append({"namespaceSelector": selector})
-    policies = [_policy(md, names.ROUTER, [{"ports": api_port}])]
+    policies = [ingress_policy(md, names.ROUTER, [{"ports": api_port}])]
     for role in worker_roles:
         ingress: list[dict[str, Any]] = [{"from": api_from, "ports": api_port}]
         if role == "prefill":
             bootstrap = [{"protocol": "TCP", "port": BOOTSTRAP_PORT_NAME}]
-            ingress.append({"from": [_pods(md, "decode")], "ports": bootstrap + _kv_ports()})
+            ingress.append({"from": [role_peers(md, "decode")], "ports": bootstrap + _kv_ports()})
         if role == "decode":
-            ingress.append({"from": [_pods(md, "prefill")], "ports": _kv_ports()})
-        if md.hicache.store == "mooncake":
-            ingress.append({"from": [_pods(md, *worker_roles)], "ports": _kv_ports()})
-        policies.append(_policy(md, role, ingress))
-    if md.hicache.store == "mooncake":
-        master_ports = [
-            {"protocol": "TCP", "port": "rpc"},
-            {"protocol": "TCP", "port": "metadata"},
-        ]
-        master_from = [{"from": [_pods(md, *worker_roles)], "ports": master_ports}]
-        policies.append(_policy(md, names.MOONCAKE_MASTER, master_from))
+            ingress.append({"from": [role_peers(md, "prefill")], "ports": _kv_ports()})
+        if store is not None and store.pools_worker_memory:
+            ingress.append({"from": [role_peers(md, *worker_roles)], "ports": _kv_ports()})
+        policies.append(ingress_policy(md, role, ingress))
+    if store is not None:
+        policies += store.policies()
     return policies

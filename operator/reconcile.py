@@ -24,6 +24,7 @@ from .podstatus import PodReport
 from .render import CHILD_KINDS, child_key, render_children
 from .spec import ModelDeployment, SpecError
 from .status import Failure, Observation, ServiceReport, WorkloadReport, compute_status
+from .stores import shared_store
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +36,8 @@ def utc_now() -> str:
 def expected_components(md: ModelDeployment) -> list[str]:
     """Components whose Deployments must exist and be ready for the model to serve."""
     components = [worker.role for worker in md.workers] + [names.ROUTER]
-    if md.hicache.store == "mooncake":
-        components.append(names.MOONCAKE_MASTER)
-    return components
+    store = shared_store(md)
+    return components + (store.components() if store is not None else [])
 
 
 @dataclass(frozen=True)

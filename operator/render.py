@@ -10,11 +10,10 @@ import json
 from typing import Any
 
 from .configmap import runtime_config_map
-from .mooncake import master_deployment, master_service
 from .policies import disruption_budgets, network_policies
 from .services import endpoint_service, headless_service
 from .spec import ModelDeployment
-from .storage import hicache_claim
+from .stores import shared_store
 from .workloads import router_access, router_deployment, worker_deployment
 
 # Kinds a ModelDeployment may own: (apiVersion, kind). The operator lists these to prune
@@ -34,13 +33,12 @@ CHILD_KINDS: tuple[tuple[str, str], ...] = (
 
 def render_children(md: ModelDeployment) -> list[dict[str, Any]]:
     """All child manifests, in apply order (configuration and identities before workloads)."""
+    store = shared_store(md)
     children: list[dict[str, Any]] = [runtime_config_map(md), *router_access(md)]
-    if md.hicache.store == "file":
-        children.append(hicache_claim(md))
+    children += store.claims() if store is not None else []
     children.append(endpoint_service(md))
     children += [headless_service(md, worker) for worker in md.workers]
-    if md.hicache.store == "mooncake":
-        children += [master_service(md), master_deployment(md)]
+    children += store.workloads() if store is not None else []
     children += [worker_deployment(md, worker) for worker in md.workers]
     children.append(router_deployment(md))
     children += disruption_budgets(md)

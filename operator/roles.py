@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvflow import contract
+
 from .spec import ModelDeployment, WorkerRole
+from .stores import shared_store
 
 
 @dataclass(frozen=True)
@@ -21,9 +24,7 @@ class WorkerRuntime:
     role: str
     served_model_name: str = ""
     kv_transfer_protocol: str | None = None
-    hicache_host_memory_gb: float | None = None
-    hicache_write_policy: str | None = None
-    hicache_storage: str | None = None  # none/None | file | mooncake
+    hicache: contract.HiCacheOptions | None = None  # storage_path: the placement's
     max_running_requests: int | None = None
     extra_args: tuple[str, ...] = ()
 
@@ -44,16 +45,22 @@ def uses_hicache(md: ModelDeployment, worker: WorkerRole) -> bool:
 
 def worker_runtime(md: ModelDeployment, worker: WorkerRole) -> WorkerRuntime:
     """The runtime options of one worker role, decided from the spec."""
-    hicache = md.hicache
-    tiered = uses_hicache(md, worker)
-    needs_transfer = md.disaggregated or (tiered and hicache.store == "mooncake")
+    hicache = None
+    store = None
+    if uses_hicache(md, worker):
+        store = shared_store(md)
+        hicache = contract.HiCacheOptions(
+            host_memory_gb=md.hicache.host_memory_bytes / 2**30,
+            write_policy=md.hicache.write_policy,
+            storage=store.kind if store is not None else contract.NO_STORAGE,
+        )
+    # a store that pools the workers' memory moves pages with the KV transfer engine
+    needs_transfer = md.disaggregated or (store is not None and store.pools_worker_memory)
     return WorkerRuntime(
         role=worker.role,
         served_model_name=md.model.served_model_name,
         kv_transfer_protocol=md.kv_transfer.protocol if needs_transfer else None,
-        hicache_host_memory_gb=hicache.host_memory_bytes / 2**30 if tiered else None,
-        hicache_write_policy=hicache.write_policy if tiered else None,
-        hicache_storage=hicache.store if tiered and hicache.store != "none" else None,
+        hicache=hicache,
         max_running_requests=worker.max_running_requests,
         extra_args=tuple(worker.pods.extra_args),
     )

@@ -16,7 +16,6 @@ from .quantity import parse_quantity
 
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/kvflow/runtime:0.1.0"
 DEFAULT_ROUTER_IMAGE = "ghcr.io/kvflow/router:0.1.0"
-DEFAULT_MOONCAKE_SEGMENT = "4Gi"  # memory each runtime pod lends the Mooncake store
 
 
 class SpecError(ValueError):
@@ -143,11 +142,15 @@ class KVTransfer:
 
 @dataclass(frozen=True)
 class HiCache:
-    """``spec.hiCache``: host-memory tier (L2) and shared store (L3)."""
+    """``spec.hiCache``: host-memory tier (L2) and shared store (L3).
+
+    ``store`` is a kind of :data:`stores.STORES` or ``none``; ``store_size`` means what that
+    store makes of it.
+    """
 
     host_memory: str | None = None
     write_policy: str = "write_through"
-    store: str = "none"  # none | mooncake | file
+    store: str = contract.NO_STORAGE
     store_size: str | None = None
     storage_class: str | None = None
 
@@ -158,13 +161,6 @@ class HiCache:
     @property
     def enabled(self) -> bool:
         return self.host_memory_bytes > 0
-
-    @property
-    def mooncake_segment_bytes(self) -> int:
-        """Memory each runtime pod lends the Mooncake store (0 unless the store is mooncake)."""
-        if self.store != "mooncake":
-            return 0
-        return int(parse_quantity(self.store_size or DEFAULT_MOONCAKE_SEGMENT))
 
 
 @dataclass(frozen=True)

@@ -2,15 +2,15 @@
 
 The operator's own parser reads the file and its own role builders decide what each role
 runs (:mod:`kvflow.operator.roles`); this module only places them locally: every process on
-127.0.0.1 with its own port, the embedded model or a local folder, the file store in a
-directory, the Mooncake master and its HTTP metadata server as processes, the router given the workers' URLs. What the
+127.0.0.1 with its own port, the embedded model or a local folder, the router given the
+workers' URLs. The shared store places itself (:meth:`SharedStore.local`: the file store in
+a directory, the Mooncake master and its HTTP metadata server as processes). What the
 operator would do that has no local meaning (scheduling, images, Services) is listed as not
 applied; what would change the behaviour and cannot be done here is refused.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -21,21 +21,17 @@ from typing import Any
 
 from kvflow import contract
 from kvflow.operator.placement import (
-    MasterPlacement,
     RouterPlacement,
     WorkerPlacement,
-    master_argv,
-    metadata_server_argv,
-    mooncake_client_config,
     router_options,
     serve_options,
 )
 from kvflow.operator.roles import router_runtime, worker_runtime
 from kvflow.operator.spec import ModelDeployment, PodSettings
+from kvflow.operator.stores import SharedStore, StoreClient, shared_store
 
 LOOPBACK = "127.0.0.1"
-MOONCAKE_CONFIG_FILE = "mooncake.json"
-MASTER_START_TIMEOUT_S = 60.0
+STORE_START_TIMEOUT_S = 60.0
 
 
 class LocalRefusal(ValueError):
@@ -106,7 +102,17 @@ def _pod_refusals(pods: PodSettings, path: str, refusals: list[str]) -> None:
         )
 
 
-def _cluster_only(md: ModelDeployment, body: Mapping[str, Any]) -> list[str]:
+def _set(spec: Mapping[str, Any], dotted: str) -> bool:
+    """Whether the field at ``dotted`` (under ``spec``) has a value."""
+    value: Any = spec
+    for key in dotted.split("."):
+        value = value.get(key) if isinstance(value, Mapping) else None
+    return bool(value)
+
+
+def _cluster_only(
+    md: ModelDeployment, store: SharedStore | None, body: Mapping[str, Any]
+) -> list[str]:
     """Set fields that place pods in a cluster and mean nothing for local processes."""
     spec = body.get("spec") or {}
     found = [
@@ -116,7 +122,8 @@ def _cluster_only(md: ModelDeployment, body: Mapping[str, Any]) -> list[str]:
     ]
     if "serviceType" in (spec.get("endpoint") or {}):
         found.append("endpoint.serviceType")
-    roles = [w.role for w in md.workers] + ["router", "mooncakeMaster"]
+    store_pods = list(store.pod_settings()) if store is not None else []
+    roles = [w.role for w in md.workers] + ["router", *store_pods]
     for role in roles:
         raw = spec.get(role) or {}
         for key in ("resources", "nodeSelector", "tolerations", "image", "hostNetwork", "ports"):
@@ -124,10 +131,7 @@ def _cluster_only(md: ModelDeployment, body: Mapping[str, Any]) -> list[str]:
                 found.append(f"{role}.{key}")
     if md.router.replicas > 1:
         found.append("router.replicas (one local router)")
-    if (spec.get("mooncakeMaster") or {}).get("host"):
-        found.append("mooncakeMaster.host")
-    if ((spec.get("hiCache") or {}).get("sharedStore") or {}).get("storageClassName"):
-        found.append("hiCache.sharedStore.storageClassName")
+    found += [f for f in (store.cluster_only_fields if store is not None else ()) if _set(spec, f)]
     if "bootstrapPort" in (spec.get("kvTransfer") or {}):
         found.append("kvTransfer.bootstrapPort")
     return found
@@ -140,7 +144,10 @@ def local_gpu_count() -> int:
 
 
 def _refusals(
-    md: ModelDeployment, secrets: Mapping[str, Mapping[str, str]], gpus_here: int
+    md: ModelDeployment,
+    store: SharedStore | None,
+    secrets: Mapping[str, Mapping[str, str]],
+    gpus_here: int,
 ) -> list[str]:
     refusals: list[str] = []
     source = md.model.source
@@ -165,14 +172,10 @@ def _refusals(
             )
         _pod_refusals(worker.pods, path, refusals)
     _pod_refusals(md.router.pods, "spec.router", refusals)
-    if md.hicache.store == "mooncake":
-        _pod_refusals(md.mooncake_master.pods, "spec.mooncakeMaster", refusals)
-        for binary in ("mooncake_master", "mooncake_http_metadata_server"):
-            if shutil.which(binary, path=_bin_path()) is None:
-                refusals.append(
-                    f"spec.hiCache.sharedStore.type mooncake: no {binary} binary on PATH "
-                    "(pip install mooncake-transfer-engine-non-cuda)"
-                )
+    if store is not None:
+        for section, pods in store.pod_settings().items():
+            _pod_refusals(pods, f"spec.{section}", refusals)
+        refusals += store.local_refusals(_which)
     if md.kv_transfer.protocol == "rdma" and not Path("/sys/class/infiniband").is_dir():
         refusals.append("spec.kvTransfer.protocol rdma: this machine has no RDMA device")
     ref = md.endpoint.api_key
@@ -184,9 +187,10 @@ def _refusals(
     return refusals
 
 
-def _bin_path() -> str:
-    """PATH plus this interpreter's folder (a venv's console scripts live there)."""
-    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+def _which(binary: str) -> str | None:
+    """``binary`` on PATH or in this interpreter's folder (a venv's console scripts)."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return shutil.which(binary, path=path)
 
 
 def local_plan(
@@ -201,12 +205,16 @@ def local_plan(
     """Place ``md`` on this machine; raises :class:`LocalRefusal` listing what cannot be.
 
     ``free_port`` hands out unused loopback ports (one call per port); ``state_dir`` holds
-    the file store, the Mooncake client config and the logs.
+    the shared store's files and the logs.
     """
-    refusals = _refusals(md, secrets, gpus_here)
+    store = shared_store(md)
+    refusals = _refusals(md, store, secrets, gpus_here)
     env_by_role = {w.role: _env_values(w.pods, f"spec.{w.role}", refusals) for w in md.workers}
     router_env = _env_values(md.router.pods, "spec.router", refusals)
-    master_env = _env_values(md.mooncake_master.pods, "spec.mooncakeMaster", refusals)
+    store_env = {
+        section: _env_values(pods, f"spec.{section}", refusals)
+        for section, pods in (store.pod_settings() if store is not None else {}).items()
+    }
     if refusals:
         raise LocalRefusal(refusals)
 
@@ -217,51 +225,20 @@ def local_plan(
     if api_key:
         base_env[contract.API_KEY_ENV] = api_key
     processes: list[LocalProcess] = []
-    master = None
-    if md.hicache.store == "mooncake":
-        master = MasterPlacement(
-            host=LOOPBACK,
-            rpc_port=free_port(),
-            metadata_port=free_port(),
-            metrics_port=free_port(),
-            bind_host=LOOPBACK,
-            # the master's built-in metadata server binds every interface whatever its
-            # host flag says (Mooncake 0.3.13): Mooncake's own one, on loopback, instead
-            separate_metadata_server=True,
-        )
-        config = mooncake_client_config(
-            master, md.hicache.mooncake_segment_bytes, md.kv_transfer.protocol
-        )
-        config_path = state_dir / MOONCAKE_CONFIG_FILE
-        config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
-        base_env[contract.MOONCAKE_CONFIG_ENV] = str(config_path)
-        argv = master_argv(master)
-        argv[0] = shutil.which("mooncake_master", path=_bin_path()) or argv[0]
-        processes.append(
-            LocalProcess(
-                "mooncake-master",
-                argv,
-                master_env,
-                Health(master.rpc_port),
-                MASTER_START_TIMEOUT_S,
-                stage=0,
+    client = StoreClient("")
+    if store is not None:
+        local = store.local(state_dir, free_port)
+        client = local.client
+        for name, text in client.files.items():
+            (state_dir / name).write_text(text)
+        base_env.update(client.env(str(state_dir)))
+        for process in local.processes:
+            argv = [_which(process.argv[0]) or process.argv[0], *process.argv[1:]]
+            env = store_env[process.pods]
+            health = Health(process.port)
+            processes.append(
+                LocalProcess(process.name, argv, env, health, STORE_START_TIMEOUT_S, stage=0)
             )
-        )
-        argv = metadata_server_argv(master)
-        argv[0] = shutil.which(argv[0], path=_bin_path()) or argv[0]
-        processes.append(
-            LocalProcess(
-                "mooncake-metadata",
-                argv,
-                master_env,
-                Health(master.metadata_port),
-                MASTER_START_TIMEOUT_S,
-                stage=0,
-            )
-        )
-    store_dir = state_dir / "hicache"
-    if md.hicache.store == "file":
-        store_dir.mkdir(parents=True, exist_ok=True)
     model_path = md.model.host_path if md.model.source == "hostPath" else ""
 
     urls: dict[str, list[str]] = {"unified": [], "prefill": [], "decode": []}
@@ -276,8 +253,7 @@ def local_plan(
                 port=port,
                 model_path=model_path,
                 bootstrap_port=bootstrap,
-                file_store_dir=str(store_dir),
-                master=master,
+                storage_path=client.storage_path,
             )
             env = {**base_env, **env_by_role[worker.role]}
             if worker.gpus:
@@ -319,5 +295,5 @@ def local_plan(
         processes=processes,
         endpoint=f"http://{LOOPBACK}:{router_port}",
         api_key=api_key,
-        not_applied=_cluster_only(md, body),
+        not_applied=_cluster_only(md, store, body),
     )
