@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from . import names
-from .autoscale.scale import with_autoscaled_replicas, without_autoscaling
+from .autoscale.scale import decided_sizes, without_autoscaling
 from .kube import PERMANENT_FAILURES, ApiFailure, Cluster
 from .parse import parse_model_deployment
 from .podstatus import PodReport
@@ -95,10 +95,10 @@ class Reconciler:
             applied = pruned = 0
             components: list[str] | None = None
             try:
-                # autoscaled roles render the size the autoscaler decided (in status)
-                md = with_autoscaled_replicas(parse_model_deployment(body), body.get("status"))
+                md = parse_model_deployment(body)
                 components = expected_components(md)
-                children = render_children(md)
+                # autoscaled roles render the size the autoscaler decided (in status)
+                children = render_children(md, decided_sizes(md, body.get("status")))
                 for child in children:
                     self._cluster.apply(child)
                     applied += 1

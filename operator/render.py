@@ -1,7 +1,7 @@
 """Everything a ModelDeployment owns, as manifests, from its spec alone.
 
-:func:`render_children` is pure: the same spec gives the same manifests, byte for byte,
-which is what the golden-file tests pin down and what makes re-applying them a no-op.
+:func:`render_children` is pure: the same spec and sizes give the same manifests, byte for
+byte, which is what the golden-file tests pin down and what makes re-applying them a no-op.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 from .configmap import runtime_config_map
 from .policies import disruption_budgets, network_policies
 from .services import endpoint_service, headless_service
+from .sizes import DesiredSizes, desired_sizes
 from .spec import ModelDeployment
 from .stores import shared_store
 from .workloads import router_access, router_deployment, worker_deployment
@@ -31,15 +32,20 @@ CHILD_KINDS: tuple[tuple[str, str], ...] = (
 )
 
 
-def render_children(md: ModelDeployment) -> list[dict[str, Any]]:
-    """All child manifests, in apply order (configuration and identities before workloads)."""
+def render_children(md: ModelDeployment, sizes: DesiredSizes | None = None) -> list[dict[str, Any]]:
+    """All child manifests, in apply order (configuration and identities before workloads).
+
+    ``sizes`` are the worker roles' replicas (the reconciler passes the autoscaler's, see
+    ``autoscale.scale.decided_sizes``); None renders the spec's own, as before any decision.
+    """
+    sizes = desired_sizes(md) if sizes is None else sizes
     store = shared_store(md)
     children: list[dict[str, Any]] = [runtime_config_map(md), *router_access(md)]
     children += store.claims() if store is not None else []
     children.append(endpoint_service(md))
     children += [headless_service(md, worker) for worker in md.workers]
     children += store.workloads() if store is not None else []
-    children += [worker_deployment(md, worker) for worker in md.workers]
+    children += [worker_deployment(md, worker, sizes[worker.role]) for worker in md.workers]
     children.append(router_deployment(md))
     children += disruption_budgets(md)
     children += network_policies(md)

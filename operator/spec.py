@@ -88,20 +88,13 @@ class WorkerRole:
     """``spec.unified`` / ``spec.prefill`` / ``spec.decode``: pods running ``kvflow serve``."""
 
     role: str
-    replicas: int = 1
+    replicas: int = 1  # the user's number; rendered sizes are a sizes.DesiredSizes
     gpus: int = 0
     pods: PodSettings = field(default_factory=PodSettings)
     http_port: int = contract.DEFAULT_API_PORT  # API, /health and /metrics
     max_running_requests: int | None = None
     startup_timeout_seconds: int = 1800
     autoscaling: Autoscaling = field(default_factory=Autoscaling)
-
-    @property
-    def desired_replicas(self) -> int:
-        """Replicas to render: ``replicas``, clamped to the autoscaling bounds when enabled."""
-        if not self.autoscaling.enabled:
-            return self.replicas
-        return min(max(self.replicas, self.autoscaling.min_replicas), self.autoscaling.max_replicas)
 
 
 @dataclass(frozen=True)

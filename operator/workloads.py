@@ -39,8 +39,8 @@ def _deployment(
     }
 
 
-def worker_deployment(md: ModelDeployment, worker: WorkerRole) -> dict[str, Any]:
-    """Deployment ``<name>-<role>`` running ``kvflow serve --role <role>``.
+def worker_deployment(md: ModelDeployment, worker: WorkerRole, replicas: int) -> dict[str, Any]:
+    """Deployment ``<name>-<role>`` of ``replicas`` pods running ``kvflow serve --role <role>``.
 
     GPU pods roll one at a time without surge (a surge pod would wait for a free GPU
     forever); CPU pods surge first so capacity never dips. The progress deadline covers
@@ -52,7 +52,7 @@ def worker_deployment(md: ModelDeployment, worker: WorkerRole) -> dict[str, Any]
         rolling = {"maxSurge": 1, "maxUnavailable": 0}
     template = worker_pod_template(md, worker, worker_config_hash(md))
     deadline = worker.startup_timeout_seconds + 600
-    return _deployment(md, worker.role, worker.desired_replicas, template, rolling, deadline)
+    return _deployment(md, worker.role, replicas, template, rolling, deadline)
 
 
 def router_deployment(md: ModelDeployment) -> dict[str, Any]:

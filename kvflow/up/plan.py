@@ -27,6 +27,7 @@ from kvflow.operator.placement import (
     serve_options,
 )
 from kvflow.operator.roles import router_runtime, worker_runtime
+from kvflow.operator.sizes import desired_sizes
 from kvflow.operator.spec import ModelDeployment, PodSettings
 from kvflow.operator.stores import SharedStore, StoreClient, shared_store
 
@@ -160,7 +161,8 @@ def _refusals(
         refusals.append(f"spec.model.source {source}: not reachable locally (use {hint})")
     if source == "hostPath" and not Path(md.model.host_path).is_dir():
         refusals.append(f"spec.model.hostPath.path: {md.model.host_path} is not a folder here")
-    gpus = sum(w.gpus * w.desired_replicas for w in md.workers)
+    sizes = desired_sizes(md)
+    gpus = sum(w.gpus * sizes[w.role] for w in md.workers)
     if gpus > gpus_here:
         refusals.append(f"spec.*.gpus: {gpus} GPUs asked, {gpus_here} on this machine")
     for worker in md.workers:
@@ -243,9 +245,10 @@ def local_plan(
 
     urls: dict[str, list[str]] = {"unified": [], "prefill": [], "decode": []}
     gpu_next = 0
+    sizes = desired_sizes(md)
     for worker in md.workers:
         runtime = worker_runtime(md, worker)
-        for index in range(worker.desired_replicas):
+        for index in range(sizes[worker.role]):
             port = free_port()
             bootstrap = free_port() if worker.role == "prefill" else None
             placement = WorkerPlacement(

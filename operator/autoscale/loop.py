@@ -28,6 +28,7 @@ from .scale import (
     DELETION_COST_ANNOTATION,
     STATUS_KEY,
     AutoscalerSettings,
+    decided_sizes,
     deletion_costs,
     policy_for,
     ready_targets,
@@ -149,8 +150,10 @@ class Autoscaler(threading.Thread):
         now: float,
     ) -> Decision:
         policy = policy_for(worker, self.settings)
+        # the last decided size, even outside bounds narrowed since (the decision then
+        # clamps it, recorded as a change); before any decision, the size rendered
         decided = status_replicas(status, worker.role)
-        current = worker.desired_replicas if decided is None else decided
+        current = decided_sizes(md, status)[worker.role] if decided is None else decided
         selector = (
             f"{names.LABEL_DEPLOYMENT}={md.name},{names.LABEL_ROLE}={worker.role},"
             f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY}"

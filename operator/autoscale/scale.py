@@ -2,21 +2,22 @@
 pods are read, where the decided size lives (``status.roles.<role>.autoscaling``), the
 Event a change posts and the deletion costs a scale-in sets.
 
-The decided size is kept in the ModelDeployment's status, and :func:`with_autoscaled_replicas`
-feeds it to rendering: every reconcile (spec change, drift repair, child event) renders
-the autoscaler's size for an autoscaled role, so the two never fight. Without a decision
-yet, the role starts at ``replicas`` clamped into its bounds.
+The decided size is kept in the ModelDeployment's status, and :func:`decided_sizes` reads
+it for rendering (every reconcile: spec change, drift repair, child event) and for the
+next decision alike, so the two never fight. Without a decision yet, the role starts at
+``replicas`` clamped into its bounds (see :mod:`..sizes`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from kvflow import contract
 
 from .. import names
+from ..sizes import DesiredSizes, desired_sizes
 from ..spec import ModelDeployment, WorkerRole
 from .collector import PodTarget
 from .decision import RUNNING_FILL, Decision, ScalePolicy
@@ -25,13 +26,13 @@ __all__ = [
     "DELETION_COST_ANNOTATION",
     "STATUS_KEY",
     "AutoscalerSettings",
+    "decided_sizes",
     "deletion_costs",
     "policy_for",
     "ready_targets",
     "role_status",
     "scale_event",
     "status_replicas",
-    "with_autoscaled_replicas",
     "without_autoscaling",
 ]
 
@@ -91,16 +92,15 @@ def status_replicas(status: Mapping[str, Any] | None, role: str) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-def with_autoscaled_replicas(
-    md: ModelDeployment, status: Mapping[str, Any] | None
-) -> ModelDeployment:
-    """``md`` with each autoscaled role's ``replicas`` set to the size the autoscaler
-    decided (``WorkerRole.desired_replicas`` still clamps it into the bounds)."""
-    workers = []
+def decided_sizes(md: ModelDeployment, status: Mapping[str, Any] | None) -> DesiredSizes:
+    """The sizes to render: each autoscaled role's last decided size (from ``status``),
+    clamped into its bounds; the spec's size for the others and before any decision."""
+    decided = {}
     for worker in md.workers:
-        decided = status_replicas(status, worker.role) if worker.autoscaling.enabled else None
-        workers.append(worker if decided is None else replace(worker, replicas=decided))
-    return replace(md, workers=tuple(workers))
+        replicas = status_replicas(status, worker.role)
+        if replicas is not None:
+            decided[worker.role] = replicas
+    return desired_sizes(md, decided)
 
 
 def without_autoscaling(status: Mapping[str, Any]) -> dict[str, Any]:

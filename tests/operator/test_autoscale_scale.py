@@ -9,13 +9,13 @@ from kvflow.operator.autoscale import Decision
 from kvflow.operator.autoscale.scale import (
     DELETION_COST_ANNOTATION,
     AutoscalerSettings,
+    decided_sizes,
     deletion_costs,
     policy_for,
     ready_targets,
     role_status,
     scale_event,
     status_replicas,
-    with_autoscaled_replicas,
     without_autoscaling,
 )
 
@@ -61,8 +61,9 @@ def test_policy_for_maps_the_crd_targets():
     assert (policy.scale_up_window_s, policy.scale_up_cooldown_s) == (7, 11)
 
 
-def deployment_replicas(md, role: str) -> int:
-    for child in render_children(md):
+def deployment_replicas(body: dict, status: dict, role: str) -> int:
+    md = parse_model_deployment(body)
+    for child in render_children(md, decided_sizes(md, status)):
         if child["kind"] == "Deployment" and child["metadata"]["name"] == f"m-{role}":
             return child["spec"]["replicas"]
     raise AssertionError(role)
@@ -70,20 +71,25 @@ def deployment_replicas(md, role: str) -> int:
 
 def test_rendering_takes_the_decided_size_of_autoscaled_roles_only():
     status = {"roles": {"decode": {"autoscaling": {"desiredReplicas": 4}}}}
-    md = with_autoscaled_replicas(parse_model_deployment(body(AUTO, replicas=2)), status)
-    assert deployment_replicas(md, "decode") == 4
-    assert deployment_replicas(md, "prefill") == 1
+    assert deployment_replicas(body(AUTO, replicas=2), status, "decode") == 4
+    assert deployment_replicas(body(AUTO, replicas=2), status, "prefill") == 1
     # beyond the bounds (maxReplicas lowered after a decision): clamped by the spec
     status["roles"]["decode"]["autoscaling"]["desiredReplicas"] = 9
-    md = with_autoscaled_replicas(parse_model_deployment(body(AUTO)), status)
-    assert deployment_replicas(md, "decode") == 5
+    assert deployment_replicas(body(AUTO), status, "decode") == 5
     # autoscaling off: spec.replicas is the one source of truth
-    md = with_autoscaled_replicas(parse_model_deployment(body(None, replicas=2)), status)
-    assert deployment_replicas(md, "decode") == 2
+    assert deployment_replicas(body(None, replicas=2), status, "decode") == 2
     # no decision yet: replicas clamped into the bounds
-    md = with_autoscaled_replicas(parse_model_deployment(body(AUTO, replicas=2)), {})
-    assert deployment_replicas(md, "decode") == 2
+    assert deployment_replicas(body(AUTO, replicas=2), {}, "decode") == 2
+    assert deployment_replicas(body({**AUTO, "minReplicas": 3}, replicas=2), {}, "decode") == 3
     assert status_replicas({}, "decode") is None
+    # without sizes, rendering takes the spec's own (no decision)
+    md = parse_model_deployment(body(AUTO, replicas=2))
+    deployments = [c for c in render_children(md) if c["kind"] == "Deployment"]
+    assert {d["metadata"]["name"]: d["spec"]["replicas"] for d in deployments} == {
+        "m-prefill": 1,
+        "m-decode": 2,
+        "m-router": 1,
+    }
 
 
 def test_status_entry_and_carry_over():
