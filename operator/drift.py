@@ -12,7 +12,7 @@ import logging
 import threading
 from collections.abc import Sequence
 
-from .kube import ApiFailure, Cluster
+from .kube import ApiFailure, Cluster, watched_model_deployments
 from .reconcile import Reconciler
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ class DriftRepair(threading.Thread):
         super().__init__(name="kvflow-drift-repair", daemon=True)
         self._cluster = cluster
         self._reconciler = reconciler
-        self._namespaces: list[str | None] = [*namespaces] or [None]
+        self._namespaces = tuple(namespaces)
         self._interval = interval
         self._stopped = threading.Event()
 
@@ -42,23 +42,15 @@ class DriftRepair(threading.Thread):
     def sweep(self) -> int:
         """Reconcile every ModelDeployment once; returns how many were reconciled."""
         done = 0
-        for namespace in self._namespaces:
+        for body in watched_model_deployments(self._cluster, self._namespaces, "drift repair"):
+            if self._stopped.is_set():
+                break
+            meta = body["metadata"]
             try:
-                bodies = self._cluster.list_model_deployments(namespace)
+                if self._reconciler.reconcile(meta["namespace"], meta["name"]) is not None:
+                    done += 1
             except ApiFailure as exc:
-                log.warning("drift repair: cannot list ModelDeployments: %s", exc.message)
-                continue
-            for body in bodies:
-                if self._stopped.is_set():
-                    break
-                meta = body["metadata"]
-                try:
-                    if self._reconciler.reconcile(meta["namespace"], meta["name"]) is not None:
-                        done += 1
-                except ApiFailure as exc:
-                    log.warning(
-                        "drift repair: %s/%s: %s", meta["namespace"], meta["name"], exc.message
-                    )
-                except Exception:  # a bug must not end the sweeps of every other object
-                    log.exception("drift repair: %s/%s failed", meta["namespace"], meta["name"])
+                log.warning("drift repair: %s/%s: %s", meta["namespace"], meta["name"], exc.message)
+            except Exception:  # a bug must not end the sweeps of every other object
+                log.exception("drift repair: %s/%s failed", meta["namespace"], meta["name"])
         return done

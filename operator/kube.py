@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import urllib3
 from kubernetes import client as k8s
@@ -223,3 +223,25 @@ class Cluster:
         except ApiFailure as failure:
             if failure.status != 404:  # deleted meanwhile: nothing to report on
                 raise
+
+
+class ModelDeploymentLister(Protocol):
+    """The one call :func:`watched_model_deployments` needs (``Cluster`` provides it)."""
+
+    def list_model_deployments(self, namespace: str | None) -> list[dict[str, Any]]: ...
+
+
+def watched_model_deployments(
+    api: ModelDeploymentLister, namespaces: Sequence[str], who: str
+) -> Iterator[dict[str, Any]]:
+    """Every ModelDeployment in ``namespaces`` (every namespace when empty), one namespace's
+    listing at a time. A listing that fails is logged as ``who``'s and skipped: the other
+    namespaces still come."""
+    each: list[str | None] = [*namespaces] or [None]
+    for namespace in each:
+        try:
+            bodies = api.list_model_deployments(namespace)
+        except ApiFailure as exc:
+            log.warning("%s: cannot list ModelDeployments: %s", who, exc.message)
+            continue
+        yield from bodies

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from .. import names
-from ..kube import ApiFailure
+from ..kube import ApiFailure, ModelDeploymentLister, watched_model_deployments
 from ..parse import parse_model_deployment
 from ..spec import ModelDeployment, SpecError, WorkerRole
 from .collector import Collector, PrometheusSource, ScrapeSource, Source
@@ -43,10 +43,8 @@ __all__ = ["Autoscaler", "AutoscalerApi"]
 log = logging.getLogger(__name__)
 
 
-class AutoscalerApi(Protocol):
+class AutoscalerApi(ModelDeploymentLister, Protocol):
     """What the autoscaler needs from the API server (``kube.Cluster`` provides it)."""
-
-    def list_model_deployments(self, namespace: str | None) -> list[dict[str, Any]]: ...
 
     def list_objects(
         self, api_version: str, kind: str, namespace: str, selector: str
@@ -79,7 +77,7 @@ class Autoscaler(threading.Thread):
         super().__init__(name="kvflow-autoscaler", daemon=True)
         self._api = api
         self._reconcile = reconcile
-        self._namespaces: list[str | None] = [*namespaces] or [None]
+        self._namespaces = tuple(namespaces)
         self.settings = settings
         self.metrics = metrics
         if source is None:
@@ -108,33 +106,26 @@ class Autoscaler(threading.Thread):
         now = time.monotonic() if now is None else now
         done: list[tuple[str, str, str, Decision]] = []
         seen: set[tuple[str, str, str]] = set()
-        for namespace in self._namespaces:
-            try:
-                bodies = self._api.list_model_deployments(namespace)
-            except ApiFailure as exc:
-                log.warning("autoscaler: cannot list ModelDeployments: %s", exc.message)
+        for body in watched_model_deployments(self._api, self._namespaces, "autoscaler"):
+            if self._stopped.is_set():
+                return done
+            if body["metadata"].get("deletionTimestamp"):
                 continue
-            for body in bodies:
-                if self._stopped.is_set():
-                    return done
-                meta = body["metadata"]
-                if meta.get("deletionTimestamp"):
+            try:
+                md = parse_model_deployment(body)
+            except SpecError:
+                continue  # the reconciler reports it
+            for worker in md.workers:
+                if not worker.autoscaling.enabled:
                     continue
+                key = (md.namespace, md.name, worker.role)
+                seen.add(key)
                 try:
-                    md = parse_model_deployment(body)
-                except SpecError:
-                    continue  # the reconciler reports it
-                for worker in md.workers:
-                    if not worker.autoscaling.enabled:
-                        continue
-                    key = (md.namespace, md.name, worker.role)
-                    seen.add(key)
-                    try:
-                        decision = self._scale(md, body.get("status") or {}, worker, key, now)
-                    except ApiFailure as exc:  # this role waits for the next tick
-                        log.warning("autoscaler: %s/%s: %s", md.namespace, md.name, exc.message)
-                        continue
-                    done.append((*key, decision))
+                    decision = self._scale(md, body.get("status") or {}, worker, key, now)
+                except ApiFailure as exc:  # this role waits for the next tick
+                    log.warning("autoscaler: %s/%s: %s", md.namespace, md.name, exc.message)
+                    continue
+                done.append((*key, decision))
         for key in [k for k in self._states if k not in seen]:
             del self._states[key]
             self._collector.drop(key[0], self._pods.pop(key, set()))
