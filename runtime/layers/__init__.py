@@ -2,24 +2,34 @@
 
 from kvflow.runtime.layers.activation import silu_and_mul
 from kvflow.runtime.layers.linear import (
-    PackedWeight,
-    gate_up_silu,
-    linear,
-    matmul_weight,
-    pack_linears,
-    pack_weight,
+    GateUpLinear,
+    LinearBase,
+    MergedColumnLinear,
+    QKVLinear,
+    ReplicatedLinear,
 )
+from kvflow.runtime.layers.matmul import PackedWeight, matmul_weight, pack_weight
 from kvflow.runtime.layers.norm import RMSNorm
+from kvflow.runtime.layers.quantization import (
+    LINEAR_METHODS,
+    LinearMethod,
+    UnquantizedLinearMethod,
+)
 from kvflow.runtime.layers.rotary import RotaryEmbedding
 
 __all__ = [
+    "LINEAR_METHODS",
+    "GateUpLinear",
+    "LinearBase",
+    "LinearMethod",
+    "MergedColumnLinear",
     "PackedWeight",
+    "QKVLinear",
     "RMSNorm",
+    "ReplicatedLinear",
     "RotaryEmbedding",
-    "gate_up_silu",
-    "linear",
+    "UnquantizedLinearMethod",
     "matmul_weight",
-    "pack_linears",
     "pack_weight",
     "silu_and_mul",
 ]

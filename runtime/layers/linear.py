@@ -1,170 +1,133 @@
-"""Projections of the native models: one-token inputs on CUDA take the Triton GEMV; on CPU,
-weights packed once (:func:`pack_linears`) run through kvflow's native matmul
-(:mod:`kvflow.kernels.cpu.gemm`) and/or oneDNN's prepacked linear, skipping the per-call
-reorder that ``F.linear`` pays.
+"""Linear layers by weight layout; their weights and matmul come from a :class:`LinearMethod`.
 
-Which CPU path runs (measured on the 2-core EPYC with SmolLM2-135M's projections,
-``benchmarks/results/cpu-kernels.md``): bfloat16 takes the native kernel at every row count
-(1.15-1.4x oneDNN at 32 rows, a decode step; 1.03-1.2x at 2048); float32 takes it up to
-:data:`NATIVE_MAX_ROWS` rows (1.1-1.25x at 32) and oneDNN above (0.95-1.2x per projection
-at 2048 there, and 10% ahead of the native kernel over 30 layers' weights in a sweep at
-128-2048 rows), so a float32 weight keeps both packed copies. The
-packed copies sit beside the weight (which loading, the embedding of tied heads and other
-devices still read): a CPU weight takes two (bfloat16) or three (float32) times its memory.
+A layer knows where each checkpoint tensor goes (:meth:`LinearBase.weight_loader`); its
+method knows what the weights are and how they run. Tensor parallelism adds sibling
+classes here (column-parallel merged and QKV layers whose ``weight_loader`` keeps the
+rank's rows, a row-parallel one that splits the input and all-reduces in ``forward``);
+quantized formats add methods (``runtime/layers/quantization/``), not layers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from kvflow import kernels
-from kvflow.kernels import cpu
-from kvflow.runtime.layers.activation import silu_and_mul
+from kvflow.runtime.layers.quantization import LinearMethod, UnquantizedLinearMethod
 
-__all__ = [
-    "NATIVE_MAX_ROWS",
-    "PackedWeight",
-    "gate_up_silu",
-    "linear",
-    "matmul_weight",
-    "pack_linears",
-    "pack_weight",
-]
+__all__ = ["GateUpLinear", "LinearBase", "MergedColumnLinear", "QKVLinear", "ReplicatedLinear"]
 
-ONEDNN_TYPES = (torch.float32, torch.bfloat16)
-# oneDNN picks the blocked layout for an expected row count; decode batches are the
-# steady state and the layout chosen for them is as fast for prefill chunks too.
-PACK_ROWS_HINT = 32
-NATIVE_MAX_ROWS = 128  # float32 row blocks above this go to oneDNN when it is packed
-_PACKED = "kvflow_packed_weight"
+ShardId = int | str | None
 
 
-@dataclass(frozen=True)
-class PackedWeight:
-    """A CPU weight ``[out_features, K]`` packed for the matmuls that run it: the native
-    kernel's panels and/or oneDNN's blocked layout (at least one is set). ``silu_mul``: a
-    merged ``[gate; up]`` whose native panels interleave gate and up, so the native matmul
-    yields ``silu(gate) * up`` (:meth:`silu_mul_matmul`) and not the plain product."""
+class LinearBase(nn.Module):
+    """``x`` ``[..., input_size]`` -> ``[..., output_size]``, with ``output_size`` the sum of
+    ``output_sizes``: the shards a checkpoint stores as separate tensors, stacked in order
+    along the output dimension and named by ``shard_ids`` (one ``None`` for a single
+    tensor). ``method`` (default unquantized) creates the parameters and runs the matmul."""
 
-    out_features: int
-    dtype: torch.dtype
-    native: torch.Tensor | None
-    onednn: torch.Tensor | None
-    silu_mul: bool = False
+    # Callers run silu_mul() on it (a merged [gate; up]): a method may prepare for that.
+    fuses_silu_mul: bool = False
+    weight: nn.Parameter
+    bias: nn.Parameter | None
 
-    def takes(self, x: torch.Tensor) -> bool:
-        return x.dtype == self.dtype and x.device.type == "cpu"
+    def __init__(
+        self,
+        input_size: int,
+        output_sizes: Sequence[int],
+        bias: bool,
+        method: LinearMethod | None = None,
+        shard_ids: Sequence[ShardId] = (None,),
+    ) -> None:
+        super().__init__()
+        if len(output_sizes) != len(shard_ids):
+            raise ValueError(f"{len(output_sizes)} output sizes for shards {shard_ids}")
+        self.shard_ids = tuple(shard_ids)
+        self.input_size = input_size
+        self.output_sizes = tuple(output_sizes)
+        self.output_size = sum(output_sizes)
+        self.method = method if method is not None else UnquantizedLinearMethod()
+        self.method.create_weights(self, input_size, self.output_sizes, bias)
 
-    def native_for(self, x: torch.Tensor) -> bool:
-        """Whether ``x``'s row count runs on the native matmul (else on oneDNN)."""
-        rows = x.numel() // x.shape[-1]
-        return self.native is not None and (self.onednn is None or rows <= NATIVE_MAX_ROWS)
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None
+    ) -> None:
+        """Copy a checkpoint tensor into ``param``: the whole of it (``shard_id`` None), or
+        the rows of dimension 0 that shard ``shard_id`` owns."""
+        target = param.data
+        if shard_id is not None:
+            if shard_id not in self.shard_ids:
+                raise KeyError(f"no shard {shard_id!r} in {self.shard_ids}")
+            index = self.shard_ids.index(shard_id)
+            offset = sum(self.output_sizes[:index])
+            target = target.narrow(0, offset, self.output_sizes[index])
+        if target.shape != loaded.shape:
+            raise ValueError(
+                f"shard {shard_id!r}: checkpoint shape {tuple(loaded.shape)}, "
+                f"expected {tuple(target.shape)}"
+            )
+        target.copy_(loaded)
 
-    def plain_for(self, x: torch.Tensor) -> bool:
-        """Whether :meth:`matmul` can run ``x`` (a ``silu_mul`` weight only on oneDNN)."""
-        return not (self.silu_mul and self.native_for(x))
+    def process_weights_after_loading(self) -> None:
+        self.method.process_weights_after_loading(self)
 
-    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """``x @ weight.T (+ bias)`` for ``x`` ``[..., K]`` of the packed dtype on CPU, where
-        :meth:`plain_for` says so."""
-        rows = x.reshape(-1, x.shape[-1])
-        if self.native_for(x) and not self.silu_mul:
-            out = cpu.gemm.gemm(_unit_stride(rows), self.native, self.out_features, bias=bias)
-        elif self.onednn is not None:
-            out = torch.ops.mkldnn._linear_pointwise(rows, self.onednn, bias, "none", [], "")
-        else:
-            raise ValueError("this weight is packed for the fused SwiGLU: use silu_mul_matmul")
-        return out.view(*x.shape[:-1], self.out_features)
-
-    def silu_mul_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """``silu(gate) * up`` of ``x @ [gate; up].T`` in one native matmul (``silu_mul``
-        weights, where :meth:`native_for` holds)."""
-        rows = x.reshape(-1, x.shape[-1])
-        out = cpu.gemm.gemm(_unit_stride(rows), self.native, self.out_features, silu_mul=True)
-        return out.view(*x.shape[:-1], self.out_features // 2)
-
-
-def _unit_stride(rows: torch.Tensor) -> torch.Tensor:
-    return rows if rows.stride(1) == 1 else rows.contiguous()
-
-
-def _one_row(x: torch.Tensor) -> bool:
-    return x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1
-
-
-def pack_weight(weight: torch.Tensor, silu_mul: bool = False) -> PackedWeight | None:
-    """``weight`` [N, K] packed for CPU matmuls (see the module docstring for which layouts),
-    or None where neither applies (not on CPU, another dtype, no native kernels and torch
-    built without oneDNN). ``silu_mul``: ``weight`` is a merged ``[gate; up]``; its native
-    panels are packed for the fused SwiGLU where the kernel takes them."""
-    if weight.device.type != "cpu" or weight.dim() != 2:
-        return None
-    native = None
-    if cpu.available() and cpu.gemm.supports(weight):
-        silu_mul = silu_mul and cpu.gemm.supports(weight, silu_mul=True)
-        native = cpu.gemm.pack(weight.detach(), silu_mul=silu_mul)
-    else:
-        silu_mul = False
-    onednn = None
-    wants_onednn = native is None or weight.dtype == torch.float32
-    if wants_onednn and weight.dtype in ONEDNN_TYPES and torch.backends.mkldnn.is_available():
-        onednn = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT)
-    if native is None and onednn is None:
-        return None
-    return PackedWeight(weight.shape[0], weight.dtype, native, onednn, silu_mul)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.method.apply(self, x)
 
 
-def pack_linears(model: nn.Module, gate_up: tuple[nn.Linear, ...] = ()) -> int:
-    """Attach a packed weight to every packable ``nn.Linear`` of ``model``; returns how many.
-    Layers in ``gate_up`` (merged ``[gate; up]`` projections without bias, run through
-    :func:`gate_up_silu`) are packed for the fused SwiGLU. Call after the weights are loaded
-    (a packed weight is a copy)."""
-    count = 0
-    for module in model.modules():
-        if isinstance(module, nn.Linear):
-            fused = module.bias is None and any(module is layer for layer in gate_up)
-            packed = pack_weight(module.weight, silu_mul=fused)
-            if packed is not None:
-                setattr(module, _PACKED, packed)
-                count += 1
-    return count
+class ReplicatedLinear(LinearBase):
+    """One weight ``[output_size, input_size]``, loaded whole."""
+
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool, method: LinearMethod | None = None
+    ) -> None:
+        super().__init__(input_size, [output_size], bias, method)
 
 
-def matmul_weight(
-    x: torch.Tensor, weight: torch.Tensor, packed: PackedWeight | None = None
-) -> torch.Tensor:
-    """``x @ weight.T`` for ``weight`` [N, K]: a single row ``x`` [1, K] on CUDA streams the
-    weight once with :func:`kvflow.kernels.gemv` (faster than cuBLAS at M=1 on H100); a CPU
-    ``x`` uses ``packed`` (:func:`pack_weight` of ``weight``) when given; everything else
-    goes to ``F.linear``."""
-    if _one_row(x):
-        return kernels.gemv(x, weight)
-    if packed is not None and packed.takes(x):
-        return packed.matmul(x)
-    return F.linear(x, weight)
+class MergedColumnLinear(LinearBase):
+    """Several projections of the same input, stacked along the output: shard ``i`` (an
+    int) fills rows ``[sum(output_sizes[:i]), sum(output_sizes[:i + 1]))``."""
+
+    def __init__(
+        self,
+        input_size: int,
+        output_sizes: Sequence[int],
+        bias: bool,
+        method: LinearMethod | None = None,
+    ) -> None:
+        shard_ids = range(len(output_sizes))
+        super().__init__(input_size, output_sizes, bias, method, shard_ids)
 
 
-def linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``layer(x)``: a single CUDA row through :func:`kvflow.kernels.gemv`, a CPU row block
-    through the weight :func:`pack_linears` attached."""
-    packed: PackedWeight | None = layer.__dict__.get(_PACKED)
-    if packed is not None and packed.takes(x) and packed.plain_for(x):
-        return packed.matmul(x, layer.bias)
-    if not _one_row(x):
-        return layer(x)
-    out = kernels.gemv(x, layer.weight)
-    return out if layer.bias is None else out + layer.bias
+class GateUpLinear(MergedColumnLinear):
+    """SwiGLU's ``[gate; up]`` (shards 0 and 1, each ``intermediate_size`` rows);
+    :meth:`silu_mul` gives ``silu(gate) * up``."""
+
+    fuses_silu_mul = True
+
+    def __init__(
+        self, input_size: int, intermediate_size: int, method: LinearMethod | None = None
+    ) -> None:
+        super().__init__(input_size, [intermediate_size, intermediate_size], False, method)
+
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., input_size]`` -> ``[..., intermediate_size]``."""
+        return self.method.apply_silu_mul(self, x)
 
 
-def gate_up_silu(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``silu_and_mul(linear(layer, x))`` for a merged ``[gate; up]`` projection: one native
-    matmul with the activation applied as it writes where :func:`pack_linears` packed the
-    layer for it (the ``[tokens, 2 * intermediate]`` product is never materialized)."""
-    packed: PackedWeight | None = layer.__dict__.get(_PACKED)
-    if packed is not None and packed.silu_mul and packed.takes(x) and packed.native_for(x):
-        return packed.silu_mul_matmul(x)
-    return silu_and_mul(linear(layer, x))
+class QKVLinear(LinearBase):
+    """Attention's ``[q; k; v]`` (shards ``"q"``, ``"k"``, ``"v"``): ``num_heads`` query
+    heads and ``num_kv_heads`` key and value heads of ``head_dim`` each."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        bias: bool,
+        method: LinearMethod | None = None,
+    ) -> None:
+        q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        super().__init__(hidden_size, [q_size, kv_size, kv_size], bias, method, ("q", "k", "v"))

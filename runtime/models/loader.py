@@ -11,6 +11,7 @@ from torch import nn
 
 from kvflow.runtime.config import DUMMY_CONFIGS, ModelConfig
 from kvflow.runtime.models import MODELS, embedded_model_path
+from kvflow.runtime.models.causal_lm import CausalLM
 
 __all__ = ["load_model", "resolve_model_path"]
 logger = logging.getLogger(__name__)
@@ -57,8 +58,9 @@ def _init_dummy(model: nn.Module, seed: int, device: str) -> None:
 
 def load_model(
     path: Path, config: ModelConfig, load_format: str, dtype: torch.dtype, device: str, seed: int
-) -> nn.Module:
-    """Instantiate the registered architecture on ``device`` and fill its weights."""
+) -> CausalLM:
+    """Instantiate the registered architecture on ``device``, fill its weights and let its
+    layers process them (:meth:`CausalLM.process_weights_after_loading`)."""
     model_cls = MODELS.get(config.architecture)
     with torch.device("meta"):
         model = model_cls(config)
@@ -77,5 +79,6 @@ def load_model(
         _init_dummy(model, seed, device)
     else:
         model.load_weights(_safetensors(path))
+    model.process_weights_after_loading()
     logger.info("loaded %s (%s, %s) on %s", config.architecture, load_format, dtype, device)
     return model.eval()

@@ -1,0 +1,62 @@
+"""Weights as the checkpoint stores them, in the model's dtype."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvflow import kernels
+from kvflow.runtime.layers.matmul import PackedWeight, one_row, pack_weight
+from kvflow.runtime.layers.quantization.base import LinearLayer, LinearMethod
+
+__all__ = ["UnquantizedLinearMethod"]
+
+_PACKED = "packed_weight"
+
+
+class UnquantizedLinearMethod(LinearMethod):
+    """``weight`` ``[N, K]`` and ``bias`` ``[N]`` as ``nn.Linear`` holds them.
+
+    After loading, a CPU weight is packed (:func:`~kvflow.runtime.layers.matmul.pack_weight`)
+    into the layer's ``packed_weight``, for the fused SwiGLU where the layer's
+    ``fuses_silu_mul`` says so. :meth:`apply` runs a CPU row block through the packed copy,
+    a single CUDA row through the Triton GEMV, everything else through ``F.linear``.
+    """
+
+    def create_weights(
+        self,
+        layer: LinearLayer,
+        input_size: int,
+        output_sizes: Sequence[int],
+        bias: bool,
+    ) -> None:
+        output_size = sum(output_sizes)
+        weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
+        layer.register_parameter("weight", weight)
+        bias_param = nn.Parameter(torch.empty(output_size), requires_grad=False) if bias else None
+        layer.register_parameter("bias", bias_param)
+        setattr(layer, _PACKED, None)
+
+    def process_weights_after_loading(self, layer: LinearLayer) -> None:
+        fused = layer.fuses_silu_mul and layer.bias is None
+        setattr(layer, _PACKED, pack_weight(layer.weight, silu_mul=fused))
+
+    def apply(self, layer: LinearLayer, x: torch.Tensor) -> torch.Tensor:
+        packed: PackedWeight | None = layer.__dict__[_PACKED]
+        if packed is not None and packed.takes(x) and packed.plain_for(x):
+            return packed.matmul(x, layer.bias)
+        if not one_row(x):
+            return F.linear(x, layer.weight, layer.bias)
+        out = kernels.gemv(x, layer.weight)
+        return out if layer.bias is None else out + layer.bias
+
+    def apply_silu_mul(self, layer: LinearLayer, x: torch.Tensor) -> torch.Tensor:
+        """One native matmul with the activation applied as it writes, where the weight was
+        packed for it (the ``[tokens, 2 * intermediate]`` product is never materialized)."""
+        packed: PackedWeight | None = layer.__dict__[_PACKED]
+        if packed is not None and packed.silu_mul and packed.takes(x) and packed.native_for(x):
+            return packed.silu_mul_matmul(x)
+        return super().apply_silu_mul(layer, x)

@@ -1,0 +1,126 @@
+"""The decoder stack every family shares: embedding, layers, final norm, LM head, and the
+loading of Hugging Face-named tensors into merged projections."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from kvflow.runtime.attention import AttentionBackend
+from kvflow.runtime.config import ModelConfig
+from kvflow.runtime.forward_batch import ForwardBatch
+from kvflow.runtime.layers import (
+    LinearBase,
+    LinearMethod,
+    PackedWeight,
+    ReplicatedLinear,
+    RMSNorm,
+    RotaryEmbedding,
+    matmul_weight,
+    pack_weight,
+)
+
+__all__ = ["CausalLM"]
+
+
+class CausalLM(nn.Module, ABC):
+    """``forward`` returns hidden states of the new tokens; ``compute_logits`` the logits.
+
+    A family names its decoder layer (:meth:`build_layer`) and how checkpoint tensors map
+    onto merged projections (:attr:`stacked_params`). ``linear_method`` (default
+    unquantized) goes to every projection of the layers; the LM head stays unquantized.
+    """
+
+    # checkpoint name part -> (our name part, shard id of the merged projection)
+    stacked_params: ClassVar[dict[str, tuple[str, int | str]]] = {}
+
+    def __init__(self, config: ModelConfig, linear_method: LinearMethod | None = None) -> None:
+        super().__init__()
+        self.config = config
+        rotary = RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+        )
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            self.build_layer(i, rotary, linear_method) for i in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.packed_head: PackedWeight | None = None  # a tied head's, on CPU
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else ReplicatedLinear(config.hidden_size, config.vocab_size, bias=False)
+        )
+
+    @abstractmethod
+    def build_layer(
+        self, layer_id: int, rotary: RotaryEmbedding, method: LinearMethod | None
+    ) -> nn.Module:
+        """One decoder layer: ``(positions, hidden, residual, fb, attn) -> (hidden,
+        residual)``, ``residual`` None at the first layer."""
+
+    def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        hidden = self.embed_tokens(fb.input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(fb.positions, hidden, residual, fb, attn)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[tokens, hidden]`` -> float32 ``[tokens, vocab]``."""
+        if self.lm_head is not None:
+            return self.lm_head(hidden).float()
+        return matmul_weight(hidden, self.embed_tokens.weight, self.packed_head).float()
+
+    def process_weights_after_loading(self) -> None:
+        """Each projection's method prepares its weights (on CPU: packed copies), and a
+        tied head is packed; run once the weights are loaded."""
+        for module in self.modules():
+            if isinstance(module, LinearBase):
+                module.process_weights_after_loading()
+        if self.lm_head is None:
+            self.packed_head = pack_weight(self.embed_tokens.weight)
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face-named tensors into the parameters, merged ones shard by shard;
+        raises if a tensor has no parameter or a parameter (or shard) gets no tensor."""
+        params = dict(self.named_parameters())
+        modules = dict(self.named_modules())
+        loaded: set[tuple[str, int | str | None]] = set()
+        for hf_name, tensor in weights:
+            name = hf_name.removeprefix("model.")
+            if "rotary_emb" in name:
+                continue
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue  # tied: the embedding is the head
+            shard_id: int | str | None = None
+            for part, (ours, shard) in self.stacked_params.items():
+                if f".{part}." in name:
+                    name, shard_id = name.replace(part, ours), shard
+                    break
+            if name not in params:
+                raise KeyError(f"checkpoint tensor {hf_name!r} has no matching parameter")
+            owner = modules[name.rpartition(".")[0]]
+            if isinstance(owner, LinearBase):
+                owner.weight_loader(params[name], tensor, shard_id)
+            else:
+                params[name].data.copy_(tensor)
+            loaded.add((name, shard_id))
+        missing = sorted(f"{n}#{s}" if s is not None else n for n, s in self._expected() - loaded)
+        if missing:
+            raise KeyError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+
+    def _expected(self) -> set[tuple[str, int | str | None]]:
+        """(parameter, shard id) pairs a checkpoint fills."""
+        expected: set[tuple[str, int | str | None]] = set()
+        for prefix, module in self.named_modules():
+            shards = module.shard_ids if isinstance(module, LinearBase) else (None,)
+            for name, _ in module.named_parameters(prefix=prefix, recurse=False):
+                expected.update((name, shard) for shard in shards)
+        return expected
