@@ -20,16 +20,14 @@ tensors, which are allocated once at start-up and never reallocated;
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from kvflow.runtime.forward_batch import ForwardBatch, ForwardMode
 
-if TYPE_CHECKING:
-    from kvflow.runtime.model_runner import ModelRunner
-
-__all__ = ["CudaGraphRunner", "capture_batch_sizes"]
+__all__ = ["CudaGraphRunner", "GraphAttention", "capture_batch_sizes"]
 logger = logging.getLogger(__name__)
 
 _ROWS = ("input_ids", "positions", "out_cache_loc", "req_pool_indices", "seq_lens")
@@ -41,12 +39,32 @@ def capture_batch_sizes(max_bs: int) -> list[int]:
     return sorted(set(sizes))
 
 
+@runtime_checkable
+class GraphAttention(Protocol):
+    """What an attention backend adds to run inside CUDA graphs: metadata buffers at fixed
+    addresses, allocated once for the largest batch and refilled before each replay."""
+
+    def init_capture(self, max_bs: int) -> None: ...
+
+    def fill_replay(self, fb: ForwardBatch, padded_bs: int) -> None:
+        """Write ``fb``'s metadata into the static buffers, padded to ``padded_bs`` rows."""
+
+
 class CudaGraphRunner:
-    def __init__(self, runner: ModelRunner, max_bs: int) -> None:
-        self.runner = runner
+    """Captures ``run_model`` (a decode batch whose attention metadata ``attn`` has
+    filled -> last-position logits) once per batch size and replays it."""
+
+    def __init__(
+        self,
+        run_model: Callable[[ForwardBatch], torch.Tensor],
+        attn: GraphAttention,
+        device: str,
+        max_bs: int,
+    ) -> None:
+        self.run_model = run_model
+        self.attn = attn
         self.sizes = capture_batch_sizes(max_bs)
         self.max_bs = self.sizes[-1]
-        device = runner.device
         self.inputs = torch.zeros((len(_ROWS), self.max_bs), dtype=torch.int64, device=device)
         self.inputs[_ROWS.index("seq_lens")] = 1
         # What padding rows hold: one token at position 0 in table row 0, writing the
@@ -66,21 +84,21 @@ class CudaGraphRunner:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        attn = self.runner.attn
-        attn.init_capture(self.max_bs)  # type: ignore[attr-defined]
+        attn = self.attn
+        attn.init_capture(self.max_bs)
         self.graphs.clear()
         self.logits.clear()
         stream = torch.cuda.Stream()
         for bs in reversed(self.sizes):  # largest first: later graphs reuse its pool memory
             fb = self._static_batch(bs)
-            attn.fill_replay(fb, bs)  # type: ignore[attr-defined]
+            attn.fill_replay(fb, bs)
             with torch.cuda.stream(stream):
                 for _ in range(2):  # warm up (Triton autotuning, lazy init) outside capture
-                    self.runner.run_model(fb)
+                    self.run_model(fb)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                self.logits[bs] = self.runner.run_model(fb)
+                self.logits[bs] = self.run_model(fb)
             self.pool = graph.pool()
             self.graphs[bs] = graph
         torch.cuda.synchronize()
@@ -97,7 +115,7 @@ class CudaGraphRunner:
         self.inputs[:, :bs].copy_(torch.stack([getattr(fb, name) for name in _ROWS]))
         if padded > bs:
             self.inputs[:, bs:padded].copy_(self.padding[:, bs:padded])
-        self.runner.attn.fill_replay(fb, padded)  # type: ignore[attr-defined]
+        self.attn.fill_replay(fb, padded)
         self._staged = fb
 
     def replay(self, fb: ForwardBatch) -> torch.Tensor:

@@ -8,7 +8,7 @@ import torch
 
 from kvflow.runtime.attention import ATTENTION_BACKENDS
 from kvflow.runtime.config import EngineConfig, ModelConfig
-from kvflow.runtime.cuda_graph import CudaGraphRunner
+from kvflow.runtime.cuda_graph import CudaGraphRunner, GraphAttention
 from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.mem import KVPool, ReqToTokenPool, TokenToKVPoolAllocator
 from kvflow.runtime.models.loader import load_model, resolve_model_path
@@ -60,8 +60,6 @@ class ModelRunner:
         self.model = load_model(
             self.model_path, mc, config.load_format, self.dtype, self.device, config.seed
         )
-        if self.device == "cpu" and hasattr(self.model, "pack_for_cpu"):
-            self.model.pack_for_cpu()
         self.vocab_size = mc.vocab_size
         self.context_len = min(
             config.context_length or mc.max_position_embeddings, mc.max_position_embeddings
@@ -92,12 +90,12 @@ class ModelRunner:
         self.sampler = Sampler(mc.vocab_size, self.device)
         self.graph_runner: CudaGraphRunner | None = None
         if self.device.startswith("cuda") and not config.disable_cuda_graph:
-            if config.attention_backend != "triton":
+            if not isinstance(self.attn, GraphAttention):
                 raise ValueError(
                     "CUDA graphs need the triton attention backend (or --disable-cuda-graph)"
                 )
             max_bs = min(config.cuda_graph_max_bs, config.max_running_requests)
-            self.graph_runner = CudaGraphRunner(self, max_bs)
+            self.graph_runner = CudaGraphRunner(self.run_model, self.attn, self.device, max_bs)
             self.graph_runner.capture()
         logger.info(
             "KV cache: %d tokens in pages of %d (%s)",
