@@ -59,6 +59,7 @@ def random_ids(rng: random.Random, n: int, vocab: int) -> list[int]:
 def bench_decode(batch_sizes=(1, 8, 32, 64, 128), context=1024, steps=30) -> list[dict]:
     from kvflow.runtime.sampling import SamplingParams
     from kvflow.runtime.scheduler import Req
+    from kvflow.runtime.wire import GenerateRequest
 
     engine = make_engine(
         max_running_requests=max(batch_sizes),
@@ -74,7 +75,14 @@ def bench_decode(batch_sizes=(1, 8, 32, 64, 128), context=1024, steps=30) -> lis
     for bs in batch_sizes:
         params = SamplingParams(temperature=0, max_new_tokens=2 * steps + 10, ignore_eos=True)
         reqs = [
-            Req(f"d{bs}-{i}", random_ids(rng, context, mc.vocab_size), params) for i in range(bs)
+            Req(
+                GenerateRequest(
+                    rid=f"d{bs}-{i}",
+                    input_ids=random_ids(rng, context, mc.vocab_size),
+                    sampling=params,
+                )
+            )
+            for i in range(bs)
         ]
         for req in reqs:
             sched.add_request(req)
@@ -132,6 +140,7 @@ def bench_decode(batch_sizes=(1, 8, 32, 64, 128), context=1024, steps=30) -> lis
 def bench_prefill(length=4096, repeats=5) -> dict:
     from kvflow.runtime.sampling import SamplingParams
     from kvflow.runtime.scheduler import Req
+    from kvflow.runtime.wire import GenerateRequest
 
     engine = make_engine(
         chunked_prefill_size=length, max_prefill_tokens=length, disable_radix_cache=True
@@ -141,9 +150,11 @@ def bench_prefill(length=4096, repeats=5) -> dict:
     times = []
     for i in range(repeats + 1):
         req = Req(
-            f"p{i}",
-            random_ids(rng, length, mc.vocab_size),
-            SamplingParams(max_new_tokens=1, temperature=0),
+            GenerateRequest(
+                rid=f"p{i}",
+                input_ids=random_ids(rng, length, mc.vocab_size),
+                sampling=SamplingParams(max_new_tokens=1, temperature=0),
+            )
         )
         sched.add_request(req)
         torch.cuda.synchronize()
@@ -205,6 +216,7 @@ def bench_throughput(count=500) -> dict:
 def bench_online(count=100, rate=1.0) -> dict:
     from kvflow.runtime.sampling import SamplingParams
     from kvflow.runtime.scheduler import Req
+    from kvflow.runtime.wire import GenerateRequest
 
     engine = make_engine(max_running_requests=256, cuda_graph_max_bs=256)
     sched = engine.scheduler
@@ -215,7 +227,13 @@ def bench_online(count=100, rate=1.0) -> dict:
         t += rng.expovariate(rate)
         arrivals.append(t)
     reqs = [
-        Req(f"o{i}", ids, SamplingParams(max_new_tokens=n, ignore_eos=True, temperature=0))
+        Req(
+            GenerateRequest(
+                rid=f"o{i}",
+                input_ids=ids,
+                sampling=SamplingParams(max_new_tokens=n, ignore_eos=True, temperature=0),
+            )
+        )
         for i, (ids, n) in enumerate(work)
     ]
     token_times: dict[str, list[float]] = {r.rid: [] for r in reqs}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvflow.runtime.config import EngineConfig
@@ -12,7 +12,7 @@ from kvflow.runtime.detokenizer import TextStream
 from kvflow.runtime.model_runner import ModelRunner
 from kvflow.runtime.scheduler import Req, ReqFactory, Scheduler
 from kvflow.runtime.tokenizer import load_tokenizer, tokenizer_folder
-from kvflow.runtime.wire import FinishReason, SamplingParams, TokenOutput
+from kvflow.runtime.wire import FinishReason, GenerateRequest, SamplingParams, TokenOutput
 
 __all__ = ["Engine", "GenerateResult", "Usage"]
 
@@ -139,21 +139,22 @@ class Engine:
         if any(not 0 <= t < vocab for t in ids):
             raise ValueError(f"input token ids must be in [0, {vocab})")
         params.validate(vocab)
+        message = GenerateRequest(
+            input_ids=ids,
+            sampling=params,
+            return_logprob=return_logprob,
+            top_logprobs_num=top_logprobs_num,
+            extra_key=extra_key,
+        )
         samples = params.expand_n()
         if len(samples) > 1:
             # Prefill the shared prompt once; the n samples then hit the prefix cache.
-            self._run([self._req(ids, params.prefill_only(), False, 0, extra_key)])
-        return [self._req(ids, s, return_logprob, top_logprobs_num, extra_key) for s in samples]
+            warm = replace(message, sampling=params.prefill_only(), return_logprob=False)
+            self._run([self._req(warm)])
+        return [self._req(replace(message, sampling=s)) for s in samples]
 
-    def _req(self, ids, params, return_logprob, top_logprobs_num, extra_key) -> Req:
-        return self.reqs.make(
-            f"req-{next(self._rids)}",
-            ids,
-            params,
-            extra_key=extra_key,
-            return_logprob=return_logprob,
-            top_logprobs_num=top_logprobs_num,
-        )
+    def _req(self, message: GenerateRequest) -> Req:
+        return self.reqs.make(replace(message, rid=f"req-{next(self._rids)}"))
 
     def _run(self, reqs: list[Req]) -> dict[str, GenerateResult]:
         for req in reqs:

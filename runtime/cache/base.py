@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 if TYPE_CHECKING:
+    from kvflow.runtime.core import Req
     from kvflow.runtime.mem import ReqToTokenPool, TokenToKVPoolAllocator
-    from kvflow.runtime.scheduler.req import Req
     from kvflow.runtime.wire.hicache import HiCacheStats
 
 __all__ = ["MatchResult", "PrefixCache"]

@@ -129,28 +129,13 @@ class HiRadixCache(RadixCache):
 
     # -- matching --------------------------------------------------------------------------
     def match_prefix(self, token_ids: list[int], extra_key: str | None = None) -> MatchResult:
-        key = self._aligned(token_ids)
-        node: HiTreeNode = self._root(extra_key)  # type: ignore[assignment]
-        values: list[torch.Tensor] = []
-        device_end, host_len = node, 0
-        while key:
-            child: HiTreeNode | None = node.children.get(self._edge(key))  # type: ignore[assignment]
-            if child is None:
-                break
-            self._touch(child)
-            n = self._common_len(child.key, key)
-            if n == 0:
-                break
-            if n < len(child.key):
-                child = self._split(child, n)  # type: ignore[assignment]
-            if child.on_device:
-                values.append(child.value)
-                device_end = child
-            else:
-                host_len += n
-            node, key = child, key[n:]
+        path: list[HiTreeNode] = self._match_path(token_ids, extra_key)  # type: ignore[assignment]
+        device = [node for node in path if node.on_device]
+        host_len = sum(len(node.key) for node in path if not node.on_device)
+        values = [node.value for node in device]
         kv = torch.cat(values) if values else torch.empty(0, dtype=torch.int64)
-        return MatchResult(kv, device_end, host_len, node if host_len else None)
+        device_end = device[-1] if device else self._root(extra_key)
+        return MatchResult(kv, device_end, host_len, path[-1] if host_len else None)
 
     def _split(self, child: TreeNode, at: int) -> TreeNode:
         assert isinstance(child, HiTreeNode)

@@ -9,7 +9,7 @@ import torch
 from kvflow.runtime.cache.base import MatchResult, PrefixCache
 
 if TYPE_CHECKING:
-    from kvflow.runtime.scheduler.req import Req
+    from kvflow.runtime.core import Req
 
 __all__ = ["NoPrefixCache"]
 

@@ -21,8 +21,8 @@ import torch
 from kvflow.runtime.cache.base import MatchResult, PrefixCache
 
 if TYPE_CHECKING:
+    from kvflow.runtime.core import Req
     from kvflow.runtime.mem import ReqToTokenPool, TokenToKVPoolAllocator
-    from kvflow.runtime.scheduler.req import Req
 
 __all__ = ["RadixCache", "TreeNode"]
 
@@ -100,9 +100,17 @@ class RadixCache(PrefixCache):
         return token_ids[: len(token_ids) - len(token_ids) % self.page_size]
 
     def match_prefix(self, token_ids: list[int], extra_key: str | None = None) -> MatchResult:
+        path = self._match_path(token_ids, extra_key)
+        values = [node.value for node in path]
+        kv = torch.cat(values) if values else torch.empty(0, dtype=torch.int64)
+        return MatchResult(kv, path[-1] if path else self._root(extra_key))
+
+    def _match_path(self, token_ids: list[int], extra_key: str | None) -> list[TreeNode]:
+        """The nodes from the root's child down that ``token_ids`` (page-aligned) matches,
+        each touched; the last one is split where the match ends inside it."""
         key = self._aligned(token_ids)
         node = self._root(extra_key)
-        values = []
+        path: list[TreeNode] = []
         while key:
             child = node.children.get(self._edge(key))
             if child is None:
@@ -113,10 +121,9 @@ class RadixCache(PrefixCache):
                 break
             if n < len(child.key):
                 child = self._split(child, n)
-            values.append(child.value)
+            path.append(child)
             node, key = child, key[n:]
-        kv = torch.cat(values) if values else torch.empty(0, dtype=torch.int64)
-        return MatchResult(kv, node)
+        return path
 
     def insert(
         self, token_ids: list[int], kv_indices: torch.Tensor, extra_key: str | None = None

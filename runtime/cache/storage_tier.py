@@ -34,7 +34,7 @@ from kvflow.runtime.cache.storage import (
 from kvflow.runtime.mem.host_pool import HostKVPool
 
 if TYPE_CHECKING:
-    from kvflow.runtime.scheduler.req import Req
+    from kvflow.runtime.core import Req
 
 __all__ = ["GRACE_S", "MIN_PREFETCH_TOKENS", "Prefetch", "StorageTier"]
 logger = logging.getLogger(__name__)

@@ -21,16 +21,19 @@ logprobs come with the prefill's result.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
 
+from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.disagg.layout import layout_of
 from kvflow.runtime.disagg.roles import Role, RoleStats
-from kvflow.runtime.disagg.transport import KVTransport
+from kvflow.runtime.disagg.transport import KVTransferOptions
 from kvflow.runtime.disagg.watcher import Outcome, RoomWatcher
-from kvflow.runtime.scheduler import Req, Scheduler
+from kvflow.runtime.scheduler import Req, SchedulerPort
 from kvflow.runtime.wire import TokenOutput
+from kvflow.runtime.wire.disagg import PrefillResult, pairing_problem
 
 __all__ = ["DecodeRole"]
 logger = logging.getLogger("kvflow.decode")
@@ -41,11 +44,22 @@ def _grammar_ready(req: Req) -> bool:
 
 
 class DecodeRole(Role):
-    def __init__(self, scheduler: Scheduler, *, transport: KVTransport, timeout_s: float) -> None:
-        super().__init__(scheduler)
-        runner = scheduler.runner
-        self.transport = transport
-        self.layout = layout_of(runner.kv_pool, runner.model_config, runner.page_size)
+    """Owns the pre-allocation and transfer queues (SGLang's names), the requests whose KV
+    arrived before their grammar compiled, and the slots quarantined after failures."""
+
+    name = "decode"
+
+    @classmethod
+    def engine_config(cls, config: EngineConfig) -> EngineConfig:
+        """Every prompt's KV comes from the prefill: no prefix cache here."""
+        return dataclasses.replace(config, disable_radix_cache=True)
+
+    def __init__(self, port: SchedulerPort, transfer: KVTransferOptions) -> None:
+        super().__init__(port)
+        timeout_s = transfer.timeout_s
+        self.transport = transport = transfer.transport()
+        self.layout = layout_of(port.kv_pool, port.model_config, port.page_size)
+        self.vocab_size = port.model_config.vocab_size
         for region in self.layout.regions():
             transport.register(region.ptr, region.nbytes)
         self.watcher = RoomWatcher(transport.session_id, self.layout, timeout_s)
@@ -64,14 +78,12 @@ class DecodeRole(Role):
         return RoleStats(decode_prealloc=len(self.prealloc), decode_transfer=len(self.transferring))
 
     def add(self, req: Req) -> None:
-        if req.bootstrap is None:
-            raise ValueError(
-                "this server runs the decode role: requests come through a PD router with "
-                "bootstrap_host, bootstrap_port and bootstrap_room"
-            )
+        problem = pairing_problem(self.name, req.bootstrap)
+        if problem:
+            raise ValueError(problem)
         if req.rid in self.transferring:
             raise ValueError(f"request {req.rid} is in flight already")
-        self.scheduler.check_fits(req)
+        self.port.check_fits(req)
         self.prealloc.append(req)
 
     def busy(self) -> bool:
@@ -81,29 +93,26 @@ class DecodeRole(Role):
         for req in self.prealloc:
             if req.rid == rid:
                 self.prealloc.remove(req)
-                req.abort(message)
-                return self.scheduler.make_output(req, [])
+                return self.port.finish(req, message)
         for req, outcome in self.arrived:
             if req.rid == rid:
                 self.arrived.remove((req, outcome))
-                self.scheduler.cache.release_req(req)
-                req.abort(message)
-                return self.scheduler.make_output(req, [])
+                self.port.free(req)
+                return self.port.finish(req, message)
         req = self.transferring.get(rid)
         if req is None or rid in self.abandoned:
             return None
         assert req.bootstrap is not None
         self.abandoned.add(rid)
         self.watcher.cancel(req.bootstrap)
-        req.abort(message)
-        return self.scheduler.make_output(req, [])
+        return self.port.finish(req, message)
 
     def poll(self) -> list[TokenOutput]:
         outputs: list[TokenOutput] = []
         now = time.monotonic()
         for free_at, req in [q for q in self.quarantine if q[0] <= now]:
             self.quarantine.remove((free_at, req))
-            self.scheduler.cache.release_req(req)
+            self.port.free(req)
         for key, outcome in self.watcher.done():
             req = self.transferring.pop(key)
             if key in self.abandoned:
@@ -113,55 +122,44 @@ class DecodeRole(Role):
                 self.arrived.append((req, outcome))
             else:
                 self._release_after(outcome, req)
-                req.abort(f"prefill failed: {outcome.message or outcome.state}", retryable=True)
-                outputs.append(self.scheduler.make_output(req, []))
+                why = f"prefill failed: {outcome.message or outcome.state}"
+                outputs.append(self.port.finish(req, why, retryable=True))
         for req, outcome in [a for a in self.arrived if _grammar_ready(a[0])]:
             self.arrived.remove((req, outcome))
             outputs += self._join(req, outcome.result)
-        while self.prealloc and self._preallocate(self.prealloc[0]):
+        while self.prealloc and self.port.preallocate(self.prealloc[0]):
             req = self.prealloc.pop(0)
             assert req.bootstrap is not None
-            slots = self.scheduler.runner.req_to_token.read(
-                req.req_pool_idx, len(req.origin_input_ids)
-            )
+            slots = self.port.prompt_slots(req, len(req.origin_input_ids))
             self.transferring[req.rid] = req
-            self.watcher.claim(req.rid, req.bootstrap, slots.tolist())
+            self.watcher.claim(req.rid, req.bootstrap, slots)
         return outputs
 
-    def _join(self, req: Req, result: dict[str, Any]) -> list[TokenOutput]:
+    def _join(self, req: Req, body: dict[str, Any]) -> list[TokenOutput]:
         """A request whose prompt KV arrived joins the running batch with the prefill's
-        first token (or ends here if its grammar failed to compile)."""
+        first token (or ends here: its grammar failed to compile, or the prefill's result
+        is not one this contract allows)."""
         if req.grammar is not None and req.grammar.error is not None:
-            self.scheduler.cache.release_req(req)
-            req.abort(req.grammar.error)
-            return [self.scheduler.make_output(req, [])]
-        if req.input_logprobs is not None and result.get("input_logprobs") is not None:
-            req.input_logprobs.fill(result["input_logprobs"], result.get("input_top_logprobs"))
-        top = result.get("top_logprobs")
-        top = [tuple(pair) for pair in top] if top else None
-        req.cached_tokens = int(result.get("cached_tokens") or 0)
-        return self.scheduler.add_prefilled(
-            req, result.get("first_token"), result.get("logprob"), top
-        )
+            self.port.free(req)
+            return [self.port.finish(req, req.grammar.error)]
+        try:
+            result = PrefillResult.from_json(body, self.vocab_size)
+            if req.input_logprobs is not None and result.input_logprobs is not None:
+                tops = (
+                    None if result.input_top_logprobs is None else list(result.input_top_logprobs)
+                )
+                req.input_logprobs.fill(list(result.input_logprobs), tops)
+        except ValueError as err:
+            logger.warning("room of %s: the prefill's result is refused: %s", req.rid, err)
+            self.port.free(req)
+            return [self.port.finish(req, f"the prefill's result is invalid: {err}", True)]
+        top = list(result.top_logprobs) if result.top_logprobs else None
+        req.cached_tokens = result.cached_tokens
+        return self.port.join_running(req, result.first_token, result.logprob, top)
 
     def _release_after(self, outcome: Outcome, req: Req) -> None:
         """Free the slots of a room that ended; after a failure, one timeout later."""
         if outcome.state == "failed":
             self.quarantine.append((time.monotonic() + self.timeout_s, req))
         else:
-            self.scheduler.cache.release_req(req)
-
-    def _preallocate(self, req: Req) -> bool:
-        """A row and slots for the whole prompt, if they fit beside the running requests'
-        reserved growth; nothing is taken otherwise."""
-        sched, kv = self.scheduler, self.scheduler.kv
-        prompt_len = len(req.origin_input_ids)
-        reserved = sum(sched.reserve(r) for r in sched.running)
-        if kv.available_tokens() - reserved < prompt_len + kv.page_size:
-            return False
-        if not kv.admit(req):
-            return False
-        if kv.grow(req, prompt_len) is None:
-            sched.cache.release_req(req)
-            return False
-        return True
+            self.port.free(req)

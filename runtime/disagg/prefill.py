@@ -29,34 +29,34 @@ from kvflow.runtime.disagg.plan import transfer_plan
 from kvflow.runtime.disagg.roles import Role, RoleStats
 from kvflow.runtime.disagg.rooms import Claim, Rooms
 from kvflow.runtime.disagg.transfer_log import TransferLog, timed_write
-from kvflow.runtime.disagg.transport import KVTransport
-from kvflow.runtime.scheduler import Req, Scheduler
-from kvflow.runtime.wire import TokenOutput
+from kvflow.runtime.disagg.transport import KVTransferOptions
+from kvflow.runtime.scheduler import Req, SchedulerPort
+from kvflow.runtime.wire import GenerateRequest, TokenOutput
+from kvflow.runtime.wire.disagg import PrefillResult, pairing_problem
 
 __all__ = ["PrefillRole"]
 logger = logging.getLogger("kvflow.prefill")
 
 
 class PrefillRole(Role):
-    def __init__(
-        self,
-        scheduler: Scheduler,
-        *,
-        transport: KVTransport,
-        bootstrap_host: str,
-        bootstrap_port: int,
-        timeout_s: float,
-    ) -> None:
-        super().__init__(scheduler)
-        runner = scheduler.runner
-        scheduler.park_finished = True
-        self.transport = transport
-        self.layout = layout_of(runner.kv_pool, runner.model_config, runner.page_size)
+    """Owns the inflight queue (SGLang's name): prefilled requests whose KV waits for its
+    decode's claim or is on its way; the scheduler parks them (their KV locked) for it."""
+
+    name = "prefill"
+    parks_finished = True
+
+    def __init__(self, port: SchedulerPort, transfer: KVTransferOptions) -> None:
+        super().__init__(port)
+        self.transport = transport = transfer.transport()
+        self.layout = layout_of(port.kv_pool, port.model_config, port.page_size)
         for region in self.layout.regions():
             transport.register(region.ptr, region.nbytes)
-        self.rooms = Rooms(timeout_s)
-        self.server = BootstrapServer(bootstrap_host, bootstrap_port, self.layout, self.rooms)
+        self.rooms = Rooms(transfer.timeout_s)
+        self.server = BootstrapServer(
+            transfer.bootstrap_host, transfer.bootstrap_port, self.layout, self.rooms
+        )
         self.server.start()
+        self.inflight: list[Req] = []
         self._sender = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvflow-kv-send")
         self._sends: dict[str, _Send] = {}  # rid -> its KV on the way (early or whole)
         self._room_of: dict[str, int] = {}  # rid -> room, while the scheduler has the request
@@ -66,20 +66,23 @@ class PrefillRole(Role):
         return {"bootstrap_port": self.server.port, "kv_session": self.transport.session_id}
 
     def stats(self) -> RoleStats:
-        return RoleStats(
-            prefill_inflight=len(self.scheduler.parked), transfers=self.transfers.totals()
-        )
+        return RoleStats(prefill_inflight=len(self.inflight), transfers=self.transfers.totals())
+
+    def prepare(self, message: GenerateRequest) -> GenerateRequest:
+        """The prefill samples the first token only; the decode makes the rest."""
+        if message.sampling.max_new_tokens <= 1:
+            return message
+        return replace(message, sampling=message.sampling.replace(max_new_tokens=1))
 
     def add(self, req: Req) -> None:
-        if req.bootstrap is None:
-            raise ValueError(
-                "this server runs the prefill role: requests come through a PD router with "
-                "bootstrap_host, bootstrap_port and bootstrap_room"
-            )
+        problem = pairing_problem(self.name, req.bootstrap)
+        if problem:
+            raise ValueError(problem)
+        assert req.bootstrap is not None
         problem = self.rooms.arrive(req.bootstrap.room)
         if problem:
             raise ValueError(problem)
-        self.scheduler.add_request(req)
+        self.port.admit(req)
         self._room_of[req.rid] = req.bootstrap.room
 
     def observe(self, outputs: list[TokenOutput]) -> list[TokenOutput]:
@@ -87,6 +90,7 @@ class PrefillRole(Role):
         room's result and the decode answers them; this half answers an empty list, so a
         router that concatenates the halves' ``input_token_logprobs`` (SGLang's) gets each
         once."""
+        self.inflight += self.port.take_parked()
         for out in outputs:
             if out.finish_reason is None:
                 continue
@@ -103,20 +107,20 @@ class PrefillRole(Role):
         ]
 
     def abort(self, rid: str, message: str) -> TokenOutput | None:
-        for req in self.scheduler.parked:
+        for req in list(self.inflight):
             if req.rid == rid and rid not in self._sends:
                 self._give_up(req, f"aborted at the prefill: {message}")
         return None  # its output (the first token) was sent already
 
     def busy(self) -> bool:
-        return bool(self.scheduler.parked)
+        return bool(self.inflight)
 
     def poll(self) -> list[TokenOutput]:
         self.rooms.expire()
-        chunked = self.scheduler.chunked
+        chunked = self.port.chunked
         if chunked is not None and chunked.bootstrap is not None:
             self._send_early(chunked)
-        for req in list(self.scheduler.parked):
+        for req in list(self.inflight):
             assert req.bootstrap is not None
             send = self._sends.get(req.rid)
             if send is None:
@@ -165,8 +169,8 @@ class PrefillRole(Role):
         begin = send.sent
         if end <= begin or send.failed():
             return
-        src = self.scheduler.runner.req_to_token.read(req.req_pool_idx, end, begin)
-        writes = transfer_plan(self.layout, send.peer, src.tolist(), send.claim.slots[begin:end])
+        src = self.port.prompt_slots(req, end, begin)
+        writes = transfer_plan(self.layout, send.peer, src, send.claim.slots[begin:end])
         send.writes.append(
             self._sender.submit(timed_write, self.transport.write, send.claim.session, writes)
         )
@@ -186,22 +190,28 @@ class PrefillRole(Role):
             return
         for future in send.writes:
             self.transfers.record(future.result())
-        result: dict[str, Any] = {
-            "first_token": req.output_ids[0] if req.output_ids else None,
-            "logprob": req.output_logprobs[0] if req.output_logprobs else None,
-            "top_logprobs": req.output_top_logprobs[0] if req.output_top_logprobs else None,
-            "cached_tokens": req.cached_tokens,
-        }
-        if req.input_logprobs is not None and req.input_logprobs.complete:
-            result["input_logprobs"] = req.input_logprobs.values
-            result["input_top_logprobs"] = req.input_logprobs.tops
-        self.scheduler.release_parked(req)
-        self.rooms.finish(req.bootstrap.room, "done", result)
+        prompt = req.input_logprobs
+        complete = prompt is not None and prompt.complete
+        top = req.output_top_logprobs[0] if req.output_top_logprobs else None
+        result = PrefillResult(
+            first_token=req.output_ids[0] if req.output_ids else None,
+            logprob=req.output_logprobs[0] if req.output_logprobs else None,
+            top_logprobs=None if top is None else tuple(top),
+            cached_tokens=req.cached_tokens,
+            input_logprobs=tuple(prompt.values) if complete else None,
+            input_top_logprobs=tuple(prompt.tops) if complete else None,
+        )
+        self._release(req)
+        self.rooms.finish(req.bootstrap.room, "done", result.to_json())
 
     def _give_up(self, req: Req, why: str) -> None:
         assert req.bootstrap is not None
-        self.scheduler.release_parked(req)
+        self._release(req)
         self.rooms.finish(req.bootstrap.room, "failed", {}, why)
+
+    def _release(self, req: Req) -> None:
+        self.inflight.remove(req)
+        self.port.release(req)
 
 
 @dataclass

@@ -1,17 +1,27 @@
 """What the scheduler process runs around its scheduler, by role: ``unified`` passes
-requests straight through; ``prefill`` and ``decode`` add the queues of disaggregation
-(:mod:`kvflow.runtime.disagg.prefill`, :mod:`kvflow.runtime.disagg.decode`)."""
+requests straight through; ``prefill`` and ``decode`` own the queues of disaggregation
+(:mod:`kvflow.runtime.disagg.prefill`, :mod:`kvflow.runtime.disagg.decode`) and reach the
+scheduler only through its :class:`~kvflow.runtime.scheduler.SchedulerPort`.
+
+Everything a role changes about the engine is declared on its class, in one place:
+:meth:`Role.engine_config` (the decode keeps no prefix cache), :attr:`Role.parks_finished`
+(the prefill keeps finished requests' KV until it is sent) and :meth:`Role.prepare` (the
+prefill samples only the first token).
+"""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
+from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.disagg.transfer_log import TransferTotals
-from kvflow.runtime.scheduler import Req, Scheduler
-from kvflow.runtime.wire import TokenOutput
+from kvflow.runtime.disagg.transport import KVTransferOptions
+from kvflow.runtime.scheduler import Req, SchedulerPort
+from kvflow.runtime.utils import Registry
+from kvflow.runtime.wire import GenerateRequest, TokenOutput
+from kvflow.runtime.wire.disagg import pairing_problem
 
-__all__ = ["ROLE_CLASSES", "Role", "RoleStats", "UnifiedRole", "make_role"]
+__all__ = ["ROLES", "Role", "RoleStats", "UnifiedRole", "make_role"]
 
 
 class RoleStats(NamedTuple):
@@ -24,22 +34,34 @@ class RoleStats(NamedTuple):
 
 
 class Role:
-    """The scheduler process's hooks. The loop calls, in order each iteration: :meth:`add`
-    for new requests (``ValueError`` refuses one), :meth:`poll` (outputs of requests the
-    role finished outside the scheduler), the scheduler's step; :meth:`observe` sees the
-    outputs of the step and of handled messages (aborts) and returns what is sent on.
-    :meth:`abort` ends a request the role holds outside the scheduler
-    (None if it holds no such request). :meth:`busy` keeps the loop from idling."""
+    """The scheduler process's hooks. The loop calls, in order each iteration:
+    :meth:`prepare` then :meth:`add` for new requests (``ValueError`` refuses one),
+    :meth:`poll` (outputs of requests the role finished outside the scheduler), the
+    scheduler's step; :meth:`observe` sees the outputs of the step and of handled messages
+    (aborts) and returns what is sent on. :meth:`abort` ends a request the role holds
+    outside the scheduler (None if it holds no such request). :meth:`busy` keeps the loop
+    from idling."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        self.scheduler = scheduler
+    name: ClassVar[str] = "unified"
+    parks_finished: ClassVar[bool] = False  # the scheduler keeps finished requests' KV
+
+    def __init__(self, port: SchedulerPort) -> None:
+        self.port = port
+
+    @classmethod
+    def engine_config(cls, config: EngineConfig) -> EngineConfig:
+        """The engine this role runs (unchanged: unified)."""
+        return config
+
+    def prepare(self, message: GenerateRequest) -> GenerateRequest:
+        """The message as this role runs it (unchanged: unified)."""
+        return message
 
     def add(self, req: Req) -> None:
-        if req.bootstrap is not None:
-            raise ValueError(
-                "this server runs the unified role: bootstrap_room is for prefill/decode servers"
-            )
-        self.scheduler.add_request(req)
+        problem = pairing_problem(self.name, req.bootstrap)
+        if problem:
+            raise ValueError(problem)
+        self.port.admit(req)
 
     def poll(self) -> list[TokenOutput]:
         return []
@@ -64,15 +86,18 @@ class Role:
 
 UnifiedRole = Role
 
-# role -> "module:Class" (imported on use: the transports load native libraries)
-ROLE_CLASSES = {
-    "unified": "kvflow.runtime.disagg.roles:UnifiedRole",
-    "prefill": "kvflow.runtime.disagg.prefill:PrefillRole",
-    "decode": "kvflow.runtime.disagg.decode:DecodeRole",
-}
+# role -> its class (imported on use: the transports load native libraries)
+ROLES: Registry[Role] = Registry("role")
+ROLES.register("unified", "kvflow.runtime.disagg.roles:UnifiedRole")
+ROLES.register("prefill", "kvflow.runtime.disagg.prefill:PrefillRole")
+ROLES.register("decode", "kvflow.runtime.disagg.decode:DecodeRole")
 
 
-def make_role(name: str, scheduler: Scheduler, **options: Any) -> Role:
-    module, cls = ROLE_CLASSES[name].split(":")
-    role_cls = getattr(importlib.import_module(module), cls)
-    return role_cls(scheduler) if name == "unified" else role_cls(scheduler, **options)
+def make_role(name: str, port: SchedulerPort, transfer: KVTransferOptions | None) -> Role:
+    """The role ``name`` around ``port``; prefill and decode need ``transfer``."""
+    role_cls: Any = ROLES.get(name)
+    if role_cls is UnifiedRole:
+        return role_cls(port)
+    if transfer is None:
+        raise ValueError(f"the {name} role needs KV transfer options")
+    return role_cls(port, transfer)

@@ -12,7 +12,7 @@ from kvflow.runtime.grammar import apply_grammar_masks
 from kvflow.runtime.sampling.penalties import apply_logit_bias, apply_penalties
 
 if TYPE_CHECKING:
-    from kvflow.runtime.scheduler.req import Req
+    from kvflow.runtime.core import Req
 
 __all__ = ["PendingSample", "SampleOutput", "Sampler", "SamplingBatch"]
 

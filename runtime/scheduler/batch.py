@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
+from kvflow.runtime.core import Req
 from kvflow.runtime.forward_batch import ForwardBatch, ForwardMode
-from kvflow.runtime.scheduler.req import Req
 
 __all__ = ["build_decode_batch", "build_extend_batch", "host_to_device"]
 

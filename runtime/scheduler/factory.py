@@ -7,10 +7,10 @@ import hashlib
 from typing import Any
 
 from kvflow.runtime.config import EngineConfig, ModelConfig
+from kvflow.runtime.core import Req
 from kvflow.runtime.grammar import GrammarBackend, grammar_spec
 from kvflow.runtime.scheduler.input_logprobs import InputLogprobs
-from kvflow.runtime.scheduler.req import Req
-from kvflow.runtime.wire import Bootstrap, SamplingParams
+from kvflow.runtime.wire import GenerateRequest
 
 __all__ = ["ReqFactory", "default_seed"]
 
@@ -45,36 +45,22 @@ class ReqFactory:
             )
         return self._grammars
 
-    def make(
-        self,
-        rid: str,
-        input_ids: list[int],
-        sampling: SamplingParams,
-        *,
-        extra_key: str | None = None,
-        return_logprob: bool = False,
-        top_logprobs_num: int = 0,
-        bootstrap: Bootstrap | None = None,
-        logprob_start_len: int = -1,
-    ) -> Req:
+    def make(self, message: GenerateRequest) -> Req:
+        """The scheduler's request for a named message (prompt logprobs and the grammar
+        set up as it asks)."""
         req = Req(
-            rid,
-            input_ids,
-            sampling,
+            message,
             eos_token_ids=self.model_config.eos_token_ids,
-            extra_key=extra_key,
-            return_logprob=return_logprob,
-            top_logprobs_num=top_logprobs_num,
             tokenizer=self.tokenizer,
             device=self.device,
-            seed=default_seed(self.config.seed, rid),
+            seed=default_seed(self.config.seed, message.request_id),
         )
-        req.bootstrap = bootstrap
-        if return_logprob and 0 <= logprob_start_len < len(input_ids):
+        start = message.logprob_start_len
+        if message.return_logprob and 0 <= start < len(message.input_ids):
             req.input_logprobs = InputLogprobs(
-                logprob_start_len, req.origin_input_ids, top_logprobs_num
+                start, req.origin_input_ids, message.top_logprobs_num
             )
-        spec = grammar_spec(sampling)
+        spec = grammar_spec(message.sampling)
         if spec is not None:  # compiles on the backend's pool; the scheduler waits for it
             req.grammar = self.grammars.request(spec)
         return req

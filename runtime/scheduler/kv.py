@@ -8,9 +8,9 @@ from typing import NamedTuple
 import torch
 
 from kvflow.runtime.cache import PrefixCache
+from kvflow.runtime.core import Req
 from kvflow.runtime.mem import ReqToTokenPool, TokenToKVPoolAllocator
 from kvflow.runtime.scheduler.batch import host_to_device
-from kvflow.runtime.scheduler.req import Req
 
 __all__ = ["DecodeGrowth", "KVManager", "TierHits"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from kvflow.runtime.scheduler.req import Req
+from kvflow.runtime.core import Req
 
 __all__ = ["SCHEDULE_POLICIES", "order_waiting"]
 

@@ -18,6 +18,7 @@ import torch
 
 from kvflow.runtime.cache.factory import make_prefix_cache
 from kvflow.runtime.config import EngineConfig
+from kvflow.runtime.core import Req
 from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.model_runner import ModelRunner
 from kvflow.runtime.sampling import PendingSample, SampleOutput, SamplingBatch
@@ -25,7 +26,6 @@ from kvflow.runtime.scheduler.batch import build_decode_batch, build_extend_batc
 from kvflow.runtime.scheduler.budget import RESERVE_CLIP, PrefillBudget
 from kvflow.runtime.scheduler.kv import DecodeGrowth, KVManager
 from kvflow.runtime.scheduler.policy import order_waiting
-from kvflow.runtime.scheduler.req import Req
 from kvflow.runtime.scheduler.sharing import BatchPrefixes
 from kvflow.runtime.wire import FinishReason, TokenOutput
 
@@ -69,7 +69,9 @@ class Scheduler:
     it off, ``launch_ahead = False`` keeps the building but not the early launch.
     """
 
-    def __init__(self, config: EngineConfig, runner: ModelRunner) -> None:
+    def __init__(
+        self, config: EngineConfig, runner: ModelRunner, *, park_finished: bool = False
+    ) -> None:
         self.config = config
         self.runner = runner
         self.cache = make_prefix_cache(config, runner)
@@ -87,9 +89,9 @@ class Scheduler:
         self.launch_ahead = runner.device.startswith("cuda")  # on CPU it would only reorder
         self._next: _NextDecode | None = None
         self._batch: list[Req] = []  # the requests of the step being run (for _fail_batch)
-        # Prefill role: finished requests with a bootstrap room keep their KV here until it
-        # has been sent to the decode (see kvflow.runtime.disagg.prefill).
-        self.park_finished = False
+        # Prefill role: finished requests with a bootstrap room keep their KV locked and
+        # wait here for the role to take them (SchedulerPort.take_parked).
+        self.park_finished = park_finished
         self.parked: list[Req] = []
 
     # -- requests in and out ---------------------------------------------------------------
@@ -163,11 +165,6 @@ class Scheduler:
             self.parked.append(req)  # its KV stays locked in its row until released
         else:
             self.cache.cache_finished_req(req)
-
-    def release_parked(self, req: Req) -> None:
-        """A parked request's KV was sent (or given up on): cache it as any finished one."""
-        self.parked.remove(req)
-        self.cache.cache_finished_req(req)
 
     def add_prefilled(
         self, req: Req, first_token: int | None, logprob: float | None, top: list | None

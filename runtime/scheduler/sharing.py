@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvflow.runtime.scheduler.req import Req
+from kvflow.runtime.core import Req
 
 __all__ = ["MIN_SHARED_GAIN", "BatchPrefixes", "common_prefix_len"]
 

@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 
 from kvflow import contract
 from kvflow.runtime.attention import ATTENTION_BACKENDS
+from kvflow.runtime.cache.storage import STORAGE_BACKENDS
 from kvflow.runtime.config import EngineConfig
+from kvflow.runtime.disagg.transport import KV_TRANSPORTS, KVTransferOptions
 from kvflow.runtime.scheduler.policy import SCHEDULE_POLICIES
 from kvflow.runtime.server.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
-from kvflow.runtime.wire.hicache import HICACHE_STORAGES, HICACHE_WRITE_POLICIES
+from kvflow.runtime.wire.hicache import HICACHE_WRITE_POLICIES
 
 __all__ = ["ServerArgs", "build_parser", "parse_args"]
 
@@ -42,10 +44,7 @@ class ServerArgs:
     port: int = contract.DEFAULT_API_PORT
     served_model_name: str = ""
     role: str = "unified"
-    # prefill/decode roles (kvflow.runtime.disagg)
-    bootstrap_port: int = contract.DEFAULT_BOOTSTRAP_PORT  # prefill: the bootstrap endpoint
-    kv_transfer_protocol: str = "tcp"
-    disagg_timeout: float = 5.0  # seconds a PD peer may go without progress
+    kv_transfer: KVTransferOptions | None = None  # prefill/decode: how KV moves (None: unified)
     api_key: str | None = None
     watchdog_timeout: float = 300.0  # seconds a busy scheduler may go without a step
     drain_timeout: float = 30.0  # seconds SIGTERM waits for in-flight requests
@@ -91,13 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
         elif flag in ("--bootstrap-port", "--max-running-requests"):
             kwargs["type"] = int
         elif flag == "--kv-transfer-protocol":
-            kwargs.update(choices=["tcp", "rdma"], default="tcp")
+            kwargs["choices"] = ["tcp", "rdma"]  # default tcp; None: not given
         elif flag == "--hicache-host-memory-gb":
             kwargs["type"] = float
         elif flag == "--hicache-write-policy":
             kwargs["choices"] = list(HICACHE_WRITE_POLICIES)
         elif flag == "--hicache-storage":
-            kwargs["choices"] = ["none", *HICACHE_STORAGES]
+            kwargs["choices"] = ["none", *STORAGE_BACKENDS.choices()]
         contract_group.add_argument(flag, **kwargs)
     server = parser.add_argument_group("server")
     server.add_argument(
@@ -111,8 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument(
         "--disagg-timeout",
         type=float,
-        default=ServerArgs.disagg_timeout,
-        help="prefill/decode: seconds a peer may go without progress before its requests fail",
+        help="prefill/decode: seconds a peer may go without progress before its requests "
+        f"fail (default {KVTransferOptions.timeout_s:g})",
+    )
+    server.add_argument(
+        "--disaggregation-transfer-backend",
+        choices=KV_TRANSPORTS.choices(),
+        help=f"prefill/decode: the KV transport (default {KVTransferOptions.backend})",
     )
     server.add_argument(
         "--tool-call-parser",
@@ -162,11 +166,50 @@ def _check_hicache(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> N
         )
 
 
+def _kv_transfer(
+    parser: argparse.ArgumentParser, ns: argparse.Namespace
+) -> KVTransferOptions | None:
+    """The prefill's or decode's KV transfer options; on a unified server, the PD flags are
+    refused (``--kv-transfer-protocol`` is also the Mooncake store's, so it stays there)."""
+    if ns.bootstrap_port is not None and ns.role != "prefill":
+        parser.error("--bootstrap-port is the prefill role's endpoint; add --role prefill")
+    if ns.role == "unified":
+        given = [
+            flag
+            for flag, value in (
+                ("--disagg-timeout", ns.disagg_timeout),
+                ("--disaggregation-transfer-backend", ns.disaggregation_transfer_backend),
+                (
+                    "--kv-transfer-protocol",
+                    None if ns.hicache_storage == "mooncake" else ns.kv_transfer_protocol,
+                ),
+            )
+            if value is not None
+        ]
+        if given:
+            parser.error(
+                f"{', '.join(given)}: prefill/decode settings; this server runs the unified "
+                "role (add --role prefill or --role decode, or drop them)"
+            )
+        return None
+    if ns.disagg_timeout is not None and ns.disagg_timeout <= 0:
+        parser.error("--disagg-timeout must be > 0")
+    defaults = KVTransferOptions()
+    return KVTransferOptions(
+        backend=ns.disaggregation_transfer_backend or defaults.backend,
+        protocol=ns.kv_transfer_protocol or defaults.protocol,
+        timeout_s=defaults.timeout_s if ns.disagg_timeout is None else ns.disagg_timeout,
+        bootstrap_host=ns.host,
+        bootstrap_port=(
+            contract.DEFAULT_BOOTSTRAP_PORT if ns.bootstrap_port is None else ns.bootstrap_port
+        ),
+    )
+
+
 def parse_args(argv: list[str]) -> ServerArgs:
     parser = build_parser()
     ns = parser.parse_args(argv)
-    if ns.bootstrap_port is not None and ns.role != "prefill":
-        parser.error("--bootstrap-port is the prefill role's endpoint; add --role prefill")
+    kv_transfer = _kv_transfer(parser, ns)
     engine_kwargs = {f.name: getattr(ns, f.name) for f in _engine_fields()}
     for name in _CONTRACT_ENGINE_FIELDS:
         if engine_kwargs[name] is None:
@@ -183,11 +226,7 @@ def parse_args(argv: list[str]) -> ServerArgs:
         port=ns.port,
         served_model_name=ns.served_model_name or "",
         role=ns.role,
-        bootstrap_port=(
-            contract.DEFAULT_BOOTSTRAP_PORT if ns.bootstrap_port is None else ns.bootstrap_port
-        ),
-        kv_transfer_protocol=ns.kv_transfer_protocol,
-        disagg_timeout=ns.disagg_timeout,
+        kv_transfer=kv_transfer,
         api_key=ns.api_key or None,
         watchdog_timeout=ns.watchdog_timeout,
         drain_timeout=ns.drain_timeout,

@@ -9,8 +9,8 @@ from kvflow.runtime.server.bootstrap_fields import bootstraps_of
 from kvflow.runtime.server.openai.common import SampleResult, collect, sse, started
 from kvflow.runtime.server.openai.fields import check_sampling_fields
 from kvflow.runtime.server.openai.protocol import GenerateRequestBody
-from kvflow.runtime.server.tokenizer_manager import GenerateInput, RequestHandle, TokenizerManager
-from kvflow.runtime.wire import SamplingParams
+from kvflow.runtime.server.tokenizer_manager import RequestHandle, TokenizerManager
+from kvflow.runtime.wire import GenerateRequest, SamplingParams
 from kvflow.runtime.wire.errors import RequestError
 from kvflow.runtime.wire.sampling import SAMPLING_KEYS
 
@@ -19,7 +19,7 @@ __all__ = ["native_generate", "prepare_native"]
 
 def prepare_native(
     tm: TokenizerManager, body: GenerateRequestBody
-) -> tuple[bool, list[GenerateInput]]:
+) -> tuple[bool, list[GenerateRequest]]:
     """Returns (single, inputs)."""
     if (body.text is None) == (body.input_ids is None):
         raise RequestError(400, "give exactly one of text and input_ids")
@@ -45,23 +45,23 @@ def prepare_native(
         except ValueError as err:
             raise RequestError(400, str(err)) from err
         inputs.append(
-            GenerateInput(
-                ids,
-                sampling,
-                body.return_logprob,
-                body.top_logprobs_num,
-                body.cache_namespace,
-                body.rid,
-                body.stream,
-                bootstrap,
-                body.logprob_start_len,
+            GenerateRequest(
+                input_ids=ids,
+                sampling=sampling,
+                rid=body.rid,
+                stream=body.stream,
+                return_logprob=body.return_logprob,
+                top_logprobs_num=body.top_logprobs_num,
+                logprob_start_len=body.logprob_start_len,
+                extra_key=body.cache_namespace,
+                bootstrap=bootstrap,
             )
         )
     return single, inputs
 
 
 def _meta(
-    result: SampleResult, rid: str, logprobs: _LogprobView | None, inp: GenerateInput
+    result: SampleResult, rid: str, logprobs: _LogprobView | None, inp: GenerateRequest
 ) -> dict[str, Any]:
     finish: dict[str, Any] | None = None
     if result.finish_reason is not None:
@@ -111,7 +111,7 @@ async def native_generate(
     tm: TokenizerManager,
     body: GenerateRequestBody,
     single: bool,
-    inputs: list[GenerateInput],
+    inputs: list[GenerateRequest],
     handles: list[RequestHandle],
 ) -> Any:
     view = (
@@ -130,13 +130,13 @@ async def native_generate(
     return out[0] if single and len(out) == 1 else out
 
 
-def _inputs_per_sample(inputs: list[GenerateInput]) -> list[GenerateInput]:
+def _inputs_per_sample(inputs: list[GenerateRequest]) -> list[GenerateRequest]:
     """The prompt of each sample (``n`` samples per prompt, in order)."""
     return [inp for inp in inputs for _ in range(inp.sampling.n)]
 
 
 async def _stream(
-    handles: list[RequestHandle], view: _LogprobView | None, per_sample: list[GenerateInput]
+    handles: list[RequestHandle], view: _LogprobView | None, per_sample: list[GenerateRequest]
 ) -> AsyncIterator[str]:
     """Each event carries the cumulative text and ids of one sample (``index``), as SGLang does."""
     results = [SampleResult() for _ in handles]

@@ -24,8 +24,8 @@ from kvflow.runtime.server.openai.protocol import (
     CompletionRequest,
     GenerateRequestBody,
 )
-from kvflow.runtime.server.tokenizer_manager import GenerateInput, RequestHandle, TokenizerManager
-from kvflow.runtime.wire import RequestError, SamplingParams, error_body
+from kvflow.runtime.server.tokenizer_manager import RequestHandle, TokenizerManager
+from kvflow.runtime.wire import GenerateRequest, RequestError, SamplingParams, error_body
 
 __all__ = ["create_app"]
 logger = logging.getLogger("kvflow.http")
@@ -170,7 +170,9 @@ def create_app(tm: TokenizerManager) -> FastAPI:
 
     @app.get(contract.HEALTH_GENERATE_PATH)
     async def health_generate() -> Response:
-        probe = GenerateInput([0], SamplingParams(max_new_tokens=1, temperature=0))
+        probe = GenerateRequest(
+            input_ids=[0], sampling=SamplingParams(max_new_tokens=1, temperature=0)
+        )
         handles = await tm.generate([probe])
         try:
             async with asyncio.timeout(_HEALTH_GENERATE_TIMEOUT_S):

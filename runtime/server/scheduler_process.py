@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import faulthandler
 import logging
 import os
@@ -13,10 +12,9 @@ from typing import Any
 
 import zmq
 
-from kvflow.runtime.disagg.roles import Role, make_role
-from kvflow.runtime.disagg.transport import KV_TRANSPORTS
+from kvflow.runtime.disagg.roles import ROLES, make_role
 from kvflow.runtime.model_runner import ModelRunner
-from kvflow.runtime.scheduler import ReqFactory, Scheduler
+from kvflow.runtime.scheduler import ReqFactory, Scheduler, SchedulerPort
 from kvflow.runtime.server.args import ServerArgs
 from kvflow.runtime.server.ipc import IpcPaths, Puller, Pusher
 from kvflow.runtime.tokenizer import load_tokenizer, tokenizer_folder
@@ -69,12 +67,13 @@ class Watchdog(threading.Thread):
 class SchedulerLoop:
     def __init__(self, args: ServerArgs, paths: IpcPaths) -> None:
         self.args = args
-        engine = args.engine
-        if args.role == "decode":  # every prompt's KV comes from the prefill
-            engine = dataclasses.replace(engine, disable_radix_cache=True)
+        role_cls = ROLES.get(args.role)
+        if args.kv_transfer is not None:  # before any Mooncake engine starts (the L3 store's)
+            args.kv_transfer.require_env()
+        engine = role_cls.engine_config(args.engine)
         self.runner = ModelRunner(engine)
-        self.scheduler = Scheduler(engine, self.runner)
-        self.role = _make_role(args, self.scheduler)
+        self.scheduler = Scheduler(engine, self.runner, park_finished=role_cls.parks_finished)
+        self.role = make_role(args.role, SchedulerPort(self.scheduler), args.kv_transfer)
         # Stop strings are matched on text, so the scheduler decodes the requests that have them.
         self.tokenizer_folder = tokenizer_folder(
             engine.tokenizer_path, engine.skip_tokenizer_init, self.runner.model_path
@@ -120,34 +119,22 @@ class SchedulerLoop:
     def _add(self, message: GenerateRequest) -> list[TokenOutput]:
         """Queue a request; one that cannot be built or queued ends with an abort (the
         detokenizer hears of it first, so its stream opens and closes in order)."""
+        rid = message.request_id
         self.to_detokenizer.send(
             StreamStart(
-                message.rid,
+                rid,
                 message.input_ids,
                 message.sampling.stop,
                 message.sampling.skip_special_tokens,
             )
         )
-        sampling = message.sampling
-        if self.args.role == "prefill" and sampling.max_new_tokens > 1:
-            sampling = sampling.replace(max_new_tokens=1)  # the decode makes the rest
         try:
-            req = self.reqs.make(
-                message.rid,
-                message.input_ids,
-                sampling,
-                extra_key=message.extra_key,
-                return_logprob=message.return_logprob,
-                top_logprobs_num=message.top_logprobs_num,
-                bootstrap=message.bootstrap,
-                logprob_start_len=message.logprob_start_len,
-            )
-            self.role.add(req)
+            self.role.add(self.reqs.make(self.role.prepare(message)))
         except Exception as err:  # isolated: this request fails, the loop goes on
-            logger.exception("request %s refused", message.rid)
+            logger.exception("request %s refused", rid)
             return [
                 TokenOutput(
-                    message.rid,
+                    rid,
                     [],
                     FinishReason("abort", message=f"request refused: {err}"),
                     len(message.input_ids),
@@ -220,16 +207,6 @@ class SchedulerLoop:
             if outputs:
                 self.to_detokenizer.send(TokenBatch(outputs))
             self._publish_stats(force=bool(messages) and not self.scheduler.has_work())
-
-
-def _make_role(args: ServerArgs, scheduler: Scheduler) -> Role:
-    if args.role == "unified":
-        return make_role("unified", scheduler)
-    transport = KV_TRANSPORTS.get("mooncake")(protocol=args.kv_transfer_protocol)
-    options: dict[str, Any] = {"transport": transport, "timeout_s": args.disagg_timeout}
-    if args.role == "prefill":
-        options.update(bootstrap_host=args.host, bootstrap_port=args.bootstrap_port)
-    return make_role(args.role, scheduler, **options)
 
 
 def run_scheduler_process(args: ServerArgs, paths: IpcPaths, ready: Any) -> None:

@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import zmq
@@ -25,7 +25,7 @@ from kvflow.runtime.server.bootstrap_fields import check_sample_rooms
 from kvflow.runtime.server.ipc import IpcPaths, Puller, Pusher
 from kvflow.runtime.server.metrics import RuntimeMetrics
 from kvflow.runtime.tokenizer import TokenBytes, apply_chat_template
-from kvflow.runtime.wire import Bootstrap, SamplingParams
+from kvflow.runtime.wire.disagg import pairing_problem
 from kvflow.runtime.wire.errors import RequestError
 from kvflow.runtime.wire.messages import (
     AbortRequest,
@@ -37,25 +37,10 @@ from kvflow.runtime.wire.messages import (
     TextOutput,
 )
 
-__all__ = ["GenerateInput", "RequestHandle", "TokenizerManager"]
+__all__ = ["RequestHandle", "TokenizerManager"]
 logger = logging.getLogger("kvflow.tokenizer_manager")
 _CONTROL_TIMEOUT_S = 30.0
 _QUEUE_FULL_RETRY_AFTER_S = 1
-
-
-@dataclass(frozen=True)
-class GenerateInput:
-    """One prompt to generate for (already tokenized), with validated sampling parameters."""
-
-    input_ids: list[int]
-    sampling: SamplingParams
-    return_logprob: bool = False
-    top_logprobs_num: int = 0
-    extra_key: str | None = None
-    rid: str | None = None  # client-chosen id (for /abort_request); one sample only
-    stream: bool = False  # the client reads tokens as they come (labels the TTFT metric)
-    bootstrap: Bootstrap | None = None  # prefill/decode roles: the pairing with the peer
-    logprob_start_len: int = -1  # SGLang's: >= 0 asks for prompt logprobs from there on
 
 
 @dataclass
@@ -197,7 +182,7 @@ class TokenizerManager:
                 400, f"token id {bad} is outside the vocabulary [0, {self.vocab_size})"
             )
 
-    def validate(self, inp: GenerateInput) -> None:
+    def validate(self, inp: GenerateRequest) -> None:
         ids = inp.input_ids
         if not ids:
             raise RequestError(400, "the prompt is empty")
@@ -228,7 +213,7 @@ class TokenizerManager:
                 f"({self.max_total_tokens} tokens)",
             )
 
-    async def check_grammar(self, inp: GenerateInput) -> None:
+    async def check_grammar(self, inp: GenerateRequest) -> None:
         """400 with xgrammar's message unless the request's grammar (if any) builds. A
         large schema takes a while (0.6 s for 240 KB): built on a worker thread (xgrammar
         releases the GIL), so other requests' streams go on meanwhile."""
@@ -240,40 +225,21 @@ class TokenizerManager:
         if (error := await asyncio.to_thread(_grammar_error, spec)) is not None:
             raise RequestError(400, error)
 
-    def _check_role(self, inp: GenerateInput) -> None:
-        role = self.info.get("role", "unified")
-        if role == "unified" and inp.bootstrap is not None:
-            raise RequestError(
-                400, "this server runs the unified role: bootstrap_* fields are for PD servers"
-            )
-        if role != "unified" and inp.bootstrap is None:
-            raise RequestError(
-                400,
-                f"this server runs the {role} role: send requests through a PD router "
-                "(bootstrap_host, bootstrap_port and bootstrap_room)",
-            )
+    def _check_role(self, inp: GenerateRequest) -> None:
+        problem = pairing_problem(self.info.get("role", "unified"), inp.bootstrap)
+        if problem:
+            raise RequestError(400, problem)
 
     def default_max_tokens(self, prompt_len: int) -> int:
         return max(self.context_len - prompt_len, 0)
 
-    def _submit(self, inp: GenerateInput, rid: str) -> _ReqState:
-        state = _ReqState(streaming=inp.stream)
-        self.states[rid] = state
-        self.to_scheduler.send(
-            GenerateRequest(
-                rid,
-                inp.input_ids,
-                inp.sampling,
-                inp.return_logprob,
-                inp.top_logprobs_num,
-                inp.extra_key,
-                inp.bootstrap,
-                inp.logprob_start_len,
-            )
-        )
+    def _submit(self, request: GenerateRequest) -> _ReqState:
+        state = _ReqState(streaming=request.stream)
+        self.states[request.request_id] = state
+        self.to_scheduler.send(request)
         return state
 
-    async def generate(self, inputs: list[GenerateInput]) -> list[RequestHandle]:
+    async def generate(self, inputs: list[GenerateRequest]) -> list[RequestHandle]:
         """Start every prompt (``n`` samples each); one output stream per sample, in order."""
         self.check_accepting()
         for inp in inputs:
@@ -290,8 +256,10 @@ class TokenizerManager:
             # PD: each sample has its own room, and a prompt-only warm-up would have none.
             if len(samples) > 1 and inp.bootstrap is None:
                 # Prefill the shared prompt once; the samples then hit the prefix cache.
-                warm = GenerateInput(
-                    inp.input_ids, inp.sampling.prefill_only(), extra_key=inp.extra_key
+                warm = GenerateRequest(
+                    input_ids=inp.input_ids,
+                    sampling=inp.sampling.prefill_only(),
+                    extra_key=inp.extra_key,
                 )
                 warm_handle = self._start(warm)
                 try:
@@ -300,23 +268,13 @@ class TokenizerManager:
                 finally:
                     warm_handle.cancel()
             for index, sampling in enumerate(samples):
-                sample_inp = GenerateInput(
-                    inp.input_ids,
-                    sampling,
-                    inp.return_logprob,
-                    inp.top_logprobs_num,
-                    inp.extra_key,
-                    inp.rid,
-                    inp.stream,
-                    inp.bootstrap.sample(index) if inp.bootstrap is not None else None,
-                    inp.logprob_start_len,
-                )
-                streams.append(self._start(sample_inp))
+                bootstrap = inp.bootstrap.sample(index) if inp.bootstrap is not None else None
+                streams.append(self._start(replace(inp, sampling=sampling, bootstrap=bootstrap)))
         return streams
 
-    def _start(self, inp: GenerateInput) -> RequestHandle:
-        rid = inp.rid or f"{uuid.uuid4().hex[:12]}-{next(self._ids)}"
-        return RequestHandle(self, rid, self._submit(inp, rid))
+    def _start(self, inp: GenerateRequest) -> RequestHandle:
+        request = replace(inp, rid=inp.rid or f"{uuid.uuid4().hex[:12]}-{next(self._ids)}")
+        return RequestHandle(self, request.request_id, self._submit(request))
 
     def abort(self, rid: str, message: str = "aborted by the client") -> None:
         self.to_scheduler.send(AbortRequest(rid, message))

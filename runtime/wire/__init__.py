@@ -8,12 +8,14 @@ imports torch, numpy or transformers (``tests/router`` checks it with them block
 
 from kvflow.runtime.wire.disagg import Bootstrap
 from kvflow.runtime.wire.errors import RequestError, error_body
+from kvflow.runtime.wire.messages import GenerateRequest
 from kvflow.runtime.wire.outputs import FinishReason, TokenOutput
 from kvflow.runtime.wire.sampling import SamplingParams
 
 __all__ = [
     "Bootstrap",
     "FinishReason",
+    "GenerateRequest",
     "RequestError",
     "SamplingParams",
     "TokenOutput",

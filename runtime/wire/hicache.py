@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["HICACHE_STORAGES", "HICACHE_WRITE_POLICIES", "HiCacheStats"]
+__all__ = ["HICACHE_WRITE_POLICIES", "HiCacheStats"]
 
 HICACHE_WRITE_POLICIES = ("write_through", "write_back")
-HICACHE_STORAGES = ("file", "mooncake")  # shared storage tier (L3) backends; "none": off
 
 
 @dataclass(frozen=True)

@@ -33,16 +33,31 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GenerateRequest:
-    rid: str
+    """One prompt to generate for, declared once: the HTTP layer builds it from a request
+    body (or the engine from its arguments), the tokenizer manager names it and sends it,
+    the scheduler builds its :class:`~kvflow.runtime.scheduler.Req` from it. Derived copies
+    (one per sample of ``n``, a prefill's one-token cap) are made with
+    ``dataclasses.replace``; a new per-request field is one line here plus its uses.
+    """
+
     input_ids: list[int]
-    sampling: SamplingParams  # already validated
+    sampling: SamplingParams  # validated at the edge
+    rid: str | None = None  # SGLang's ``rid``: the client's (one sample only), else named on submit
+    stream: bool = False  # the client reads tokens as they come (labels the TTFT metric)
     return_logprob: bool = False
     top_logprobs_num: int = 0
-    extra_key: str | None = None
+    logprob_start_len: int = -1  # SGLang's: >= 0 with return_logprob asks for prompt logprobs
+    extra_key: str | None = None  # cache namespace: prefixes are shared only within one
     bootstrap: Bootstrap | None = None  # prefill/decode roles: the pairing with the peer
-    logprob_start_len: int = -1  # >= 0 with return_logprob: prompt logprobs from there on
+
+    @property
+    def request_id(self) -> str:
+        """The id the scheduler knows the request by (set before it is sent)."""
+        if self.rid is None:
+            raise ValueError("the request was not named before it was sent")
+        return self.rid
 
 
 @dataclass(frozen=True)

@@ -162,7 +162,7 @@ def test_mixed_chunk_with_staggered_arrivals_matches_plain(small_model):
     arrive while others decode give the same greedy tokens as plain scheduling."""
     from kvflow.runtime.engine import Engine
     from kvflow.runtime.scheduler import Req
-    from kvflow.runtime.wire import SamplingParams
+    from kvflow.runtime.wire import GenerateRequest, SamplingParams
 
     folder, _ = small_model
     params = SamplingParams(temperature=0, max_new_tokens=20, ignore_eos=True)
@@ -180,7 +180,10 @@ def test_mixed_chunk_with_staggered_arrivals_matches_plain(small_model):
         )
         sched = engine.scheduler
         prompts = _prompts()
-        reqs = [Req(f"r{i}", ids, params) for i, ids in enumerate(prompts)]
+        reqs = [
+            Req(GenerateRequest(rid=f"r{i}", input_ids=ids, sampling=params))
+            for i, ids in enumerate(prompts)
+        ]
         for req in reqs[:3]:
             sched.add_request(req)
         for step in range(40):

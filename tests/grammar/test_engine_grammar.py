@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 from schemas import SCHEMAS
 
-from kvflow.runtime.wire import SamplingParams
+from kvflow.runtime.wire import GenerateRequest, SamplingParams
 
 NAMES = ["nested_object", "array_of_objects", "ref_defs", "date_like", "optional_fields"]
 
@@ -104,7 +104,9 @@ def test_abort_while_compiling_frees_the_request(make_engine, prompts):
 
     engine = make_engine()
     params = SamplingParams(json_schema=json.dumps(_big_schema(40)), max_new_tokens=4)
-    req = engine.reqs.make("slow", engine.encode(prompts[0]), params)
+    req = engine.reqs.make(
+        GenerateRequest(rid="slow", input_ids=engine.encode(prompts[0]), sampling=params)
+    )
     engine.scheduler.add_request(req)
     assert engine.scheduler.grammar_wait == [req]
     out = engine.scheduler.abort_request("slow")

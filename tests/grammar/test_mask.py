@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from kvflow.runtime.core import Req
 from kvflow.runtime.grammar import (
     GrammarBackend,
     GrammarError,
@@ -16,8 +17,7 @@ from kvflow.runtime.grammar import (
     check_grammar,
 )
 from kvflow.runtime.sampling import Sampler, SamplingBatch
-from kvflow.runtime.scheduler.req import Req
-from kvflow.runtime.wire import SamplingParams
+from kvflow.runtime.wire import GenerateRequest, SamplingParams
 
 
 def compiled(backend: GrammarBackend, kind: str, text: str):
@@ -116,7 +116,12 @@ def test_all_free_batch_is_untouched(backend):
 
 
 def _req(rid: str, tokenizer, grammar=None, **params) -> Req:
-    req = Req(rid, tokenizer.encode("Hi"), SamplingParams(**params), eos_token_ids=(2,))
+    req = Req(
+        GenerateRequest(
+            rid=rid, input_ids=tokenizer.encode("Hi"), sampling=SamplingParams(**params)
+        ),
+        eos_token_ids=(2,),
+    )
     req.grammar = grammar
     return req
 

@@ -6,7 +6,7 @@ address (``findLocalIpAddresses`` in ``transfer_metadata_plugin.cpp``; the "new 
 mapping" branch of ``TransferEngineImpl::init``), unless ``MC_TCP_BIND_ADDRESS`` names one.
 Peers then connect to that address (e.g. eth0's), off loopback. kvflow sets
 ``MC_TCP_BIND_ADDRESS`` to the local hostname when that is a loopback address (see
-``mooncake_config.engine_env``).
+``kvflow.runtime.utils.mooncake_env.engine_env``).
 
 Each participant runs in its own process; the test samples the TCP sockets each one owns
 (``/proc/PID/fd`` socket inodes matched in ``/proc/PID/net/tcp{,6}``) every few ms while it
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from kvflow.runtime.cache.storage.mooncake_config import engine_env, loopback_bind_address
+from kvflow.runtime.utils.mooncake_env import engine_env, loopback_bind_address
 
 PEER = Path(__file__).with_name("mooncake_loopback_peer.py")
 LISTEN = 0x0A

@@ -67,11 +67,8 @@ def test_rendered_prefill_and_decode_commands_parse():
             contract.ServeOptions(role="prefill", bootstrap_port=9000, kv_transfer_protocol="tcp")
         )[2:]
     )
-    assert (prefill.role, prefill.bootstrap_port, prefill.kv_transfer_protocol) == (
-        "prefill",
-        9000,
-        "tcp",
-    )
+    assert prefill.role == "prefill" and prefill.kv_transfer is not None
+    assert (prefill.kv_transfer.bootstrap_port, prefill.kv_transfer.protocol) == (9000, "tcp")
     decode = parse_args(contract.serve_argv(contract.ServeOptions(role="decode"))[2:])
     assert decode.role == "decode"
 

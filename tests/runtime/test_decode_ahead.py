@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kvflow.runtime.sampling import SamplingParams
 from kvflow.runtime.scheduler import Req
+from kvflow.runtime.wire import GenerateRequest
 
 PROMPTS = [
     "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
@@ -29,7 +30,12 @@ def run_scenario(engine, prepare: bool, launch: bool):
     reqs = []
     for i, params in enumerate(PARAMS):
         ids = engine.encode(PROMPTS[i % len(PROMPTS)])
-        reqs.append(Req(f"r{i}", ids, SamplingParams(**params), eos_token_ids=eos))
+        reqs.append(
+            Req(
+                GenerateRequest(rid=f"r{i}", input_ids=ids, sampling=SamplingParams(**params)),
+                eos_token_ids=eos,
+            )
+        )
     for req in reqs[:-1]:
         sched.add_request(req)
     launched_ahead = 0

@@ -6,6 +6,7 @@ import pytest
 
 from kvflow.runtime.sampling import SamplingParams
 from kvflow.runtime.scheduler import Req
+from kvflow.runtime.wire import GenerateRequest
 
 PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 
@@ -85,14 +86,23 @@ def test_abort_waiting_and_running_requests_releases_memory(engine):
     sched = engine.scheduler
     ids = engine.encode(PROMPT)
     reqs = [
-        Req(f"abort-{i}", ids, SamplingParams(temperature=0, max_new_tokens=50)) for i in range(3)
+        Req(
+            GenerateRequest(
+                rid=f"abort-{i}",
+                input_ids=ids,
+                sampling=SamplingParams(temperature=0, max_new_tokens=50),
+            )
+        )
+        for i in range(3)
     ]
     for r in reqs:
         sched.add_request(r)
     sched.step()  # prefill: all three running
     sched.step()  # one decode step
     assert sched.abort_request("abort-0").finish_reason.type == "abort"
-    late = Req("abort-late", ids, SamplingParams(max_new_tokens=5))
+    late = Req(
+        GenerateRequest(rid="abort-late", input_ids=ids, sampling=SamplingParams(max_new_tokens=5))
+    )
     sched.add_request(late)
     assert sched.abort_request("abort-late").finish_reason.type == "abort"  # still waiting
     while sched.has_work():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvflow.runtime.scheduler import Req
-from kvflow.runtime.wire import SamplingParams
+from kvflow.runtime.wire import GenerateRequest, SamplingParams
 
 PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 
@@ -23,7 +23,16 @@ def _drain(sched) -> dict:
 def test_a_failing_decode_step_aborts_its_batch_and_frees_its_kv(engine, monkeypatch):
     sched, runner = engine.scheduler, engine.runner
     ids = engine.encode(PROMPT)
-    reqs = [Req(f"fail-{i}", ids, SamplingParams(temperature=0, max_new_tokens=20)) for i in (0, 1)]
+    reqs = [
+        Req(
+            GenerateRequest(
+                rid=f"fail-{i}",
+                input_ids=ids,
+                sampling=SamplingParams(temperature=0, max_new_tokens=20),
+            )
+        )
+        for i in (0, 1)
+    ]
     for req in reqs:
         sched.add_request(req)
     sched.step()  # prefill: both running
@@ -53,7 +62,11 @@ def test_a_failing_decode_step_aborts_its_batch_and_frees_its_kv(engine, monkeyp
 def test_a_failing_prefill_aborts_only_the_new_requests(engine, monkeypatch):
     sched, runner = engine.scheduler, engine.runner
     ids = engine.encode(PROMPT)
-    steady = Req("steady", ids, SamplingParams(temperature=0, max_new_tokens=12))
+    steady = Req(
+        GenerateRequest(
+            rid="steady", input_ids=ids, sampling=SamplingParams(temperature=0, max_new_tokens=12)
+        )
+    )
     sched.add_request(steady)
     sched.step()  # steady is running
     real_forward = runner.forward
@@ -64,7 +77,13 @@ def test_a_failing_prefill_aborts_only_the_new_requests(engine, monkeypatch):
         return real_forward(fb)
 
     monkeypatch.setattr(runner, "forward", broken_extend)
-    late = Req("late", [*ids, 42], SamplingParams(temperature=0, max_new_tokens=5))
+    late = Req(
+        GenerateRequest(
+            rid="late",
+            input_ids=[*ids, 42],
+            sampling=SamplingParams(temperature=0, max_new_tokens=5),
+        )
+    )
     sched.add_request(late)
     finished = _drain(sched)
     monkeypatch.setattr(runner, "forward", real_forward)
@@ -77,8 +96,20 @@ def test_a_failing_prefill_aborts_only_the_new_requests(engine, monkeypatch):
 def test_a_request_failing_on_its_token_does_not_fail_the_batch(engine, monkeypatch):
     sched = engine.scheduler
     ids = engine.encode(PROMPT)
-    good = Req("good", ids, SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True))
-    bad = Req("bad", ids, SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True))
+    good = Req(
+        GenerateRequest(
+            rid="good",
+            input_ids=ids,
+            sampling=SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True),
+        )
+    )
+    bad = Req(
+        GenerateRequest(
+            rid="bad",
+            input_ids=ids,
+            sampling=SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True),
+        )
+    )
     real_append = Req.append_token
 
     def append(self, token_id, context_len):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvflow.runtime.scheduler import Req
-from kvflow.runtime.wire import SamplingParams
+from kvflow.runtime.wire import GenerateRequest, SamplingParams
 
 PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 LATE = "<|im_start|>user\nName three colours of the rainbow, please.<|im_end|>\n<|im_start|>assistant\n"
@@ -18,8 +18,14 @@ def _staggered(engine) -> tuple[dict[str, list[int]], list[int]]:
     sched = engine.scheduler
     early_ids, late_ids = engine.encode(PROMPT), engine.encode(LATE * 4)
     params = SamplingParams(temperature=0, max_new_tokens=24, ignore_eos=True)
-    early = [Req(f"early-{i}", early_ids, params) for i in range(2)]
-    late = [Req(f"late-{i}", [*late_ids, 100 + i], params) for i in range(3)]
+    early = [
+        Req(GenerateRequest(rid=f"early-{i}", input_ids=early_ids, sampling=params))
+        for i in range(2)
+    ]
+    late = [
+        Req(GenerateRequest(rid=f"late-{i}", input_ids=[*late_ids, 100 + i], sampling=params))
+        for i in range(3)
+    ]
     for req in early:
         sched.add_request(req)
     for _ in range(4):

@@ -9,12 +9,17 @@ import torch
 
 from kvflow.runtime.sampling import Sampler, SamplingBatch, SamplingParams
 from kvflow.runtime.scheduler import Req
+from kvflow.runtime.wire import GenerateRequest
 
 VOCAB = 8
 
 
 def req(rid: str = "r", prompt=(0,), output=(), **params) -> Req:
-    r = Req(rid, list(prompt), SamplingParams(**params), eos_token_ids=(7,), seed=1234)
+    r = Req(
+        GenerateRequest(rid=rid, input_ids=list(prompt), sampling=SamplingParams(**params)),
+        eos_token_ids=(7,),
+        seed=1234,
+    )
     r.output_ids = list(output)
     return r
 

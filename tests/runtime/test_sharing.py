@@ -9,6 +9,7 @@ import pytest
 from kvflow.runtime.sampling import SamplingParams
 from kvflow.runtime.scheduler import Req
 from kvflow.runtime.scheduler.sharing import MIN_SHARED_GAIN, BatchPrefixes, common_prefix_len
+from kvflow.runtime.wire import GenerateRequest
 
 
 def naive_common_prefix(a, b):
@@ -36,7 +37,14 @@ def test_common_prefix_len_at_block_edges(cut):
 
 
 def req(tokens, rid, extra_key=None):
-    return Req(rid, list(tokens), SamplingParams(max_new_tokens=1), extra_key=extra_key)
+    return Req(
+        GenerateRequest(
+            rid=rid,
+            input_ids=list(tokens),
+            sampling=SamplingParams(max_new_tokens=1),
+            extra_key=extra_key,
+        )
+    )
 
 
 def test_siblings_wait_for_the_batch_only_when_it_saves_enough():

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from kvflow.runtime.cache import RadixCache
+from kvflow.runtime.core import Req
 from kvflow.runtime.mem import ReqToTokenPool, TokenToKVPoolAllocator
 from kvflow.runtime.scheduler.policy import LPM_MAX_QUEUE, LPM_MAX_WAIT_S, order_waiting
-from kvflow.runtime.scheduler.req import Req
-from kvflow.runtime.wire import SamplingParams
+from kvflow.runtime.wire import GenerateRequest, SamplingParams
 
 PARAMS = SamplingParams(max_new_tokens=2, temperature=0)
 
@@ -42,11 +42,23 @@ def queue() -> tuple[list[Req], RadixCache]:
     shared = list(range(100, 140))
     cache = _cache_with(shared, [7, 8, 9, 10, 11])
     waiting = [
-        Req("none", [1, 2, 3, 4], PARAMS),  # no cached prefix, arrived first
-        Req("short", [7, 8, 9, 50, 51], PARAMS),  # 3 cached tokens
-        Req("long", [*shared, 60, 61], PARAMS),  # 40 cached tokens
-        Req("medium", [*shared[:20], 70], PARAMS),  # 20 cached tokens
-        Req("other-ns", [*shared, 80], PARAMS, extra_key="ns"),  # another namespace: 0
+        Req(
+            GenerateRequest(rid="none", input_ids=[1, 2, 3, 4], sampling=PARAMS)
+        ),  # no cached prefix, arrived first
+        Req(
+            GenerateRequest(rid="short", input_ids=[7, 8, 9, 50, 51], sampling=PARAMS)
+        ),  # 3 cached tokens
+        Req(
+            GenerateRequest(rid="long", input_ids=[*shared, 60, 61], sampling=PARAMS)
+        ),  # 40 cached tokens
+        Req(
+            GenerateRequest(rid="medium", input_ids=[*shared[:20], 70], sampling=PARAMS)
+        ),  # 20 cached tokens
+        Req(
+            GenerateRequest(
+                rid="other-ns", input_ids=[*shared, 80], sampling=PARAMS, extra_key="ns"
+            )
+        ),  # another namespace: 0
     ]
     return waiting, cache
 
@@ -70,7 +82,10 @@ def test_retracted_requests_go_first(queue, policy):
 
 def test_lpm_falls_back_to_fcfs_on_a_long_queue(queue):
     waiting, cache = queue
-    filler = [Req(f"f{i}", [1, 2, 3], PARAMS) for i in range(LPM_MAX_QUEUE)]
+    filler = [
+        Req(GenerateRequest(rid=f"f{i}", input_ids=[1, 2, 3], sampling=PARAMS))
+        for i in range(LPM_MAX_QUEUE)
+    ]
     order = _order("lpm", [*waiting, *filler], cache)
     assert order[:5] == ["none", "short", "long", "medium", "other-ns"]
 
@@ -89,9 +104,10 @@ def test_scheduler_admits_in_policy_order(model_path, policy, first):
     engine = Engine(str(model_path), schedule_policy=policy, max_running_requests=1)
     shared = engine.encode("The history of the city of Lyon in France is long and rich. " * 3)
     engine.generate(input_ids=shared, sampling_params={"max_new_tokens": 1, "temperature": 0})
-    fresh = engine._req(engine.encode("Hello, how are you today?"), PARAMS, False, 0, None)
-    cached = engine._req([*shared, *engine.encode(" It lies")], PARAMS, False, 0, None)
-    fresh.rid, cached.rid = "fresh", "cached"
+    fresh_ids = engine.encode("Hello, how are you today?")
+    fresh = engine.reqs.make(GenerateRequest(rid="fresh", input_ids=fresh_ids, sampling=PARAMS))
+    cached_ids = [*shared, *engine.encode(" It lies")]
+    cached = engine.reqs.make(GenerateRequest(rid="cached", input_ids=cached_ids, sampling=PARAMS))
     scheduler = engine.scheduler
     scheduler.add_request(fresh)  # arrives first
     scheduler.add_request(cached)

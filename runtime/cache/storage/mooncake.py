@@ -47,7 +47,6 @@ from kvflow.runtime.cache.storage.base import (
 )
 from kvflow.runtime.cache.storage.mooncake_config import (
     MooncakeStoreConfig,
-    engine_env,
     unreachable_endpoint,
 )
 from kvflow.runtime.cache.storage.page import (
@@ -59,6 +58,7 @@ from kvflow.runtime.cache.storage.page import (
     encode_header,
     payload_crc,
 )
+from kvflow.runtime.utils import mooncake_env
 
 __all__ = ["MooncakeStore", "MooncakeStoreConfig", "open_mooncake_store"]
 
@@ -95,8 +95,7 @@ class MooncakeStore(PageStore):
         self._regions: list[tuple[int, int]] = []  # (address, bytes) to register
         self._local = threading.local()  # per-thread header arena
         self._arenas: list[np.ndarray] = []
-        for key, value in engine_env(config.retry_interval_s, self.hostname).items():
-            os.environ.setdefault(key, value)
+        mooncake_env.require("the Mooncake store", config.retry_interval_s, self.hostname)
         self._connector = threading.Thread(
             target=self._connect_loop, name="mooncake-store-connect", daemon=True
         )

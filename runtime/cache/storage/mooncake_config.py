@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
-import math
 import socket
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from kvflow.contract import KV_TRANSFER_PORT_RANGE, MOONCAKE_MASTER_METADATA_PORT
+from kvflow.contract import MOONCAKE_MASTER_METADATA_PORT
 
-__all__ = ["MooncakeStoreConfig", "engine_env", "loopback_bind_address", "unreachable_endpoint"]
+__all__ = ["MooncakeStoreConfig", "unreachable_endpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,44 +60,6 @@ class MooncakeStoreConfig:
             host = fields["master_server_address"].rpartition(":")[0]
             fields["metadata_server"] = f"http://{host}:{MOONCAKE_MASTER_METADATA_PORT}/metadata"
         return cls(**fields)
-
-
-def loopback_bind_address(hostname: str) -> str | None:
-    """``hostname`` (a port after it ignored; ``localhost`` read as 127.0.0.1) when it is an
-    IPv4 loopback address, else None. IPv6 ``::1`` gives None: the engine then listens on
-    IPv4 only (without ``MC_USE_IPV6``), so advertising ``::1`` would make it unreachable."""
-    host = hostname.rsplit(":", 1)[0] if hostname.count(":") == 1 else hostname
-    if host == "localhost":
-        return "127.0.0.1"
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return None
-    return str(address) if address.version == 4 and address.is_loopback else None
-
-
-def engine_env(retry_interval_s: float, hostname: str = "") -> dict[str, str]:
-    """The client's transfer-engine knobs, each only where the user has not set it: its
-    listening ports inside the contract's range (the NetworkPolicy opens exactly that), and,
-    when ``hostname`` is a loopback address, ``MC_TCP_BIND_ADDRESS`` set to it.
-
-    Why the last: with a metadata server the engine advertises to its peers not the local
-    hostname it is given but ``MC_TCP_BIND_ADDRESS``, else the first address of an interface
-    other than ``lo`` (Mooncake's ``TransferEngineImpl::init``, "new RPC mapping", and
-    ``findLocalIpAddresses``), so peers of a client started on 127.0.0.1 would connect to,
-    say, eth0's address. Any other hostname (a pod IP) leaves that choice to the engine."""
-    low, high = KV_TRANSFER_PORT_RANGE
-    timeout = str(max(1, math.ceil(retry_interval_s)))
-    env = {
-        "MC_MIN_RPC_PORT": str(low),
-        "MC_MAX_RPC_PORT": str(high),
-        "MC_TCP_PROGRESS_TIMEOUT_SEC": timeout,
-        "MC_HANDSHAKE_CONNECT_TIMEOUT": timeout,
-    }
-    bind = loopback_bind_address(hostname)
-    if bind is not None:
-        env["MC_TCP_BIND_ADDRESS"] = bind
-    return env
 
 
 def unreachable_endpoint(cfg: MooncakeStoreConfig, timeout_s: float = 1.0) -> str | None:

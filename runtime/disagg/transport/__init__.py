@@ -1,9 +1,7 @@
-"""KV transports behind one contract, chosen by name from a registry."""
+"""KV transports behind one contract, chosen by name from a registry, with their options."""
 
 from kvflow.runtime.disagg.transport.base import KVTransport, TransferError
-from kvflow.runtime.utils import Registry
+from kvflow.runtime.disagg.transport.options import KVTransferOptions
+from kvflow.runtime.disagg.transport.registry import KV_TRANSPORTS
 
-__all__ = ["KV_TRANSPORTS", "KVTransport", "TransferError"]
-
-KV_TRANSPORTS: Registry[KVTransport] = Registry("KV transport")
-KV_TRANSPORTS.register("mooncake", "kvflow.runtime.disagg.transport.mooncake:MooncakeTransport")
+__all__ = ["KV_TRANSPORTS", "KVTransferOptions", "KVTransport", "TransferError"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from types import TracebackType
+from typing import Any
 
 from kvflow.runtime.disagg.plan import Write
 
@@ -39,6 +40,12 @@ class KVTransport(ABC):
     gives up on a transfer must not hand its slots to another request before that bound
     has passed.
     """
+
+    @classmethod
+    @abstractmethod
+    def require_env(cls, options: Any) -> None:
+        """State process-wide settings (the environment) the transport needs, before any
+        engine of this process starts; ``options`` is a ``KVTransferOptions``."""
 
     @property
     @abstractmethod

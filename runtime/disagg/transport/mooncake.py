@@ -19,7 +19,6 @@ Measured with ``mooncake-transfer-engine-non-cuda`` 0.3.13.post1 over TCP:
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import weakref
@@ -29,6 +28,7 @@ from typing import Any
 from kvflow.contract import KV_TRANSFER_PORT_RANGE, POD_IP_ENV
 from kvflow.runtime.disagg.plan import Write
 from kvflow.runtime.disagg.transport.base import KVTransport, TransferError
+from kvflow.runtime.utils import mooncake_env
 
 __all__ = ["MooncakeTransport"]
 
@@ -45,17 +45,6 @@ MAX_BATCH = 1024
 # Engine calls abandoned at their deadline keep their engine alive here: destroying an
 # engine while a call still runs inside it would crash the process.
 _ABANDONED_ENGINES: list[object] = []
-
-
-def _engine_env(timeout_s: float) -> dict[str, str]:
-    """The engine's own knobs (``MC_*``), each only where the user has not set it."""
-    low, high = KV_TRANSFER_PORT_RANGE
-    return {
-        "MC_MIN_RPC_PORT": str(low),
-        "MC_MAX_RPC_PORT": str(high),
-        "MC_TCP_PROGRESS_TIMEOUT_SEC": str(max(1, math.ceil(timeout_s))),
-        "MC_HANDSHAKE_CONNECT_TIMEOUT": str(max(1, math.ceil(timeout_s))),
-    }
 
 
 class _PeerLock:
@@ -95,8 +84,7 @@ class MooncakeTransport(KVTransport):
         host: str | None = None,
         timeout_s: float = 5.0,
     ) -> None:
-        for key, value in _engine_env(timeout_s).items():
-            os.environ.setdefault(key, value)
+        mooncake_env.require("the PD KV transport", timeout_s)
         try:
             from mooncake.engine import TransferEngine
         except ImportError as exc:
@@ -134,6 +122,10 @@ class MooncakeTransport(KVTransport):
             weakref.WeakValueDictionary()
         )
         self._abandoned = 0  # calls past their deadline still running inside the engine
+
+    @classmethod
+    def require_env(cls, options: Any) -> None:
+        mooncake_env.require("the PD KV transport", options.timeout_s)
 
     @property
     def session_id(self) -> str:

@@ -20,8 +20,8 @@ from kvflow.runtime.server.openai.common import (
     usage_dict,
 )
 from kvflow.runtime.server.openai.protocol import ChatCompletionRequest
-from kvflow.runtime.server.tokenizer_manager import GenerateInput, RequestHandle, TokenizerManager
-from kvflow.runtime.wire import SamplingParams
+from kvflow.runtime.server.tokenizer_manager import RequestHandle, TokenizerManager
+from kvflow.runtime.wire import GenerateRequest, SamplingParams
 from kvflow.runtime.wire.errors import RequestError
 from kvflow.runtime.wire.sampling import GRAMMAR_FIELDS
 
@@ -30,7 +30,7 @@ __all__ = ["chat_completion", "prepare_chat"]
 
 def prepare_chat(
     tm: TokenizerManager, body: ChatCompletionRequest
-) -> tuple[GenerateInput, ChatPlan]:
+) -> tuple[GenerateRequest, ChatPlan]:
     plan = plan_chat(body, tm.args.tool_call_parser, tm.args.reasoning_parser)
     template = getattr(tm.tokenizer, "chat_template", None) or ""
     messages, template_kwargs = plan.render_messages(body.messages, "tools" in template)
@@ -55,14 +55,14 @@ def prepare_chat(
     except ValueError as err:
         raise RequestError(400, str(err)) from err
     want_logprobs = body.logprobs or bool(body.top_logprobs)
-    inp = GenerateInput(
-        ids,
-        sampling,
-        want_logprobs,
-        body.top_logprobs or 0,
-        body.cache_namespace,
-        body.rid,
+    inp = GenerateRequest(
+        input_ids=ids,
+        sampling=sampling,
+        rid=body.rid,
         stream=body.stream,
+        return_logprob=want_logprobs,
+        top_logprobs_num=body.top_logprobs or 0,
+        extra_key=body.cache_namespace,
         bootstrap=bootstrap_of(body.bootstrap_host, body.bootstrap_port, body.bootstrap_room),
     )
     return inp, plan
@@ -129,7 +129,7 @@ def _choice(
 async def chat_completion(
     tm: TokenizerManager,
     body: ChatCompletionRequest,
-    inp: GenerateInput,
+    inp: GenerateRequest,
     plan: ChatPlan,
     handles: list[RequestHandle],
 ) -> dict[str, Any] | AsyncIterator[str]:
@@ -150,7 +150,7 @@ async def chat_completion(
 async def _stream(
     tm: TokenizerManager,
     body: ChatCompletionRequest,
-    inp: GenerateInput,
+    inp: GenerateRequest,
     plan: ChatPlan,
     handles: list[RequestHandle],
     model: str,

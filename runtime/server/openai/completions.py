@@ -19,8 +19,8 @@ from kvflow.runtime.server.openai.common import (
     usage_dict,
 )
 from kvflow.runtime.server.openai.protocol import CompletionRequest
-from kvflow.runtime.server.tokenizer_manager import GenerateInput, RequestHandle, TokenizerManager
-from kvflow.runtime.wire import SamplingParams
+from kvflow.runtime.server.tokenizer_manager import RequestHandle, TokenizerManager
+from kvflow.runtime.wire import GenerateRequest, SamplingParams
 from kvflow.runtime.wire.errors import RequestError
 
 __all__ = ["completion", "prepare_completion"]
@@ -42,7 +42,7 @@ def _prompts(tm: TokenizerManager, prompt: Any) -> tuple[list[list[int]], list[s
 
 def prepare_completion(
     tm: TokenizerManager, body: CompletionRequest
-) -> tuple[list[GenerateInput], list[str]]:
+) -> tuple[list[GenerateRequest], list[str]]:
     if body.echo and body.logprobs is not None:
         raise RequestError(400, "echo together with logprobs (prompt logprobs) is not supported")
     ids_list, texts = _prompts(tm, body.prompt)
@@ -59,14 +59,14 @@ def prepare_completion(
         except ValueError as err:
             raise RequestError(400, str(err)) from err
         inputs.append(
-            GenerateInput(
-                ids,
-                sampling,
-                body.logprobs is not None,
-                body.logprobs or 0,
-                body.cache_namespace,
-                body.rid,
+            GenerateRequest(
+                input_ids=ids,
+                sampling=sampling,
+                rid=body.rid,
                 stream=body.stream,
+                return_logprob=body.logprobs is not None,
+                top_logprobs_num=body.logprobs or 0,
+                extra_key=body.cache_namespace,
                 bootstrap=bootstrap,
             )
         )
@@ -90,7 +90,7 @@ def _logprobs(ids, logprobs, tops, token_text: TokenText, offset: int) -> dict[s
 async def completion(
     tm: TokenizerManager,
     body: CompletionRequest,
-    inputs: list[GenerateInput],
+    inputs: list[GenerateRequest],
     prompt_texts: list[str],
     handles: list[RequestHandle],
 ) -> dict[str, Any] | AsyncIterator[str]:

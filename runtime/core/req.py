@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from kvflow.runtime.detokenizer import IncrementalDetokenizer, find_stop
-from kvflow.runtime.wire import Bootstrap, FinishReason, SamplingParams
+from kvflow.runtime.wire import Bootstrap, FinishReason, GenerateRequest
 
 __all__ = ["Req", "position_seed"]
 
@@ -27,6 +27,10 @@ def position_seed(seed: int, index: int) -> int:
 class Req:
     """One sequence being generated. ``n > 1`` requests arrive here as ``n`` Reqs.
 
+    Built from the request message (``message``, unchanged; its fields are read through
+    the attributes below), plus what the scheduler adds: the model's stop tokens, the
+    tokenizer for stop strings, the device of its sampling generator and its default seed.
+
     KV state: positions ``0:kv_len`` of ``all_token_ids()`` have KV in the slots recorded
     in row ``req_pool_idx``; the first ``len(prefix_indices)`` of those belong to the
     prefix cache (locked through ``last_node``), the rest to this request.
@@ -34,26 +38,22 @@ class Req:
 
     def __init__(
         self,
-        rid: str,
-        input_ids: list[int],
-        sampling: SamplingParams,
+        message: GenerateRequest,
         *,
         eos_token_ids: tuple[int, ...] = (),
-        extra_key: str | None = None,
-        return_logprob: bool = False,
-        top_logprobs_num: int = 0,
         tokenizer: Any = None,
         device: str = "cpu",
         seed: int = 0,
     ) -> None:
-        self.rid = rid
-        self.origin_input_ids = list(input_ids)
+        self.message = message
+        self.rid = message.request_id
+        self.origin_input_ids = list(message.input_ids)
         self.output_ids: list[int] = []
-        self.sampling = sampling
-        self.extra_key = extra_key
-        self.bootstrap: Bootstrap | None = None  # prefill/decode roles: the peer's room
-        self.return_logprob = return_logprob
-        self.top_logprobs_num = top_logprobs_num
+        sampling = self.sampling = message.sampling
+        self.extra_key = message.extra_key
+        self.bootstrap: Bootstrap | None = message.bootstrap  # PD roles: the peer's room
+        self.return_logprob = message.return_logprob
+        self.top_logprobs_num = message.top_logprobs_num
         self.stop_token_set = set(sampling.stop_token_ids)
         if not sampling.ignore_eos:
             self.stop_token_set |= set(eos_token_ids)
@@ -70,7 +70,7 @@ class Req:
             self._generator = torch.Generator(device=device)
         # Stop strings are matched on text, so the scheduler decodes such requests itself.
         self._stop_text = (
-            IncrementalDetokenizer(tokenizer, input_ids, sampling.skip_special_tokens)
+            IncrementalDetokenizer(tokenizer, message.input_ids, sampling.skip_special_tokens)
             if sampling.stop and tokenizer is not None
             else None
         )

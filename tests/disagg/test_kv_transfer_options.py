@@ -1,0 +1,103 @@
+"""The PD transfer settings: one options type from the flags to the transport, refused on
+a unified server, and one owner of Mooncake's process-wide environment."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from kvflow.runtime.disagg.transport import KVTransferOptions
+from kvflow.runtime.server.args import parse_args
+from kvflow.runtime.utils import mooncake_env
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch):
+    for key in [k for k in os.environ if k.startswith("MC_")]:
+        monkeypatch.delenv(key)
+    mooncake_env.reset_for_tests()
+    yield monkeypatch
+    mooncake_env.reset_for_tests()
+
+
+def test_flags_reach_the_options() -> None:
+    args = parse_args(
+        [
+            "--role",
+            "prefill",
+            "--bootstrap-port",
+            "9001",
+            "--disagg-timeout",
+            "7.5",
+            "--kv-transfer-protocol",
+            "tcp",
+            "--disaggregation-transfer-backend",
+            "mooncake",
+        ]
+    )
+    assert args.kv_transfer == KVTransferOptions(
+        backend="mooncake",
+        protocol="tcp",
+        timeout_s=7.5,
+        bootstrap_host="127.0.0.1",
+        bootstrap_port=9001,
+    )
+    assert parse_args(["--role", "decode"]).kv_transfer == KVTransferOptions(
+        bootstrap_port=parse_args(["--role", "prefill"]).kv_transfer.bootstrap_port
+    )
+    assert parse_args([]).kv_transfer is None
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--disagg-timeout", "3"],
+        ["--kv-transfer-protocol", "tcp"],
+        ["--disaggregation-transfer-backend", "mooncake"],
+    ],
+)
+def test_pd_flags_refused_on_a_unified_server(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(argv)
+    assert exit_info.value.code == 2
+    assert f"{argv[0]}: prefill/decode settings" in capsys.readouterr().err
+
+
+def test_protocol_stays_with_a_mooncake_store() -> None:
+    argv = ["--kv-transfer-protocol", "tcp", "--hicache-host-memory-gb", "1"]
+    argv += ["--hicache-storage", "mooncake", "--hicache-storage-path", "127.0.0.1:50051"]
+    assert parse_args(argv).kv_transfer is None
+
+
+def test_the_transport_gets_the_deadline(clean_env: pytest.MonkeyPatch) -> None:
+    options = KVTransferOptions(timeout_s=2.5)
+    options.require_env()
+    with options.transport() as transport:
+        assert transport.timeout_s == 2.5
+    assert os.environ["MC_TCP_PROGRESS_TIMEOUT_SEC"] == "3"
+
+
+def test_store_first_then_transport_both_apply(clean_env: pytest.MonkeyPatch) -> None:
+    """The order of the scheduler process with a Mooncake store and PD: before one owner,
+    the store's setdefault won and the transport's timeout never applied."""
+    mooncake_env.require("the Mooncake store", 2.0, "127.0.0.1")
+    merged = mooncake_env.require("the PD KV transport", 30.0)
+    assert merged["MC_TCP_PROGRESS_TIMEOUT_SEC"] == "30"
+    assert merged["MC_HANDSHAKE_CONNECT_TIMEOUT"] == "30"
+    assert merged["MC_TCP_BIND_ADDRESS"] == "127.0.0.1"  # the store's need stays
+    assert os.environ["MC_TCP_PROGRESS_TIMEOUT_SEC"] == "30"
+    mooncake_env.reset_for_tests()
+    for key in [k for k in os.environ if k.startswith("MC_")]:
+        clean_env.delenv(key)
+    mooncake_env.require("the PD KV transport", 30.0)
+    assert mooncake_env.require("the Mooncake store", 2.0, "127.0.0.1") == merged
+
+
+def test_what_the_user_set_is_left_alone(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("MC_TCP_PROGRESS_TIMEOUT_SEC", "99")
+    merged = mooncake_env.require("the PD KV transport", 5.0)
+    assert merged["MC_TCP_PROGRESS_TIMEOUT_SEC"] == "99"
+    assert merged["MC_HANDSHAKE_CONNECT_TIMEOUT"] == "5"
