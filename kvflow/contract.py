@@ -23,6 +23,7 @@ __all__ = [
     "HEALTH_PATH",
     "HICACHE_ENGINE_FIELDS",
     "HICACHE_FLAGS",
+    "INTERNAL_KEY_ENV",
     "KV_TRANSFER_PORT_RANGE",
     "METRICS_PATH",
     "MODEL_CACHE_ENV",
@@ -76,6 +77,10 @@ OPERATOR_HEALTH_PATH = "/healthz"
 
 # Environment variables.
 API_KEY_ENV = "KVFLOW_API_KEY"  # bearer token required by the API when set
+# One deployment's internal credential, shared by its router, prefills and decodes and never
+# given to clients: the bearer token of the prefill's bootstrap routes, the key of the PD
+# pair tokens the router signs (``bootstrap_token``), and the router's admin credential.
+INTERNAL_KEY_ENV = "KVFLOW_INTERNAL_KEY"
 MODEL_CACHE_ENV = "KVFLOW_CACHE_DIR"  # where converted/embedded models are cached
 POD_IP_ENV = "KVFLOW_POD_IP"  # the pod's own IP: advertised to KV-transfer peers
 # Path of a JSON file with the Mooncake store client settings (keys as SGLang's
