@@ -145,6 +145,18 @@ class Cluster:
             force_conflicts=True,
         )
 
+    def create_if_absent(self, manifest: Mapping[str, Any]) -> bool:
+        """Create an object unless one of its name exists (False then; it is not read)."""
+        meta = manifest["metadata"]
+        path = resource_path(manifest["apiVersion"], manifest["kind"], meta["namespace"])
+        try:
+            self._request("post", path, f"create {manifest['kind']}/{meta['name']}", body=manifest)
+        except ApiFailure as failure:
+            if failure.status == 409:
+                return False
+            raise
+        return True
+
     def list_objects(
         self, api_version: str, kind: str, namespace: str, selector: str
     ) -> list[dict[str, Any]]:

@@ -34,5 +34,6 @@ OPERATOR_ENV = (
     contract.MODEL_CACHE_ENV,
     HF_HOME_ENV,
     contract.API_KEY_ENV,
+    contract.INTERNAL_KEY_ENV,
     contract.MOONCAKE_CONFIG_ENV,
 )

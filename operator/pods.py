@@ -13,6 +13,7 @@ from typing import Any
 from kvflow import contract
 
 from . import names
+from .internal_key import internal_key_env
 from .paths import CACHE_DIR, HF_HOME_ENV, MODEL_DIR, SHM_DIR, TMP_DIR
 from .placement import (
     cluster_router_placement,
@@ -128,6 +129,7 @@ def worker_pod_template(
         {"name": contract.MODEL_CACHE_ENV, "value": CACHE_DIR},
         {"name": HF_HOME_ENV, "value": f"{CACHE_DIR}/huggingface"},
         *api_key_env(md.endpoint.api_key),
+        *internal_key_env(md),
     ]
     config_dir = contract.RUNTIME_CONFIG_DIR
     tiered = uses_hicache(md, worker)
@@ -204,6 +206,7 @@ def router_pod_template(md: ModelDeployment) -> dict[str, Any]:
             # a host-network router binds its pod IP (see placement.POD_IP)
             *([POD_IP_FIELD] if router.pods.host_network else []),
             *api_key_env(md.endpoint.api_key),
+            *internal_key_env(md),
             *(dict(e) for e in router.pods.env),
         ],
         "resources": container_resources(router.pods.requests, router.pods.limits),

@@ -18,6 +18,7 @@ from typing import Any
 
 from . import names
 from .autoscale.scale import decided_sizes, without_autoscaling
+from .internal_key import internal_key_secret, new_internal_key
 from .kube import PERMANENT_FAILURES, ApiFailure, Cluster
 from .parse import parse_model_deployment
 from .podstatus import PodReport
@@ -99,6 +100,8 @@ class Reconciler:
                 components = expected_components(md)
                 # autoscaled roles render the size the autoscaler decided (in status)
                 children = render_children(md, decided_sizes(md, body.get("status")))
+                if md.disaggregated:  # the pods read it: it exists before they do
+                    self._cluster.create_if_absent(internal_key_secret(md, new_internal_key()))
                 for child in children:
                     self._cluster.apply(child)
                     applied += 1

@@ -46,7 +46,7 @@ def pd_stack(python: str, model: str, server_args: list[str], log_dir: Path) -> 
     bootstrap_port = free_port()
     servers = [
         _serve("prefill", python, model, ["--role", "prefill", "--bootstrap-port", str(bootstrap_port), *server_args]),
-        _serve("decode", python, model, ["--role", "decode", *server_args]),
+        _serve("decode", python, model, ["--role", "decode", "--disaggregation-trusted-prefills", f"127.0.0.1:{bootstrap_port}", *server_args]),
         _serve("unified", python, model, server_args),
     ]  # fmt: skip
     prefill, decode, unified = (s.base_url for s in servers)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvflow import contract
+from kvflow.operator.internal_key import new_internal_key
 from kvflow.operator.placement import (
     RouterPlacement,
     WorkerPlacement,
@@ -226,6 +227,8 @@ def local_plan(
     base_env = {contract.POD_IP_ENV: LOOPBACK, "PYTHONUNBUFFERED": "1"}
     if api_key:
         base_env[contract.API_KEY_ENV] = api_key
+    if md.disaggregated:  # a fresh internal key per run: router and workers share it
+        base_env[contract.INTERNAL_KEY_ENV] = new_internal_key()
     processes: list[LocalProcess] = []
     client = StoreClient("")
     if store is not None:

@@ -132,6 +132,7 @@ def parse_args(argv: list[str]) -> RouterConfig:
         discover_selector=ns.discover_selector or None,
         bootstrap_port=ns.bootstrap_port,
         api_key=os.environ.get(contract.API_KEY_ENV) or None,
+        internal_key=os.environ.get(contract.INTERNAL_KEY_ENV) or None,
         connect_timeout_s=ns.connect_timeout_s,
         log_level=ns.log_level,
         **sections,

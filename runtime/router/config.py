@@ -84,6 +84,7 @@ class RouterConfig:
     discover_selector: str | None = None
     bootstrap_port: int = contract.DEFAULT_BOOTSTRAP_PORT  # prefill default when not given
     api_key: str | None = None
+    internal_key: str | None = None  # signs PD pairs (bootstrap_token); $KVFLOW_INTERNAL_KEY
     connect_timeout_s: float = 5.0
     log_level: str = "info"
     health: HealthConfig = field(default_factory=HealthConfig)

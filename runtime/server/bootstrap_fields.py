@@ -1,4 +1,6 @@
-"""SGLang's ``bootstrap_host`` / ``bootstrap_port`` / ``bootstrap_room`` request fields."""
+"""SGLang's ``bootstrap_host`` / ``bootstrap_port`` / ``bootstrap_room`` request fields, and
+kvflow's ``bootstrap_token`` (the router's signature of the pair, see
+:mod:`kvflow.runtime.wire.pair_token`)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from kvflow.runtime.wire import Bootstrap, RequestError
 __all__ = ["bootstrap_of", "bootstraps_of", "check_sample_rooms"]
 
 
-def bootstrap_of(host: Any, port: Any, room: Any) -> Bootstrap | None:
+def bootstrap_of(host: Any, port: Any, room: Any, token: Any = None) -> Bootstrap | None:
     """The pairing of one prompt; None when no field is set, 400 when only some are."""
     given = [v is not None for v in (host, port, room)]
     if not any(given):
@@ -18,16 +20,20 @@ def bootstrap_of(host: Any, port: Any, room: Any) -> Bootstrap | None:
         raise RequestError(
             400, "bootstrap_host, bootstrap_port and bootstrap_room go together: give all three"
         )
+    if token is not None and not isinstance(token, str):
+        raise RequestError(400, "bootstrap_token must be a string")
     try:
-        return Bootstrap(host, port, room)
+        return Bootstrap(host, port, room, token)
     except ValueError as err:
         raise RequestError(400, str(err)) from err
 
 
-def bootstraps_of(host: Any, port: Any, room: Any, count: int) -> list[Bootstrap | None]:
+def bootstraps_of(
+    host: Any, port: Any, room: Any, count: int, token: Any = None
+) -> list[Bootstrap | None]:
     """One pairing per prompt of a batch: lists of ``count`` values, or single values when
     ``count`` is 1."""
-    values = [host, port, room]
+    values = [host, port, room, token]
     if any(isinstance(v, list) for v in values):
         if any(v is not None and (not isinstance(v, list) or len(v) != count) for v in values):
             raise RequestError(400, f"bootstrap_* lists must have one value per prompt ({count})")
@@ -36,7 +42,7 @@ def bootstraps_of(host: Any, port: Any, room: Any, count: int) -> list[Bootstrap
         ]
     if count > 1 and room is not None:
         raise RequestError(400, "a batch needs one bootstrap_room per prompt (lists)")
-    return [bootstrap_of(host, port, room)] * count
+    return [bootstrap_of(host, port, room, token)] * count
 
 
 def check_sample_rooms(prompts: list[tuple[Bootstrap | None, int]]) -> None:

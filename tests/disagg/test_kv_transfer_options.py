@@ -43,7 +43,8 @@ def test_flags_reach_the_options() -> None:
         bootstrap_host="127.0.0.1",
         bootstrap_port=9001,
     )
-    assert parse_args(["--role", "decode"]).kv_transfer == KVTransferOptions(
+    decode = ["--role", "decode", "--disaggregation-trusted-prefills", "127.0.0.1:1"]
+    assert parse_args(decode).kv_transfer == KVTransferOptions(
         bootstrap_port=parse_args(["--role", "prefill"]).kv_transfer.bootstrap_port
     )
     assert parse_args([]).kv_transfer is None

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
 sys.path.insert(0, str(Path(__file__).parents[1] / "router"))
 sys.path.insert(0, str(Path(__file__).parents[1] / "pd"))
 
-from pd_flags import COMMON
+from pd_flags import COMMON, trusting
 from prometheus_stack import (
     PROMETHEUS,
     Prometheus,
@@ -42,7 +42,8 @@ def pd_prometheus(model_path, tmp_path_factory) -> Iterator[tuple[Prometheus, fl
         with patient_server_start():  # one after the other: the machine has 2 cores
             prefill_flags = ("--role", "prefill", "--bootstrap-port", str(bootstrap), *COMMON)
             started.append(ServerProcess(*prefill_flags, log=logs / "prefill.log"))
-            started.append(ServerProcess("--role", "decode", *COMMON, log=logs / "decode.log"))
+            decode_flags = ("--role", "decode", *trusting(bootstrap), *COMMON)
+            started.append(ServerProcess(*decode_flags, log=logs / "decode.log"))
         prefill, decode = started
         router = RouterProcess(
             "--prefill-urls", f"{prefill.url}#{bootstrap}",

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
 sys.path.insert(0, str(Path(__file__).parents[1] / "router"))
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 
-from pd_flags import COMMON
+from pd_flags import COMMON, trusting
 from router_process import RouterProcess
 from server_process import ServerProcess, free_port
 from sglang_router_process import SglangRouterProcess
@@ -37,7 +37,7 @@ def pd(model_path, tmp_path_factory) -> Iterator[PDStack]:
     bootstrap_port = free_port()
     specs = {
         "prefill": ("--role", "prefill", "--bootstrap-port", str(bootstrap_port), *COMMON),
-        "decode": ("--role", "decode", *COMMON),
+        "decode": ("--role", "decode", *trusting(bootstrap_port), *COMMON),
         "unified": COMMON,
     }
     with ThreadPoolExecutor(3) as pool:  # each load takes tens of seconds

@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from pd_flags import COMMON
+from pd_flags import COMMON, trusting
 from router_process import RouterProcess, start_worker
 from server_process import ServerProcess, free_port
 
@@ -44,7 +44,12 @@ class Stack:
 
     def start_decode(self) -> ServerProcess:
         return start_worker(
-            "--role", "decode", *COMMON, log=self.logs / "decode.log", port=self.decode_port
+            "--role",
+            "decode",
+            *trusting(self.bootstrap_port),
+            *COMMON,
+            log=self.logs / "decode.log",
+            port=self.decode_port,
         )
 
     def stop(self) -> None:

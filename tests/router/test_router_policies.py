@@ -166,7 +166,7 @@ def test_pd_body_adds_sglang_bootstrap_fields():
 
     prefill = make("http://10.0.0.7:8000", role="prefill", bootstrap=9001)
     body = json.loads(
-        pd_body("/v1/chat/completions", {"messages": []}, prefill, 8998, random.Random(1))
+        pd_body("/v1/chat/completions", {"messages": []}, prefill, 8998, rng=random.Random(1))
     )
     assert body["bootstrap_host"] == "10.0.0.7" and body["bootstrap_port"] == 9001
     assert 0 <= body["bootstrap_room"] < 2**63
@@ -175,3 +175,22 @@ def test_pd_body_adds_sglang_bootstrap_fields():
     assert batch["bootstrap_port"] == [8998, 8998] and len(set(batch["bootstrap_room"])) == 2
     decodes = [make("http://d1:1", 3, "decode"), make("http://d2:1", 1, "decode")]
     assert least_loaded(decodes).url == "http://d2:1"
+
+
+def test_pd_body_signs_each_pair_and_drops_a_clients_token():
+    import json
+
+    from kvflow.runtime.wire import Bootstrap
+    from kvflow.runtime.wire.pair_token import PairTrust
+
+    prefill = make("http://10.0.0.7:8000", role="prefill", bootstrap=9001)
+    forged = {"messages": [], "bootstrap_token": "v1.9999999999.00"}
+    unsigned = json.loads(pd_body("/v1/chat/completions", forged, prefill, 8998))
+    assert "bootstrap_token" not in unsigned
+    body = json.loads(pd_body("/v1/chat/completions", forged, prefill, 8998, "k1"))
+    pair = Bootstrap(body["bootstrap_host"], body["bootstrap_port"], body["bootstrap_room"])
+    assert PairTrust(key="k1").problem(pair, body["bootstrap_token"]) is None
+    assert "does not match" in PairTrust(key="k2").problem(pair, body["bootstrap_token"])
+    batch = json.loads(pd_body("/generate", {"text": ["a", "b"]}, prefill, 8998, "k1"))
+    for room, token in zip(batch["bootstrap_room"], batch["bootstrap_token"], strict=True):
+        assert PairTrust(key="k1").problem(Bootstrap("10.0.0.7", 9001, room), token) is None

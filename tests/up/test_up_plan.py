@@ -227,3 +227,16 @@ def test_env_values_reach_their_role(tmp_path: Path) -> None:
     assert by_name["prefill-0"].env["KVFLOW_LOG_LEVEL"] == "debug"
     assert "KVFLOW_LOG_LEVEL" not in by_name["decode-0"].env
     assert by_name["mooncake-master"].env == {"GLOG_v": "1"}
+
+
+def test_a_disaggregated_run_shares_one_fresh_internal_key(tmp_path: Path) -> None:
+    """Router and PD workers get the same key (the router signs pairs, the decode checks
+    them, the prefill's bootstrap routes require it); each run draws a new one."""
+    body, secrets = edited(DISAGGREGATED, lambda spec: None)
+    keys = []
+    for _ in range(2):
+        processes = plan_of(body, secrets, tmp_path).processes
+        kvflow = [p for p in processes if p.argv[2:4] == ["-m", "kvflow"]]
+        assert {p.name for p in kvflow} == {"prefill-0", "decode-0", "decode-1", "router"}
+        keys.append({p.env.get(contract.INTERNAL_KEY_ENV) for p in kvflow})
+    assert all(len(k) == 1 and None not in k for k in keys) and keys[0] != keys[1]

@@ -80,4 +80,8 @@ pods is the autoscaler's (pod-deletion-cost annotations before a scale-in).
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
+# The internal key of a disaggregated deployment: created once, never read back.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 {{- end -}}
