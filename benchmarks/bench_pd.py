@@ -15,6 +15,7 @@ share of TTFT, GB/s). Writes markdown plus the raw JSON.
 CPU): ITL p50/p99 of a steady stream of decodes, quiet and while long prompts keep
 arriving, against servers already running. A setup on 2 GPUs, e.g.::
 
+    export KVFLOW_INTERNAL_KEY=$(openssl rand -hex 32)  # the router signs pairs with it
     CUDA_VISIBLE_DEVICES=0 kvflow serve --model-path M --port 30001 --role prefill --bootstrap-port 8998 &
     CUDA_VISIBLE_DEVICES=1 kvflow serve --model-path M --port 30002 --role decode &
     kvflow router --port 30000 --prefill-urls http://127.0.0.1:30001#8998 --decode-urls http://127.0.0.1:30002 &

@@ -19,6 +19,8 @@ T0=$(date +%s)
 elapsed() { echo $(($(date +%s) - T0)); }
 left() { echo $((STOP_AT - $(elapsed))); }
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# the routers sign each PD pair with it and the decodes check it (docs/disaggregation.md)
+export KVFLOW_INTERNAL_KEY=${KVFLOW_INTERNAL_KEY:-$(python3 -c 'import secrets; print(secrets.token_hex(32))')}
 exec > >(tee -a "$OUT/run.log") 2>&1
 
 if [ "$LOCAL" = 1 ]; then
