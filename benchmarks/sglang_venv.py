@@ -31,7 +31,11 @@ def default_sglang_venv() -> Path:
 
 
 def _run(argv: list[str], timeout: float) -> None:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    # cwd="/": `python -m pip` puts the working directory first on sys.path, and the repo's
+    # top-level operator/ folder would shadow the standard library's operator module
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, check=False, cwd="/"
+    )
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
         raise RuntimeError(f"{' '.join(argv[:4])} ... exited {done.returncode}: {' | '.join(tail)}")
@@ -41,7 +45,8 @@ def installed_sglang_router(venv: Path) -> Path | None:
     """The venv's python if ``sglang-router`` is installed there (no network), else None."""
     python = venv / "bin" / "python"
     probe = [str(python), "-c", "import sglang_router"]
-    if python.exists() and subprocess.run(probe, capture_output=True, check=False).returncode == 0:
+    found = python.exists() and subprocess.run(probe, capture_output=True, cwd="/").returncode == 0
+    if found:
         return python
     return None
 

