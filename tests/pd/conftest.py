@@ -4,6 +4,7 @@ in front of the same pair on request (``sglang_router``)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
 sys.path.insert(0, str(Path(__file__).parents[1] / "router"))
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 
-from pd_flags import COMMON, trusting
+from pd_flags import COMMON, PD_INTERNAL_KEY, trusting
 from router_process import RouterProcess
 from server_process import ServerProcess, free_port
 from sglang_router_process import SglangRouterProcess
@@ -29,6 +30,20 @@ class PDStack(NamedTuple):
     decode: ServerProcess
     unified: ServerProcess
     router: RouterProcess
+
+
+@pytest.fixture(scope="session", autouse=True)
+def internal_key() -> Iterator[str]:
+    """The internal key in the environment every server and router of tests/pd inherits."""
+    from kvflow.contract import INTERNAL_KEY_ENV
+
+    before = os.environ.get(INTERNAL_KEY_ENV)
+    os.environ[INTERNAL_KEY_ENV] = PD_INTERNAL_KEY
+    yield PD_INTERNAL_KEY
+    if before is None:
+        os.environ.pop(INTERNAL_KEY_ENV, None)
+    else:
+        os.environ[INTERNAL_KEY_ENV] = before
 
 
 @pytest.fixture(scope="module")

@@ -117,13 +117,25 @@ def _bootstrap(host: str, port: int) -> dict:
     }
 
 
+def _signed(host: str, port: int) -> dict:
+    """Bootstrap fields with the pair's token, as the deployment's router signs them."""
+    from pd_flags import PD_INTERNAL_KEY
+
+    from kvflow.runtime.wire import Bootstrap
+    from kvflow.runtime.wire.pair_token import sign_pair
+
+    fields = _bootstrap(host, port)
+    pair = Bootstrap(host, port, fields["bootstrap_room"])
+    return {**fields, "bootstrap_token": sign_pair(PD_INTERNAL_KEY, pair)}
+
+
 def test_unreachable_prefill_fails_the_decode_request_in_bounded_time(pd):
     from server_process import free_port
 
     body = {
         "messages": [{"role": "user", "content": QUESTION}],
         "max_tokens": 8,
-        **_bootstrap("127.0.0.1", free_port()),  # nothing listens there
+        **_signed("127.0.0.1", free_port()),  # a pair the router signed; nothing listens
     }
     start = time.monotonic()
     response = httpx.post(f"{pd.decode.url}/v1/chat/completions", json=body, timeout=60)
@@ -156,3 +168,39 @@ def test_requests_without_pairing_are_refused_by_pd_workers(pd):
     body.update(_bootstrap("127.0.0.1", pd.bootstrap_port))
     response = httpx.post(f"{pd.unified.url}/v1/chat/completions", json=body, timeout=60)
     assert response.status_code == 400 and "unified" in response.json()["error"]["message"]
+
+
+def test_a_decode_contacts_no_prefill_its_router_did_not_sign(pd):
+    """Server-side request forgery: a client names a listener (a capture socket here) as
+    the prefill. Unsigned, forged, re-used for another room or signed with another key:
+    each is a 400 before the decode connects anywhere."""
+    import socket
+
+    from kvflow.runtime.wire import Bootstrap
+    from kvflow.runtime.wire.pair_token import sign_pair
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        signed = _signed("127.0.0.1", port)
+        other_room = {**signed, "bootstrap_room": signed["bootstrap_room"] + 1}
+        other_key = {
+            **signed,
+            "bootstrap_token": sign_pair(
+                "not-the-key", Bootstrap("127.0.0.1", port, signed["bootstrap_room"])
+            ),
+        }
+        unsigned = _bootstrap("127.0.0.1", port)
+        forged = {**unsigned, "bootstrap_token": "v1.9999999999.00"}
+        for fields in (unsigned, forged, other_room, other_key):
+            body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 4}
+            response = httpx.post(
+                f"{pd.decode.url}/v1/chat/completions", json={**body, **fields}, timeout=30
+            )
+            assert response.status_code == 400, response.text
+            assert "bootstrap" in response.json()["error"]["message"]
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody connected
+    _idle(pd)
