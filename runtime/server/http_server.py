@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,7 +25,11 @@ from kvflow.runtime.server.openai.protocol import (
     CompletionRequest,
     GenerateRequestBody,
 )
-from kvflow.runtime.server.tokenizer_manager import RequestHandle, TokenizerManager
+from kvflow.runtime.server.tokenizer_manager import (
+    INTERNAL_OWNER,
+    RequestHandle,
+    TokenizerManager,
+)
 from kvflow.runtime.wire import GenerateRequest, RequestError, SamplingParams, error_body
 
 __all__ = ["create_app"]
@@ -104,7 +109,7 @@ async def _guarded(stream: AsyncIterator[str]) -> AsyncIterator[str]:
         async for chunk in stream:
             yield chunk
     except RequestError as err:
-        yield sse({"error": {"message": err.message, "type": "server_error", "code": err.status}})
+        yield sse(error_body(err.status, err.message))
         yield sse("[DONE]")
 
 
@@ -130,6 +135,16 @@ class _ApiKeyGuard:
 def _cancel(handles: list[RequestHandle]) -> None:
     for handle in handles:
         handle.cancel()
+
+
+def credential_of(request: Request, api_key: str | None) -> str:
+    """Who may abort the requests ``request`` starts: a hash of its bearer token (never the
+    token itself) when the server has an API key, else ``anonymous``, the one credential
+    every client of a server without a key shares."""
+    if not api_key:
+        return "anonymous"
+    token = request.headers.get("authorization", "").encode()
+    return "bearer:" + hashlib.sha256(token).hexdigest()
 
 
 def create_app(tm: TokenizerManager) -> FastAPI:
@@ -170,19 +185,26 @@ def create_app(tm: TokenizerManager) -> FastAPI:
 
     @app.get(contract.HEALTH_GENERATE_PATH)
     async def health_generate() -> Response:
-        probe = GenerateRequest(
-            input_ids=[0], sampling=SamplingParams(max_new_tokens=1, temperature=0)
+        """One token through the model, on every role: a probe skips the role's queues (no
+        bootstrap room, nothing transferred). The prefill prefills a one-token prompt; the
+        unified and decode roles also run one decode step after it."""
+        role = tm.info.get("role", "unified")
+        sampling = SamplingParams(
+            max_new_tokens=1 if role == "prefill" else 2, temperature=0, ignore_eos=True
         )
-        handles = await tm.generate([probe])
+        probe = GenerateRequest(input_ids=[0], sampling=sampling, probe=True)
+        handles = await tm.generate([probe], INTERNAL_OWNER)
         try:
             async with asyncio.timeout(_HEALTH_GENERATE_TIMEOUT_S):
                 async for _ in handles[0]:
                     pass
         except TimeoutError:
             return _error(503, "the model did not produce a token in time")
+        except RequestError as err:
+            return _error(503, f"the health probe failed: {err.message}")
         finally:
             handles[0].cancel()
-        return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "ok", "role": role})
 
     @app.get(contract.METRICS_PATH)
     async def metrics() -> Response:
@@ -214,32 +236,36 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         tm.check_accepting()
         inp, plan = prepare_chat(tm, body)
-        handles = await tm.generate([inp])
+        handles = await tm.generate([inp], credential_of(request, api_key))
         return await _respond(request, handles, chat_completion(tm, body, inp, plan, handles))
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         tm.check_accepting()
         inputs, texts = prepare_completion(tm, body)
-        handles = await tm.generate(inputs)
+        handles = await tm.generate(inputs, credential_of(request, api_key))
         return await _respond(request, handles, completion(tm, body, inputs, texts, handles))
 
     @app.post("/generate")
     async def generate(body: GenerateRequestBody, request: Request) -> Response:
         tm.check_accepting()
         single, inputs = prepare_native(tm, body)
-        handles = await tm.generate(inputs)
+        handles = await tm.generate(inputs, credential_of(request, api_key))
         return await _respond(request, handles, native_generate(tm, body, single, inputs, handles))
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
+        """SGLang's body ``{"rid": ...}``; only the credential that started ``rid`` may
+        abort it. Another's rid and an unknown one get the same 404."""
         payload = await _json_object(request)
+        if payload.get("abort_all"):
+            raise RequestError(400, "abort_all is not supported: abort each request by its rid")
         rid = payload.get("rid")
         if not isinstance(rid, str) or not rid:
             raise RequestError(400, "abort_request needs a string 'rid'")
-        known = rid in tm.states
-        tm.abort(rid, "aborted by /abort_request")
-        return JSONResponse({"rid": rid, "found": known})
+        if not tm.abort_owned(rid, credential_of(request, api_key)):
+            raise RequestError(404, f"no request {rid!r} of this credential is in flight")
+        return JSONResponse({"rid": rid, "found": True})
 
     @app.post("/flush_cache")
     async def flush_cache() -> Response:

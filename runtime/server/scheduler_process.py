@@ -129,7 +129,10 @@ class SchedulerLoop:
             )
         )
         try:
-            self.role.add(self.reqs.make(self.role.prepare(message)))
+            if message.probe:  # the model itself, past the role: no room, never transferred
+                self.scheduler.add_request(self.reqs.make(message))
+            else:
+                self.role.add(self.reqs.make(self.role.prepare(message)))
         except Exception as err:  # isolated: this request fails, the loop goes on
             logger.exception("request %s refused", rid)
             return [

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hmac
 import itertools
 import logging
 import time
@@ -36,20 +37,29 @@ from kvflow.runtime.wire.messages import (
     TextBatch,
     TextOutput,
 )
+from kvflow.runtime.wire.outputs import FinishReason
 
-__all__ = ["RequestHandle", "TokenizerManager"]
+__all__ = ["INTERNAL_OWNER", "RequestHandle", "TokenizerManager"]
 logger = logging.getLogger("kvflow.tokenizer_manager")
 _CONTROL_TIMEOUT_S = 30.0
 _QUEUE_FULL_RETRY_AFTER_S = 1
+# The owner of the server's own requests (health probes, n > 1 warm-ups): no client's
+# credential is ever this string, so no client can abort them.
+INTERNAL_OWNER = "internal"
+# NOTE: 499 (nginx's "client closed request", gRPC's CANCELLED): a 4xx, so no router
+# retries a request its client cancelled.
+CLIENT_ABORT_STATUS = 499
 
 
 @dataclass
 class _ReqState:
+    owner: str  # the credential that may abort it (see http_server's credential_of)
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     created: float = field(default_factory=time.monotonic)
     last_token_at: float | None = None
     finished: bool = False
     streaming: bool = False
+    abort_error: RequestError | None = None  # what an abort we asked for answers
 
 
 class TokenizerManager:
@@ -128,6 +138,9 @@ class TokenizerManager:
                 out.cached_tokens,
                 out.finish_reason.type == "abort",
             )
+            if out.finish_reason.type == "abort":  # never an answer: an error status or event
+                state.queue.put_nowait(_abort_error(state, out.finish_reason))
+                return
         state.queue.put_nowait(out)
 
     # -- requests -------------------------------------------------------------------------
@@ -187,7 +200,8 @@ class TokenizerManager:
         if not ids:
             raise RequestError(400, "the prompt is empty")
         self.check_token_ids(ids)
-        self._check_role(inp)
+        if not inp.probe:  # the probe runs on any role (scheduler_process skips the role)
+            self._check_role(inp)
         try:
             inp.sampling.validate(self.vocab_size)
         except ValueError as err:
@@ -233,14 +247,17 @@ class TokenizerManager:
     def default_max_tokens(self, prompt_len: int) -> int:
         return max(self.context_len - prompt_len, 0)
 
-    def _submit(self, request: GenerateRequest) -> _ReqState:
-        state = _ReqState(streaming=request.stream)
+    def _submit(self, request: GenerateRequest, owner: str) -> _ReqState:
+        if request.request_id in self.states:  # checked in generate; never replace a state
+            raise RequestError(400, f"a request with rid {request.rid!r} is already in flight")
+        state = _ReqState(owner, streaming=request.stream)
         self.states[request.request_id] = state
         self.to_scheduler.send(request)
         return state
 
-    async def generate(self, inputs: list[GenerateRequest]) -> list[RequestHandle]:
-        """Start every prompt (``n`` samples each); one output stream per sample, in order."""
+    async def generate(self, inputs: list[GenerateRequest], owner: str) -> list[RequestHandle]:
+        """Start every prompt (``n`` samples each); one output stream per sample, in order.
+        ``owner`` is the credential that may abort them (:meth:`abort_owned`)."""
         self.check_accepting()
         for inp in inputs:
             self.validate(inp)
@@ -261,7 +278,7 @@ class TokenizerManager:
                     sampling=inp.sampling.prefill_only(),
                     extra_key=inp.extra_key,
                 )
-                warm_handle = self._start(warm)
+                warm_handle = self._start(warm, INTERNAL_OWNER)
                 try:
                     async for _ in warm_handle:
                         pass
@@ -269,18 +286,33 @@ class TokenizerManager:
                     warm_handle.cancel()
             for index, sampling in enumerate(samples):
                 bootstrap = inp.bootstrap.sample(index) if inp.bootstrap is not None else None
-                streams.append(self._start(replace(inp, sampling=sampling, bootstrap=bootstrap)))
+                sample = replace(inp, sampling=sampling, bootstrap=bootstrap)
+                streams.append(self._start(sample, owner))
         return streams
 
-    def _start(self, inp: GenerateRequest) -> RequestHandle:
+    def _start(self, inp: GenerateRequest, owner: str) -> RequestHandle:
         request = replace(inp, rid=inp.rid or f"{uuid.uuid4().hex[:12]}-{next(self._ids)}")
-        return RequestHandle(self, request.request_id, self._submit(request))
+        return RequestHandle(self, request.request_id, self._submit(request, owner))
 
     def abort(self, rid: str, message: str = "aborted by the client") -> None:
         self.to_scheduler.send(AbortRequest(rid, message))
 
+    def abort_owned(self, rid: str, owner: str) -> bool:
+        """``/abort_request``: abort ``rid`` if it is in flight and ``owner`` started it;
+        False otherwise (the caller cannot tell a rid it does not own from none). The
+        request then answers 499."""
+        state = self.states.get(rid)
+        if state is None or state.finished or not hmac.compare_digest(state.owner, owner):
+            return False
+        message = "aborted by /abort_request"
+        state.abort_error = RequestError(CLIENT_ABORT_STATUS, f"the request was {message}")
+        self.abort(rid, message)
+        return True
+
     def abort_all(self, message: str) -> None:
-        for rid in list(self.states):
+        """Abort everything in flight (shutdown): each request answers 503 ``message``."""
+        for rid, state in list(self.states.items()):
+            state.abort_error = RequestError(503, message)
             self.abort(rid, message)
 
     async def control(self, kind: str) -> ControlReply:
@@ -296,6 +328,17 @@ class TokenizerManager:
             raise RequestError(503, f"the scheduler did not answer {kind} in time") from err
         finally:
             self._control.pop(request_id, None)
+
+
+def _abort_error(state: _ReqState, reason: FinishReason) -> RequestError:
+    """What an aborted request answers: the error of an abort we asked for (the client's
+    499, shutdown's 503), else the scheduler's reason: 503 when another worker may serve
+    it (a failed prefill/decode peer, before any token), 500 for any other failure."""
+    if state.abort_error is not None:
+        return state.abort_error
+    if reason.retryable:
+        return RequestError(503, reason.message)
+    return RequestError(500, f"the server aborted the request: {reason.message}")
 
 
 @functools.lru_cache(maxsize=1024)

@@ -51,6 +51,7 @@ class GenerateRequest:
     logprob_start_len: int = -1  # SGLang's: >= 0 with return_logprob asks for prompt logprobs
     extra_key: str | None = None  # cache namespace: prefixes are shared only within one
     bootstrap: Bootstrap | None = None  # prefill/decode roles: the pairing with the peer
+    probe: bool = False  # /health_generate's own: runs on any role past its queues, no room
 
     @property
     def request_id(self) -> str:

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvflow.runtime.server.tokenizer_manager import RequestHandle
-from kvflow.runtime.wire.errors import RequestError
 from kvflow.runtime.wire.messages import TextOutput
 
 __all__ = [
@@ -101,18 +100,15 @@ async def merge_streams(
 
 async def started(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, TextOutput]]:
     """:func:`merge_streams` once its first output is there. A stream awaits this before
-    its first chunk, and the server sends the status with that chunk, so a first output
-    that is a retryable abort before any token (a failed prefill/decode peer) is answered
-    as a 503 that a router may still retry, as :func:`collect` does for whole answers."""
+    its first chunk, and the server sends the status with that chunk, so a request aborted
+    before its first output (a failed prefill/decode peer: 503, which a router may still
+    retry; the client's own abort: 499) is answered with that status, not a 200. An abort
+    later raises :class:`RequestError` mid-stream: the server sends an error event."""
     stream = merge_streams(handles)
     try:
         first = await anext(stream)
     except StopAsyncIteration:
         return stream
-    reason = first[1].finish_reason
-    if reason is not None and reason.retryable and not first[1].new_token_ids:
-        await stream.aclose()
-        raise RequestError(503, reason.message)
     return _prepend(first, stream)
 
 
@@ -128,14 +124,11 @@ async def _prepend(
 
 
 async def collect(handles: list[RequestHandle]) -> list[SampleResult]:
-    """Every sample's whole result; a sample that a failed peer aborted before its first
-    token makes the answer a 503 (nothing was sent yet, so a router may retry it)."""
+    """Every sample's whole result. An aborted sample raises its :class:`RequestError`
+    (see the tokenizer manager: 499, 500 or 503), and so fails the whole answer."""
     results = [SampleResult() for _ in handles]
     async for index, out in merge_streams(handles):
         results[index].add(out)
-        reason = out.finish_reason
-        if reason is not None and reason.retryable and not results[index].token_ids:
-            raise RequestError(503, reason.message)
     return results
 
 
