@@ -1,10 +1,16 @@
-"""The bootstrap endpoint of a prefill instance (``--bootstrap-port``) and its client.
+"""The bootstrap endpoint of a prefill instance (``--bootstrap-port``).
 
-Routes (JSON over HTTP; the decode's scheduler process is the only client)::
+Routes (JSON over HTTP; the decode's scheduler process is the only client, see
+:mod:`kvflow.runtime.disagg.bootstrap_client`)::
 
     POST /register       {"session", "layout"}            -> 200 | 409 {"error"} (layout mismatch)
-    POST /rooms          {"session", "claims": [{"room", "slots"}]} -> {"refused": {room: why}}
+    POST /rooms          {"session", "claims": [{"room", "slots", "prompt_hash"}]}
+                                                          -> {"refused": {room: why}}
     POST /rooms/status   {"rooms": [...], "cancel": [...]} -> {"states": {room: {"state", ...}}}
+
+With a key (the deployment's internal credential, ``$KVFLOW_INTERNAL_KEY``) every route
+needs ``Authorization: Bearer <key>``; 401 otherwise. A body that is not what a route
+takes is a 400, one over :data:`MAX_BODY_BYTES` a 413.
 
 A decode registers its transport session and KV layout once, claims rooms as requests
 arrive, and polls their states in batches (see :mod:`kvflow.runtime.disagg.rooms`).
@@ -12,37 +18,56 @@ arrive, and polls their states in batches (see :mod:`kvflow.runtime.disagg.rooms
 
 from __future__ import annotations
 
-import http.client
+import hmac
 import json
 import logging
+import re
 import threading
-import urllib.error
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from kvflow.runtime.disagg.layout import KVLayout
 from kvflow.runtime.disagg.rooms import Claim, Rooms
 
-__all__ = ["BootstrapClient", "BootstrapError", "BootstrapServer"]
+__all__ = ["MAX_BODY_BYTES", "BootstrapServer"]
 logger = logging.getLogger("kvflow.bootstrap")
 
+MAX_BODY_BYTES = 64 << 20  # a request or an answer; a claim of a 128k-token prompt is ~1 MB
+_ROOM_LIMIT = 1 << 64  # SGLang's rooms are unsigned 64-bit
+_HEX = re.compile(r"[0-9a-f]{1,128}")
 
-class BootstrapError(RuntimeError):
-    """The prefill refused (``refused``) or could not be reached."""
 
-    def __init__(self, message: str, refused: bool = False) -> None:
-        super().__init__(message)
-        self.refused = refused
+def _ints(value: Any, name: str, limit: int) -> list[int]:
+    """A JSON list of integers in ``[0, limit)`` (ValueError names the field otherwise)."""
+    if not isinstance(value, list) or not all(
+        type(v) is int and 0 <= v < limit
+        for v in value  # bool is not a room or a slot
+    ):
+        raise ValueError(f"{name} must be a list of integers in [0, {limit})")
+    return value
+
+
+def _claim(session: str, item: Any) -> tuple[int, Claim]:
+    if not isinstance(item, dict):
+        raise ValueError("a claim must be an object")
+    (room,) = _ints([item.get("room")], "room", _ROOM_LIMIT)
+    digest = item.get("prompt_hash")
+    if not isinstance(digest, str) or not _HEX.fullmatch(digest):
+        raise ValueError("a claim needs its prompt's prompt_hash (the decode is too old?)")
+    slots = tuple(_ints(item.get("slots"), "slots", 1 << 62))
+    return room, Claim(session, slots, digest)
 
 
 class BootstrapServer:
     """Serves the bootstrap routes on ``host:port`` from daemon threads."""
 
-    def __init__(self, host: str, port: int, layout: KVLayout, rooms: Rooms) -> None:
+    def __init__(
+        self, host: str, port: int, layout: KVLayout, rooms: Rooms, key: str | None = None
+    ) -> None:
         self.layout = layout
         self.rooms = rooms
         self.sessions: dict[str, KVLayout] = {}  # registered decodes
+        self._expected = None if key is None else f"Bearer {key}".encode()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -50,11 +75,7 @@ class BootstrapServer:
                 logger.debug(fmt, *args)
 
             def do_POST(self) -> None:
-                try:
-                    body = json.loads(self.rfile.read(int(self.headers["Content-Length"] or 0)))
-                    status, answer = server.handle(self.path, body)
-                except (ValueError, KeyError, TypeError) as err:
-                    status, answer = 400, {"error": f"bad bootstrap request: {err}"}
+                status, answer = server.serve(self)
                 data = json.dumps(answer).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -79,6 +100,37 @@ class BootstrapServer:
         self._httpd.shutdown()
         self._httpd.server_close()
 
+    def authorized(self, header: str | None) -> bool:
+        """Whether an ``Authorization`` header carries the key (constant time); any header
+        passes when no key is set."""
+        if self._expected is None:
+            return True
+        return header is not None and hmac.compare_digest(header.encode(), self._expected)
+
+    def serve(self, request: BaseHTTPRequestHandler) -> tuple[int, dict[str, Any]]:
+        """Check the credential and the size, then :meth:`handle` the body. A request
+        refused before its body was read closes its connection (the body is left unread)."""
+        if not self.authorized(request.headers.get("Authorization")):
+            request.close_connection = True
+            return 401, {
+                "error": "the prefill's bootstrap routes need this deployment's internal "
+                "key (Authorization: Bearer $KVFLOW_INTERNAL_KEY)"
+            }
+        try:
+            length = int(request.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY_BYTES:
+            request.close_connection = True
+            return 413, {"error": f"a bootstrap body must be 0 to {MAX_BODY_BYTES} bytes"}
+        try:
+            body = json.loads(request.rfile.read(length))
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object")
+            return self.handle(request.path, body)
+        except (ValueError, KeyError, TypeError) as err:
+            return 400, {"error": f"bad bootstrap request: {err}"}
+
     def handle(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         if path == "/register":
             peer = KVLayout.from_dict(body["layout"])
@@ -92,58 +144,17 @@ class BootstrapServer:
             session = str(body["session"])
             if session not in self.sessions:
                 return 409, {"error": f"decode session {session} is not registered"}
+            if not isinstance(body["claims"], list):
+                raise ValueError("claims must be a list")
             refused = {}
-            for item in body["claims"]:
-                claim = Claim(session, tuple(int(s) for s in item["slots"]))
-                problem = self.rooms.claim(int(item["room"]), claim)
+            for room, claim in [_claim(session, item) for item in body["claims"]]:
+                problem = self.rooms.claim(room, claim)
                 if problem:
-                    refused[str(item["room"])] = problem
+                    refused[str(room)] = problem
             return 200, {"refused": refused}
         if path == "/rooms/status":
-            rooms = [int(r) for r in body.get("rooms", [])]
-            cancel = [int(r) for r in body.get("cancel", [])]
+            rooms = _ints(body.get("rooms", []), "rooms", _ROOM_LIMIT)
+            cancel = _ints(body.get("cancel", []), "cancel", _ROOM_LIMIT)
             states = self.rooms.status(rooms, cancel)
             return 200, {"states": {str(k): v for k, v in states.items()}}
         return 404, {"error": f"no bootstrap route {path}"}
-
-
-class BootstrapClient:
-    """The decode's calls to one prefill's bootstrap endpoint (blocking, with a timeout)."""
-
-    def __init__(self, address: str, timeout_s: float = 2.0) -> None:
-        self.base = f"http://{address}"
-        self.timeout_s = timeout_s
-
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        request = urllib.request.Request(
-            self.base + path,
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as err:
-            try:
-                message = json.loads(err.read()).get("error", str(err))
-            except (ValueError, OSError, http.client.HTTPException):
-                message = str(err)
-            raise BootstrapError(message, refused=400 <= err.code < 500) from err
-        except (OSError, ValueError, http.client.HTTPException) as err:
-            # HTTPException: a prefill killed mid-answer (IncompleteRead, BadStatusLine);
-            # anything escaping here would end the decode's watcher thread, and with it
-            # every room it watches
-            raise BootstrapError(f"prefill bootstrap at {self.base} unreachable: {err}") from err
-
-    def register(self, session: str, layout: KVLayout) -> None:
-        self._post("/register", {"session": session, "layout": layout.to_dict()})
-
-    def claim(self, session: str, claims: list[tuple[int, list[int]]]) -> dict[int, str]:
-        """Claim rooms; returns the refused ones with the reason."""
-        body = {"session": session, "claims": [{"room": r, "slots": s} for r, s in claims]}
-        refused = self._post("/rooms", body)["refused"]
-        return {int(room): why for room, why in refused.items()}
-
-    def status(self, rooms: list[int], cancel: list[int]) -> dict[int, dict[str, Any]]:
-        states = self._post("/rooms/status", {"rooms": rooms, "cancel": cancel})["states"]
-        return {int(room): state for room, state in states.items()}

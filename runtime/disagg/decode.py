@@ -27,13 +27,14 @@ import time
 from typing import Any
 
 from kvflow.runtime.config import EngineConfig
+from kvflow.runtime.disagg.bootstrap_client import RoomReport
 from kvflow.runtime.disagg.layout import layout_of
 from kvflow.runtime.disagg.roles import Role, RoleStats
 from kvflow.runtime.disagg.transport import KVTransferOptions
-from kvflow.runtime.disagg.watcher import Outcome, RoomWatcher
+from kvflow.runtime.disagg.watcher import RoomWatcher
 from kvflow.runtime.scheduler import Req, SchedulerPort
 from kvflow.runtime.wire import TokenOutput
-from kvflow.runtime.wire.disagg import PrefillResult, pairing_problem
+from kvflow.runtime.wire.disagg import PrefillResult, prompt_hash
 
 __all__ = ["DecodeRole"]
 logger = logging.getLogger("kvflow.decode")
@@ -62,13 +63,14 @@ class DecodeRole(Role):
         self.vocab_size = port.model_config.vocab_size
         for region in self.layout.regions():
             transport.register(region.ptr, region.nbytes)
-        self.watcher = RoomWatcher(transport.session_id, self.layout, timeout_s)
-        self.watcher.start()
+        self.watcher = RoomWatcher(
+            transport.session_id, self.layout, timeout_s, key=transfer.internal_key
+        )
         self.prealloc: list[Req] = []
         self.transferring: dict[str, Req] = {}
         self.abandoned: set[str] = set()  # aborted while their transfer may still write
         self.quarantine: list[tuple[float, Req]] = []  # (free at, request) after failures
-        self.arrived: list[tuple[Req, Outcome]] = []  # KV in, grammar still compiling
+        self.arrived: list[tuple[Req, RoomReport]] = []  # KV in, grammar still compiling
         self.timeout_s = timeout_s
 
     def info(self) -> dict[str, Any]:
@@ -77,10 +79,7 @@ class DecodeRole(Role):
     def stats(self) -> RoleStats:
         return RoleStats(decode_prealloc=len(self.prealloc), decode_transfer=len(self.transferring))
 
-    def add(self, req: Req) -> None:
-        problem = pairing_problem(self.name, req.bootstrap)
-        if problem:
-            raise ValueError(problem)
+    def admit(self, req: Req) -> None:
         if req.rid in self.transferring:
             raise ValueError(f"request {req.rid} is in flight already")
         self.port.check_fits(req)
@@ -130,9 +129,12 @@ class DecodeRole(Role):
         while self.prealloc and self.port.preallocate(self.prealloc[0]):
             req = self.prealloc.pop(0)
             assert req.bootstrap is not None
-            slots = self.port.prompt_slots(req, len(req.origin_input_ids))
+            # NOTE: zeroed before the claim: a slot the prefill does not write (a lying or
+            # failing peer) reads as zeros, never as the KV of the request that had it
+            slots = self.port.zero_prompt_slots(req)
             self.transferring[req.rid] = req
-            self.watcher.claim(req.rid, req.bootstrap, slots)
+            prompt = prompt_hash(req.origin_input_ids)
+            self.watcher.claim(req.rid, req.bootstrap, slots, prompt)
         return outputs
 
     def _join(self, req: Req, body: dict[str, Any]) -> list[TokenOutput]:
@@ -143,13 +145,16 @@ class DecodeRole(Role):
             self.port.free(req)
             return [self.port.finish(req, req.grammar.error)]
         try:
-            result = PrefillResult.from_json(body, self.vocab_size)
+            wants_token = req.sampling.max_new_tokens > 0
+            result = PrefillResult.from_json(body, self.vocab_size, wants_token=wants_token)
+            if result.cached_tokens > len(req.origin_input_ids):
+                raise ValueError(f"cached_tokens {result.cached_tokens} exceed the prompt")
             if req.input_logprobs is not None and result.input_logprobs is not None:
                 tops = (
                     None if result.input_top_logprobs is None else list(result.input_top_logprobs)
                 )
                 req.input_logprobs.fill(list(result.input_logprobs), tops)
-        except ValueError as err:
+        except Exception as err:  # nothing a peer sends may end the scheduler loop
             logger.warning("room of %s: the prefill's result is refused: %s", req.rid, err)
             self.port.free(req)
             return [self.port.finish(req, f"the prefill's result is invalid: {err}", True)]
@@ -157,7 +162,7 @@ class DecodeRole(Role):
         req.cached_tokens = result.cached_tokens
         return self.port.join_running(req, result.first_token, result.logprob, top)
 
-    def _release_after(self, outcome: Outcome, req: Req) -> None:
+    def _release_after(self, outcome: RoomReport, req: Req) -> None:
         """Free the slots of a room that ended; after a failure, one timeout later."""
         if outcome.state == "failed":
             self.quarantine.append((time.monotonic() + self.timeout_s, req))

@@ -19,20 +19,21 @@ released in every case.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvflow.runtime.disagg.bootstrap import BootstrapServer
 from kvflow.runtime.disagg.layout import KVLayout, layout_of
-from kvflow.runtime.disagg.plan import transfer_plan
+from kvflow.runtime.disagg.plan import Write, transfer_plan
 from kvflow.runtime.disagg.roles import Role, RoleStats
 from kvflow.runtime.disagg.rooms import Claim, Rooms
-from kvflow.runtime.disagg.transfer_log import TransferLog, timed_write
+from kvflow.runtime.disagg.transfer_log import TimedWrite, TransferLog, timed_write
 from kvflow.runtime.disagg.transport import KVTransferOptions
 from kvflow.runtime.scheduler import Req, SchedulerPort
 from kvflow.runtime.wire import GenerateRequest, TokenOutput
-from kvflow.runtime.wire.disagg import PrefillResult, pairing_problem
+from kvflow.runtime.wire.disagg import PrefillResult, prompt_hash
 
 __all__ = ["PrefillRole"]
 logger = logging.getLogger("kvflow.prefill")
@@ -53,7 +54,11 @@ class PrefillRole(Role):
             transport.register(region.ptr, region.nbytes)
         self.rooms = Rooms(transfer.timeout_s)
         self.server = BootstrapServer(
-            transfer.bootstrap_host, transfer.bootstrap_port, self.layout, self.rooms
+            transfer.bootstrap_host,
+            transfer.bootstrap_port,
+            self.layout,
+            self.rooms,
+            key=transfer.internal_key,
         )
         self.server.start()
         self.inflight: list[Req] = []
@@ -74,10 +79,7 @@ class PrefillRole(Role):
             return message
         return replace(message, sampling=message.sampling.replace(max_new_tokens=1))
 
-    def add(self, req: Req) -> None:
-        problem = pairing_problem(self.name, req.bootstrap)
-        if problem:
-            raise ValueError(problem)
+    def admit(self, req: Req) -> None:
         assert req.bootstrap is not None
         problem = self.rooms.arrive(req.bootstrap.room)
         if problem:
@@ -151,16 +153,13 @@ class PrefillRole(Role):
     def _start(self, req: Req, claim: Claim) -> _Send | None:
         """Check the decode's claim against the prompt; None (room failed) if it is wrong."""
         assert req.bootstrap is not None
-        prompt_len = len(req.origin_input_ids)
         peer = self.server.sessions.get(claim.session)
-        if peer is None or len(claim.slots) != prompt_len:
-            why = (
-                f"the decode claimed {len(claim.slots)} slots for a {prompt_len}-token prompt"
-                if peer is not None
-                else f"decode session {claim.session} is not registered"
-            )
+        why = _claim_problem(req.origin_input_ids, claim, peer)
+        if why is not None:
+            logger.warning("room %d refused: %s", req.bootstrap.room, why)
             self.rooms.finish(req.bootstrap.room, "failed", {}, why)
             return None
+        assert peer is not None
         send = self._sends[req.rid] = _Send(claim, peer)
         return send
 
@@ -170,9 +169,16 @@ class PrefillRole(Role):
         if end <= begin or send.failed():
             return
         src = self.port.prompt_slots(req, end, begin)
-        writes = transfer_plan(self.layout, send.peer, src, send.claim.slots[begin:end])
         send.writes.append(
-            self._sender.submit(timed_write, self.transport.write, send.claim.session, writes)
+            self._sender.submit(
+                _plan_and_write,
+                self.transport.write,
+                send.claim.session,
+                self.layout,
+                send.peer,
+                src,
+                send.claim.slots[begin:end],
+            )
         )
         send.sent = end
 
@@ -182,7 +188,9 @@ class PrefillRole(Role):
             return
         del self._sends[req.rid]
         assert req.bootstrap is not None
-        errors = [f.exception() for f in send.writes if f.exception() is not None]
+        errors: list[Any] = [f.exception() for f in send.writes if f.exception() is not None]
+        if not errors and send.sent != len(req.origin_input_ids):
+            errors = [f"{send.sent} of {len(req.origin_input_ids)} prompt positions written"]
         if errors:
             logger.warning("KV transfer for room %d failed: %s", req.bootstrap.room, errors[0])
             self.transfers.record_failure()
@@ -212,6 +220,33 @@ class PrefillRole(Role):
     def _release(self, req: Req) -> None:
         self.inflight.remove(req)
         self.port.release(req)
+
+
+def _claim_problem(prompt: list[int], claim: Claim, peer: KVLayout | None) -> str | None:
+    """Why the prefill must not write a request's KV where a claim says; None if it may:
+    the decode is registered, holds this very prompt (by its hash) and claimed one slot
+    of its pool per prompt position."""
+    if peer is None:
+        return f"decode session {claim.session} is not registered"
+    if claim.prompt_hash != prompt_hash(prompt):  # a fingerprint, not a secret
+        return "the decode's prompt is not this room's prompt (prompt_hash differs)"
+    if len(claim.slots) != len(prompt):
+        return f"the decode claimed {len(claim.slots)} slots for a {len(prompt)}-token prompt"
+    if any(not 0 <= slot < peer.num_slots for slot in claim.slots):
+        return f"the decode claimed slots outside its pool of {peer.num_slots}"
+    return None
+
+
+def _plan_and_write(
+    write: Callable[[str, Sequence[Write]], None],
+    session: str,
+    src: KVLayout,
+    dst: KVLayout,
+    src_slots: list[int],
+    dst_slots: tuple[int, ...],
+) -> TimedWrite:
+    """One write of prompt KV (on a sender thread): the plan's errors fail the room."""
+    return timed_write(write, session, transfer_plan(src, dst, src_slots, dst_slots))
 
 
 @dataclass

@@ -58,9 +58,15 @@ class Role:
         return message
 
     def add(self, req: Req) -> None:
+        """Take a new request (``ValueError`` refuses it): one with bootstrap fields on a
+        PD role, one without on the unified role, then :meth:`admit`."""
         problem = pairing_problem(self.name, req.bootstrap)
         if problem:
             raise ValueError(problem)
+        self.admit(req)
+
+    def admit(self, req: Req) -> None:
+        """Queue a request that passed :meth:`add`'s check (unified: straight to prefill)."""
         self.port.admit(req)
 
     def poll(self) -> list[TokenOutput]:

@@ -29,10 +29,12 @@ _KEEP_FINAL_S = 60.0  # a final state nobody polls is dropped after this
 
 @dataclass(frozen=True)
 class Claim:
-    """What the decode said about a room: where its KV goes."""
+    """What the decode said about a room: where its KV goes, and which prompt it holds
+    (the prefill sends the KV only if that is its request's prompt)."""
 
     session: str  # the decode's transport session ("host:port")
     slots: tuple[int, ...]  # the decode's KV slots for prompt positions 0..len-1
+    prompt_hash: str  # kvflow.runtime.wire.disagg.prompt_hash of the decode's prompt
 
 
 @dataclass

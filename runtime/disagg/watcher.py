@@ -1,6 +1,13 @@
-"""The decode side's link to the prefills: one thread that registers with each prefill's
-bootstrap endpoint, claims rooms and polls their states in batches, so the scheduler loop
-never waits on the network."""
+"""The decode side's links to the prefills: one thread per prefill (bootstrap address),
+started when a request names it and ended once it has nothing to watch, that registers
+there, claims rooms and polls their states in batches.
+
+The scheduler loop never waits on the network, and a prefill that is slow, silent or
+hostile delays only its own rooms: each link waits on its own prefill, each call within
+its own deadline (see :class:`~kvflow.runtime.disagg.bootstrap_client.BootstrapClient`).
+At most ``max_peers`` prefills are watched at once; a request naming one more fails at
+once, saying so.
+"""
 
 from __future__ import annotations
 
@@ -8,62 +15,75 @@ import logging
 import queue
 import threading
 import time
-from collections import defaultdict
 from typing import Any, NamedTuple
 
-from kvflow.runtime.disagg.bootstrap import BootstrapClient, BootstrapError
+from kvflow.runtime.disagg.bootstrap_client import BootstrapClient, BootstrapError, RoomReport
 from kvflow.runtime.disagg.layout import KVLayout
 from kvflow.runtime.disagg.rooms import FINAL_STATES
 from kvflow.runtime.wire import Bootstrap
 
-__all__ = ["Outcome", "RoomWatcher"]
+__all__ = ["MAX_PEERS", "RoomWatcher"]
 logger = logging.getLogger("kvflow.decode")
 _POLL_S = 0.005
-
-
-class Outcome(NamedTuple):
-    """How a room ended: ``done`` (``result`` has the first token), ``failed`` or
-    ``cancelled`` (``message`` says why)."""
-
-    state: str
-    result: dict[str, Any]
-    message: str
+_CALL_TIMEOUT_S = 2.0  # one bootstrap call (the rooms fail after the longer timeout_s)
+_IDLE_S = 10.0  # a link with nothing to watch ends after this
+MAX_PEERS = 64  # prefills watched at once
 
 
 class _Pending(NamedTuple):
     key: str
     bootstrap: Bootstrap
     slots: list[int]
+    prompt_hash: str
 
 
-class RoomWatcher(threading.Thread):
-    """Claims and polls rooms for the decode; results come back through :meth:`done`.
+class RoomWatcher:
+    """Claims and polls rooms for the decode; how each ended (a :class:`RoomReport` in a
+    final state: ``done`` with the prefill's result, ``failed`` or ``cancelled`` with a
+    message) comes back through :meth:`done`.
 
-    A prefill that cannot be reached for ``timeout_s`` fails all its rooms: a dead prefill
-    writes nothing more, so their slots may be reused.
+    A prefill that cannot be reached (or answers nonsense) for ``timeout_s`` fails all its
+    rooms: a dead prefill writes nothing more, so their slots may be reused.
     """
 
-    def __init__(self, session: str, layout: KVLayout, timeout_s: float) -> None:
-        super().__init__(name="kvflow-room-watcher", daemon=True)
+    def __init__(
+        self,
+        session: str,
+        layout: KVLayout,
+        timeout_s: float,
+        key: str | None = None,
+        max_peers: int = MAX_PEERS,
+    ) -> None:
         self.session = session
         self.layout = layout
         self.timeout_s = timeout_s
-        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self._outbox: queue.Queue[tuple[str, Outcome]] = queue.Queue()
-        self._clients: dict[str, BootstrapClient] = {}
-        self._registered: set[str] = set()
-        self._watched: dict[str, dict[int, str]] = defaultdict(dict)  # address -> room -> key
-        self._cancels: dict[str, list[int]] = defaultdict(list)
-        self._last_ok: dict[str, float] = {}
+        self.key = key
+        self.max_peers = max_peers
+        self._outbox: queue.Queue[tuple[str, RoomReport]] = queue.Queue()
+        self._links: dict[str, _PeerLink] = {}  # bootstrap address -> its link
+        self._lock = threading.Lock()  # _links, and a link's inbox while it may end
 
     # -- the scheduler loop's side ---------------------------------------------------------
-    def claim(self, key: str, bootstrap: Bootstrap, slots: list[int]) -> None:
-        self._inbox.put(("claim", _Pending(key, bootstrap, slots)))
+    def claim(self, key: str, bootstrap: Bootstrap, slots: list[int], prompt_hash: str) -> None:
+        address = bootstrap.address
+        with self._lock:
+            link = self._links.get(address)
+            if link is None:
+                if len(self._links) >= self.max_peers:
+                    why = f"the decode watches {self.max_peers} prefills already (the limit)"
+                    self.fail(key, why)
+                    return
+                link = self._links[address] = _PeerLink(self, address)
+                link.start()
+            link.inbox.put(("claim", _Pending(key, bootstrap, slots, prompt_hash)))
 
     def cancel(self, bootstrap: Bootstrap) -> None:
-        self._inbox.put(("cancel", bootstrap))
+        with self._lock:
+            link = self._links.get(bootstrap.address)
+            if link is not None:  # none: the room ended already (its outcome is queued)
+                link.inbox.put(("cancel", bootstrap.room))
 
-    def done(self) -> list[tuple[str, Outcome]]:
+    def done(self) -> list[tuple[str, RoomReport]]:
         out = []
         while True:
             try:
@@ -71,93 +91,131 @@ class RoomWatcher(threading.Thread):
             except queue.Empty:
                 return out
 
-    # -- the thread ------------------------------------------------------------------------
+    def peers(self) -> int:
+        """Prefills watched now (a link each)."""
+        with self._lock:
+            return len(self._links)
+
+    # -- the links' side -------------------------------------------------------------------
+    def fail(self, key: str, message: str) -> None:
+        self._outbox.put((key, RoomReport("failed", {}, message)))
+
+    def finish(self, key: str, outcome: RoomReport) -> None:
+        self._outbox.put((key, outcome))
+
+    def retire(self, link: _PeerLink) -> bool:
+        """End an idle link unless work reached it meanwhile (then False)."""
+        with self._lock:
+            if not link.inbox.empty():
+                return False
+            del self._links[link.address]
+            return True
+
+
+class _PeerLink(threading.Thread):
+    """The rooms claimed at one prefill, and the thread that waits on it."""
+
+    def __init__(self, watcher: RoomWatcher, address: str) -> None:
+        super().__init__(name=f"kvflow-rooms-{address}", daemon=True)
+        self.watcher = watcher
+        self.address = address
+        self.client = BootstrapClient(
+            address, min(_CALL_TIMEOUT_S, watcher.timeout_s), key=watcher.key
+        )
+        self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.watched: dict[int, str] = {}  # room -> the decode's key
+        self.cancels: list[int] = []
+        self.registered = False
+        self.last_ok = 0.0
+
     def run(self) -> None:
+        idle_since = time.monotonic()
         while True:
-            claims: dict[str, list[_Pending]] = defaultdict(list)
             try:
-                first = self._inbox.get(timeout=_POLL_S if self._watched else 0.2)
-                items = [first]
-                while not self._inbox.empty():
-                    items.append(self._inbox.get_nowait())
+                items = [self.inbox.get(timeout=_POLL_S if self.watched else 0.5)]
+                while not self.inbox.empty():
+                    items.append(self.inbox.get_nowait())
             except queue.Empty:
                 items = []
-            for kind, item in items:
-                if kind == "claim":
-                    claims[item.bootstrap.address].append(item)
-                else:
-                    self._cancels[item.address].append(item.room)
-            for address, pending in claims.items():
+            pending = [item for kind, item in items if kind == "claim"]
+            self.cancels += [item for kind, item in items if kind == "cancel"]
+            # NOTE: an unexpected error fails the rooms it concerns instead of ending the
+            # thread (every room of this prefill would hang)
+            if pending:
                 try:
-                    self._claim(address, pending)
-                except Exception as err:  # never end the thread: every room would hang
-                    logger.exception("claiming rooms at %s failed", address)
-                    for p in pending:
-                        self._fail(p.key, f"claim at {address} failed: {err}")
-            for address in list(self._watched):
-                try:
-                    self._poll(address)
+                    self._claim(pending)
                 except Exception as err:
-                    logger.exception("polling rooms at %s failed", address)
-                    for key in self._watched.pop(address, {}).values():
-                        self._fail(key, f"status at {address} failed: {err}")
+                    logger.exception("claiming rooms at %s failed", self.address)
+                    watched = set(self.watched.values())
+                    for p in pending:
+                        if p.key not in watched:
+                            self.watcher.fail(p.key, f"claim at {self.address} failed: {err}")
+            if self.watched:
+                try:
+                    self._poll()
+                except Exception as err:
+                    logger.exception("polling rooms at %s failed", self.address)
+                    for key in self.watched.values():
+                        self.watcher.fail(key, f"status at {self.address} failed: {err}")
+                    self.watched.clear()
+            else:
+                self.cancels.clear()  # no room left here to cancel
+            now = time.monotonic()
+            if items or self.watched:
+                idle_since = now
+            elif now - idle_since > _IDLE_S and self.watcher.retire(self):
+                return
 
-    def _client(self, address: str) -> BootstrapClient:
-        if address not in self._clients:
-            self._clients[address] = BootstrapClient(address)
-        return self._clients[address]
+    def _register(self) -> None:
+        self.client.register(self.watcher.session, self.watcher.layout)
+        self.registered = True
 
-    def _fail(self, key: str, message: str) -> None:
-        self._outbox.put((key, Outcome("failed", {}, message)))
-
-    def _claim(self, address: str, pending: list[_Pending]) -> None:
-        client = self._client(address)
-        claims = [(p.bootstrap.room, p.slots) for p in pending]
+    def _claim(self, pending: list[_Pending]) -> None:
+        rooms = set(self.watched)
+        for p in list(pending):  # one key per room: a second one would never hear back
+            if p.bootstrap.room in rooms:
+                pending.remove(p)
+                self.watcher.fail(p.key, f"bootstrap room {p.bootstrap.room} is in use here")
+            rooms.add(p.bootstrap.room)
+        if not pending:
+            return
+        claims = [(p.bootstrap.room, p.slots, p.prompt_hash) for p in pending]
         try:
-            if address not in self._registered:
-                client.register(self.session, self.layout)
-                self._registered.add(address)
+            if not self.registered:
+                self._register()
             try:
-                refused = client.claim(self.session, claims)
+                refused = self.client.claim(self.watcher.session, claims)
             except BootstrapError as err:
                 if not err.refused:
                     raise
-                self._registered.discard(address)  # the prefill restarted: register again
-                client.register(self.session, self.layout)
-                self._registered.add(address)
-                refused = client.claim(self.session, claims)
+                self._register()  # the prefill restarted: register again
+                refused = self.client.claim(self.watcher.session, claims)
         except BootstrapError as err:
+            self.registered = False
             for p in pending:
-                self._fail(p.key, str(err))
+                self.watcher.fail(p.key, str(err))
             return
-        self._last_ok[address] = time.monotonic()
+        self.last_ok = time.monotonic()
         for p in pending:
             if p.bootstrap.room in refused:
-                self._fail(p.key, refused[p.bootstrap.room])
+                self.watcher.fail(p.key, refused[p.bootstrap.room])
             else:
-                self._watched[address][p.bootstrap.room] = p.key
+                self.watched[p.bootstrap.room] = p.key
 
-    def _poll(self, address: str) -> None:
-        watched = self._watched[address]
-        cancels = self._cancels.pop(address, [])
-        if not watched:
-            del self._watched[address]
-            return
+    def _poll(self) -> None:
+        cancels, self.cancels = self.cancels, []
         try:
-            states = self._client(address).status(list(watched), cancels)
+            reports = self.client.status(list(self.watched), cancels)
         except BootstrapError as err:
-            self._cancels[address].extend(cancels)
-            if time.monotonic() - self._last_ok.get(address, 0.0) > self.timeout_s:
-                for key in watched.values():
-                    self._fail(key, f"{err} for {self.timeout_s:.0f} s")
-                del self._watched[address]
+            self.cancels = cancels + self.cancels
+            if time.monotonic() - self.last_ok > self.watcher.timeout_s:
+                for key in self.watched.values():
+                    self.watcher.fail(key, f"{err} for {self.watcher.timeout_s:.0f} s")
+                self.watched.clear()
             return
-        self._last_ok[address] = time.monotonic()
-        for room, report in states.items():
-            state = report["state"]
-            if state == "unknown":
-                state, report = "failed", {"message": "the prefill lost the room (restarted?)"}
-            if state in FINAL_STATES:
-                key = watched.pop(room)
-                outcome = Outcome(state, report.get("result") or {}, report.get("message", ""))
-                self._outbox.put((key, outcome))
+        self.last_ok = time.monotonic()
+        for room, report in reports.items():
+            if report.state == "unknown":
+                report = RoomReport("failed", {}, "the prefill lost the room (restarted?)")
+            if report.state in FINAL_STATES:
+                self.watcher.finish(self.watched.pop(room), report)

@@ -48,3 +48,16 @@ class KVPool:
             cpu.elementwise.store_kv(k_buf, v_buf, loc, k, v)
         else:
             store_kv_cache_ref(k_buf, v_buf, loc, k, v)
+
+    def zero_slots(self, loc: torch.Tensor) -> None:
+        """Zero K and V of every layer at slots ``loc`` ``[tokens]`` (int64, the pool's
+        device), and wait for it: a PD decode clears the slots it reserved for a prompt
+        before the prefill may write them, so a slot the transfer did not write holds no
+        other request's KV."""
+        for k_buf, v_buf in zip(self.k_buffer, self.v_buffer, strict=True):
+            k_buf.index_fill_(0, loc, 0)
+            v_buf.index_fill_(0, loc, 0)
+        if loc.is_cuda:
+            # NOTE: the peer writes these slots over the network, outside any CUDA stream:
+            # the zeros must have landed before the decode claims the room.
+            torch.cuda.current_stream(loc.device).synchronize()

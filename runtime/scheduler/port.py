@@ -4,7 +4,7 @@ A role (:mod:`kvflow.runtime.disagg`) owns its own queues and moves requests bet
 and the scheduler only through this port::
 
     prefill:  admit -> (scheduler prefills) -> take_parked -> (KV sent) -> release
-    decode:   check_fits -> preallocate -> (KV received) -> join_running
+    decode:   check_fits -> preallocate -> zero_prompt_slots -> (KV received) -> join_running
               (or free, for a request that never joins)
 
 Nothing else of the scheduler (its queues, budgets, KV manager, model runner) is reached
@@ -83,6 +83,16 @@ class SchedulerPort:
             sched.cache.release_req(req)
             return False
         return True
+
+    def zero_prompt_slots(self, req: Req) -> list[int]:
+        """Zero the KV of a pre-allocated request's prompt slots (every layer, K and V) and
+        return them: what the prefill does not write there reads as zeros, never as another
+        request's KV."""
+        slots = self._scheduler.runner.req_to_token.read(
+            req.req_pool_idx, len(req.origin_input_ids)
+        )
+        self.kv_pool.zero_slots(slots)
+        return slots.tolist()
 
     def free(self, req: Req) -> None:
         """Give back a pre-allocated request's row and slots (it never joins)."""

@@ -3,10 +3,14 @@ request, and the prefill's result of a room."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
+import hashlib
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
 
-__all__ = ["Bootstrap", "PrefillResult", "pairing_problem"]
+__all__ = ["Bootstrap", "PrefillResult", "pairing_problem", "prompt_hash"]
 
 
 @dataclass(frozen=True)
@@ -18,6 +22,7 @@ class Bootstrap:
     host: str
     port: int
     room: int
+    token: str | None = field(default=None, compare=False, repr=False)  # see pair_token
 
     def __post_init__(self) -> None:
         if not self.host:
@@ -52,22 +57,64 @@ def pairing_problem(role: str, bootstrap: Bootstrap | None) -> str | None:
     return None
 
 
-def _optional_float(value: Any, name: str) -> float | None:
+def prompt_hash(input_ids: Sequence[int]) -> str:
+    """The fingerprint of a prompt's token ids that a decode's claim carries: the prefill
+    sends a room's KV only to a claim whose prompt is its request's (BLAKE2b-128, hex)."""
+    return hashlib.blake2b(
+        struct.pack(f"<{len(input_ids)}q", *input_ids), digest_size=16
+    ).hexdigest()
+
+
+def _logprob(value: Any, name: str) -> float | None:
+    """A logprob from a peer: None, or a number that is not NaN nor +inf (-inf is a token
+    a grammar forbade)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{name} must be a number, got {value!r}")
+    if math.isnan(value) or value == math.inf:
+        raise ValueError(f"{name} must be a logprob, got {value!r}")
     return float(value)
 
 
-def _top_pairs(value: Any, name: str) -> tuple[tuple[int, float], ...] | None:
+def _token(value: Any, vocab_size: int, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
+        raise ValueError(f"{name} {value!r} is outside the vocabulary [0, {vocab_size})")
+    return value
+
+
+def _top_pairs(value: Any, vocab_size: int, name: str) -> tuple[tuple[int, float], ...] | None:
+    """``[[token_id, logprob], ...]`` (or None), every token in the vocabulary."""
     if value is None:
         return None
-    try:
-        pairs = tuple((int(t), float(lp)) for t, lp in value)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{name} must be [token_id, logprob] pairs") from err
-    return pairs
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(pair, list | tuple) and len(pair) == 2 for pair in value
+    ):
+        raise ValueError(f"{name} must be [token_id, logprob] pairs")
+    pairs = []
+    for token, logprob in value:
+        if logprob is None:
+            raise ValueError(f"{name} must be [token_id, logprob] pairs")
+        pairs.append((_token(token, vocab_size, name), cast(float, _logprob(logprob, name))))
+    return tuple(pairs)
+
+
+def _input_logprobs(body: dict[str, Any], vocab_size: int) -> tuple[Any, Any]:
+    """``input_logprobs`` (numbers or None, one per position) and ``input_top_logprobs``
+    (None, or one entry per position: None or pairs)."""
+    values, tops = body.get("input_logprobs"), body.get("input_top_logprobs")
+    if values is None:
+        if tops is not None:
+            raise ValueError("input_top_logprobs without input_logprobs")
+        return None, None
+    if not isinstance(values, list):
+        raise ValueError("input_logprobs must be a list")
+    parsed = tuple(_logprob(v, "input_logprobs") for v in values)
+    if tops is None:
+        return parsed, None
+    if not isinstance(tops, list) or len(tops) != len(values):
+        raise ValueError("input_top_logprobs must be a list, one entry per input logprob")
+    return parsed, tuple(_top_pairs(top, vocab_size, "input_top_logprobs") for top in tops)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,32 +143,31 @@ class PrefillResult:
         }
 
     @classmethod
-    def from_json(cls, body: Any, vocab_size: int) -> PrefillResult:
+    def from_json(cls, body: Any, vocab_size: int, *, wants_token: bool = True) -> PrefillResult:
         """Parse a peer's result; ValueError names the first field that is not what this
-        contract allows (a first token outside ``[0, vocab_size)`` included)."""
+        contract allows: a first token outside ``[0, vocab_size)``, none for a request that
+        wants one (``max_new_tokens`` > 0) or one for a request that wants none, logprobs
+        that are not numbers, top logprobs of tokens outside the vocabulary. Unknown fields
+        are ignored."""
         if not isinstance(body, dict):
             raise ValueError("the prefill's result is not an object")
         token = body.get("first_token")
-        if token is not None and (
-            isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size
-        ):
-            raise ValueError(f"first_token {token!r} is outside the vocabulary [0, {vocab_size})")
+        if token is None:
+            if wants_token:
+                raise ValueError("no first_token for a request with max_new_tokens > 0")
+        elif not wants_token:
+            raise ValueError("a first_token for a request with max_new_tokens 0")
+        else:
+            token = _token(token, vocab_size, "first_token")
         cached = body.get("cached_tokens") or 0
         if isinstance(cached, bool) or not isinstance(cached, int) or cached < 0:
             raise ValueError(f"cached_tokens must be a count, got {cached!r}")
-        inputs = body.get("input_logprobs")
-        if inputs is not None:
-            if not isinstance(inputs, list):
-                raise ValueError("input_logprobs must be a list")
-            inputs = tuple(_optional_float(v, "input_logprobs") for v in inputs)
-        tops = body.get("input_top_logprobs")
-        if tops is not None and not isinstance(tops, list):
-            raise ValueError("input_top_logprobs must be a list")
+        inputs, tops = _input_logprobs(body, vocab_size)
         return cls(
             first_token=token,
-            logprob=_optional_float(body.get("logprob"), "logprob"),
-            top_logprobs=_top_pairs(body.get("top_logprobs"), "top_logprobs"),
+            logprob=_logprob(body.get("logprob"), "logprob"),
+            top_logprobs=_top_pairs(body.get("top_logprobs"), vocab_size, "top_logprobs"),
             cached_tokens=cached,
             input_logprobs=inputs,
-            input_top_logprobs=None if tops is None else tuple(tops),
+            input_top_logprobs=tops,
         )

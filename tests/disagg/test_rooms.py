@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvflow.runtime.disagg.rooms import Claim, Rooms
 
-CLAIM = Claim("127.0.0.1:1", (4, 5, 6))
+CLAIM = Claim("127.0.0.1:1", (4, 5, 6), "00" * 16)
 
 
 def test_a_claimed_queued_room_starts_early_and_a_cancel_waits_for_its_writes():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvflow.runtime.disagg.transport.base import KVTransport
 from kvflow.runtime.disagg.transport.registry import KV_TRANSPORTS
@@ -14,13 +14,15 @@ __all__ = ["KVTransferOptions"]
 class KVTransferOptions:
     """The transport (a name in ``KV_TRANSPORTS``, SGLang's
     ``--disaggregation-transfer-backend``) with all of its options, and the prefill's
-    bootstrap endpoint (``bootstrap_port`` 0: any free port)."""
+    bootstrap endpoint (``bootstrap_port`` 0: any free port) with its credential
+    (``internal_key``: the prefill requires it, the decode sends it; None: open routes)."""
 
     backend: str = "mooncake"
     protocol: str = "tcp"
     timeout_s: float = 5.0  # a peer without progress this long fails its requests
     bootstrap_host: str = "127.0.0.1"
     bootstrap_port: int = 0
+    internal_key: str | None = field(default=None, repr=False)  # kept out of logs
 
     def require_env(self) -> None:
         """State the transport's process-wide settings before any engine starts."""
