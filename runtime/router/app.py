@@ -15,7 +15,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kvflow import contract
 from kvflow.runtime.router.discovery import WorkerSpec
+from kvflow.runtime.router.health import probe_pair
+from kvflow.runtime.router.prompt import parse_body
 from kvflow.runtime.router.proxy import REQUEST_ID, Forwarder
+from kvflow.runtime.router.upstream import abort_on, credential_of
 from kvflow.runtime.wire import RequestError, error_body
 
 __all__ = ["FORWARDER", "create_app"]
@@ -70,6 +73,43 @@ def _proxy(route: str, pairable: bool) -> Handler:
         return await request.app[FORWARDER].forward(request, route, pairable)
 
     return handle
+
+
+async def _health_generate(request: web.Request) -> web.StreamResponse:
+    """Forwarded to one worker; in PD mode 200 only when a prefill and a decode each pass
+    their own (a pair's health, not one half's)."""
+    forwarder = request.app[FORWARDER]
+    if not forwarder.registry.has_pd():
+        return await forwarder.forward(request, contract.HEALTH_GENERATE_PATH, False)
+    headers = {h: request.headers[h] for h in ("Authorization",) if h in request.headers}
+    headers[REQUEST_ID] = request[REQUEST_ID]
+    problem = await probe_pair(forwarder.session, forwarder.registry, headers)
+    if problem:
+        raise RequestError(503, problem)
+    return web.json_response({"status": "ok"})
+
+
+async def _abort_request(request: web.Request) -> web.Response:
+    """SGLang's ``{"rid": ...}``, forwarded to the worker(s) running that rid when it came
+    through this router from the same credential; any other rid gets the workers' 404.
+    The workers check the credential again (the client's ``Authorization`` goes along)."""
+    forwarder = request.app[FORWARDER]
+    body = await request.read()
+    payload = parse_body(body)
+    if payload.get("abort_all"):
+        raise RequestError(400, "abort_all is not supported: abort each request by its rid")
+    rid = payload.get("rid")
+    if not isinstance(rid, str) or not rid:
+        raise RequestError(400, "abort_request needs a string 'rid'")
+    owned = forwarder.rids.get(rid)
+    credential = credential_of(request, forwarder.config.api_key)
+    if owned is None or owned.plan is None or not hmac.compare_digest(owned.credential, credential):
+        raise RequestError(404, f"no request {rid!r} of this credential is in flight")
+    headers = {h: request.headers[h] for h in ("Authorization",) if h in request.headers}
+    headers.update({"Content-Type": "application/json", REQUEST_ID: request[REQUEST_ID]})
+    answer = await abort_on(forwarder.session, owned.plan, body, headers)
+    headers = {"Content-Type": answer.content_type, REQUEST_ID: request[REQUEST_ID]}
+    return web.Response(status=answer.status, body=answer.body, headers=headers)
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -151,7 +191,8 @@ def create_app(forwarder: Forwarder, api_key: str | None) -> web.Application:
     for route, pairable in _MODEL_ROUTES.items():
         app.router.add_post(route, _proxy(route, pairable))
     app.router.add_get("/v1/models", _proxy("/v1/models", False))
-    app.router.add_get(contract.HEALTH_GENERATE_PATH, _proxy(contract.HEALTH_GENERATE_PATH, False))
+    app.router.add_get(contract.HEALTH_GENERATE_PATH, _health_generate)
+    app.router.add_post("/abort_request", _abort_request)
     app.router.add_get(contract.HEALTH_PATH, _health)
     app.router.add_get(contract.ROUTER_READINESS_PATH, _readiness)
     app.router.add_get(contract.METRICS_PATH, _metrics)

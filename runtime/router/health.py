@@ -14,12 +14,14 @@ from kvflow.runtime.router.config import HealthConfig
 from kvflow.runtime.router.registry import WorkerRegistry
 from kvflow.runtime.router.worker import Worker
 
-__all__ = ["LOAD_METRICS", "HealthChecker", "parse_load"]
+__all__ = ["LOAD_METRICS", "HealthChecker", "parse_load", "probe_pair"]
 
 log = logging.getLogger("kvflow.router")
 
 # The worker's own queue figures (SGLang's names, which kvflow workers export).
 LOAD_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
+# A worker gives its own probe 60 s to produce a token before it answers 503.
+PROBE_TIMEOUT_S = 60.0
 
 
 def parse_load(text: str) -> int | None:
@@ -120,3 +122,42 @@ class HealthChecker:
         if load is not None:
             worker.report_load(load)
             self.registry.metrics.load.labels(worker.url).set(worker.load)
+
+
+async def _probe_role(
+    session: aiohttp.ClientSession, registry: WorkerRegistry, role: str, headers: dict[str, str]
+) -> str | None:
+    """None once one available worker of ``role`` answers ``/health_generate`` with 200
+    (least loaded first); else why none did."""
+    workers = sorted(registry.available(role), key=lambda w: w.load)
+    if not workers:
+        return registry.why_none(role)
+    errors = []
+    for worker in workers:
+        try:
+            url = worker.url + contract.HEALTH_GENERATE_PATH
+            async with session.get(url, headers=headers) as response:
+                await response.read()
+                if response.status == 200:
+                    return None
+                errors.append(f"{worker.url} answered {response.status}")
+        except (aiohttp.ClientError, OSError) as err:
+            errors.append(f"{worker.url}: {type(err).__name__} {err}".strip())
+    return f"no {role} worker passed {contract.HEALTH_GENERATE_PATH}: " + "; ".join(errors)
+
+
+async def probe_pair(
+    session: aiohttp.ClientSession, registry: WorkerRegistry, headers: dict[str, str]
+) -> str | None:
+    """PD mode's ``/health_generate``: None when a prefill and a decode each answer their
+    own ``/health_generate`` with 200 (probed at once, within :data:`PROBE_TIMEOUT_S`);
+    else what failed."""
+    roles = ("prefill", "decode")
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            problems = await asyncio.gather(
+                *(_probe_role(session, registry, role, headers) for role in roles)
+            )
+    except TimeoutError:
+        return f"no prefill/decode pair passed its probe within {PROBE_TIMEOUT_S:g} s"
+    return "; ".join(p for p in problems if p) or None

@@ -32,7 +32,14 @@ from kvflow.runtime.router.pd import least_loaded, pd_body
 from kvflow.runtime.router.policies import Policy
 from kvflow.runtime.router.prompt import parse_body, routing_key
 from kvflow.runtime.router.registry import WorkerRegistry
-from kvflow.runtime.router.upstream import Opened, Plan, UpstreamFailure, open_attempt
+from kvflow.runtime.router.upstream import (
+    Opened,
+    OwnedRid,
+    Plan,
+    UpstreamFailure,
+    credential_of,
+    open_attempt,
+)
 from kvflow.runtime.router.worker import Worker
 from kvflow.runtime.wire import RequestError, error_body
 
@@ -43,6 +50,9 @@ log = logging.getLogger("kvflow.router")
 REQUEST_ID = "X-Request-Id"
 _PASS_HEADERS = ("Authorization", "Content-Type", "Accept", "Accept-Encoding")
 _ANSWER_HEADERS = ("Content-Type", "Content-Encoding", "Retry-After", "Location")
+
+
+_OWNED_RID = "kvflow.owned_rid"  # the request's OwnedRid, when its body names a rid
 
 
 def _sse_error(message: str, status: int = 502) -> bytes:
@@ -67,16 +77,34 @@ class Forwarder:
         self.metrics = metrics
         self.session = session
         self.admission = Admission(config.admission, metrics)
+        self.rids: dict[str, OwnedRid] = {}  # client-chosen rids in flight through here
         registry.on_remove(policy.forget)
 
     async def forward(self, request: web.Request, route: str, pairable: bool) -> web.StreamResponse:
         """Answer ``request`` from a worker; ``pairable`` routes may go through PD pairing."""
         await self.admission.acquire()
+        rid = None
         try:
             body = await request.read() if request.can_read_body else None
+            if pairable and body is not None and b'"rid"' in body:
+                rid = self._own_rid(request, body)
             return await self._forward(request, route, body, pairable)
         finally:
             self.admission.release()
+            if rid is not None:
+                del self.rids[rid]
+
+    def _own_rid(self, request: web.Request, body: bytes) -> str | None:
+        """Record the body's ``rid`` (a string) as this client's; a rid already in flight
+        here is refused with the worker's 400."""
+        rid = parse_body(body).get("rid")
+        if not isinstance(rid, str) or not rid:
+            return None
+        if rid in self.rids:
+            raise RequestError(400, f"a request with rid {rid!r} is already in flight")
+        owned = self.rids[rid] = OwnedRid(credential_of(request, self.config.api_key))
+        request[_OWNED_RID] = owned
+        return rid
 
     def _plan(
         self, route: str, body: bytes | None, payload: dict | None, key: str, tried: set[str]
@@ -143,7 +171,10 @@ class Forwarder:
         budget = RetryBudget(self.config.retry)
         tried: set[str] = set()
         last: UpstreamFailure | None = None
+        owned: OwnedRid | None = request.get(_OWNED_RID)
         while (plan := self._plan(route, body, payload, key, tried)) is not None:
+            if owned is not None:
+                owned.plan = plan
             plan.worker.begin()
             try:
                 opened = await open_attempt(

@@ -2,22 +2,37 @@
 
 What an attempt sends is a :class:`Plan`; :func:`open_attempt` returns the answering
 worker's response with its body unread, or raises :class:`UpstreamFailure` when the
-attempt failed before the client saw anything (the caller may retry elsewhere).
+attempt failed before the client saw anything (the caller may retry elsewhere). A request
+whose body names a ``rid`` is an :class:`OwnedRid` while in flight: :func:`abort_on`
+forwards its owner's ``/abort_request`` to the worker(s) of its current plan.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import aiohttp
+from aiohttp import web
 
 from kvflow.runtime.router.worker import Worker
+from kvflow.runtime.wire import error_body
 
-__all__ = ["Opened", "Plan", "UpstreamFailure", "open_attempt"]
+__all__ = [
+    "Answer",
+    "Opened",
+    "OwnedRid",
+    "Plan",
+    "UpstreamFailure",
+    "abort_on",
+    "credential_of",
+    "open_attempt",
+]
 
 
 @dataclass(frozen=True)
@@ -161,3 +176,55 @@ async def open_attempt(
 
     prefill.add_done_callback(on_prefill_done)
     return Opened(response, sent_at, prefill)
+
+
+def credential_of(request: web.Request, api_key: str | None) -> str:
+    """Who may abort a request (the workers' rule): a hash of its bearer token when the
+    router has an API key, else ``anonymous``, which every client shares."""
+    if not api_key:
+        return "anonymous"
+    token = request.headers.get("Authorization", "").encode()
+    return "bearer:" + hashlib.sha256(token).hexdigest()
+
+
+@dataclass
+class OwnedRid:
+    """A client-chosen ``rid`` in flight through this router: who sent it and the
+    worker(s) of its current attempt, where ``/abort_request`` is forwarded."""
+
+    credential: str
+    plan: Plan | None = None
+
+
+class Answer(NamedTuple):
+    """A worker's whole answer (or the router's 502 when it could not reach it)."""
+
+    status: int
+    body: bytes
+    content_type: str
+
+
+async def _abort_one(
+    session: aiohttp.ClientSession, worker: Worker, body: bytes, headers: dict[str, str]
+) -> Answer:
+    try:
+        async with session.post(
+            worker.target("/abort_request"), data=body, headers=headers
+        ) as response:
+            content_type = response.headers.get("Content-Type", "application/json")
+            return Answer(response.status, await response.read(), content_type)
+    except _NETWORK_ERRORS as err:
+        message = f"{worker.url}: {type(err).__name__} {err}".strip()
+        return Answer(502, json.dumps(error_body(502, message)).encode(), "application/json")
+
+
+async def abort_on(
+    session: aiohttp.ClientSession, plan: Plan, body: bytes, headers: dict[str, str]
+) -> Answer:
+    """``POST /abort_request`` with ``body`` to the plan's worker and, in PD mode, its
+    prefill (both run the request under the client's rid): the worker's answer, or the
+    prefill's 200 when only the prefill still had it. Each worker checks the credential
+    in ``headers`` itself."""
+    workers = [plan.worker] if plan.prefill is None else [plan.worker, plan.prefill]
+    answers = await asyncio.gather(*(_abort_one(session, w, body, headers) for w in workers))
+    return next((a for a in answers if a.status == 200), answers[0])

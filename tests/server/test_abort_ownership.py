@@ -2,18 +2,26 @@
 answers 200: its client gets 499 (or an error event once streaming began).
 
 A server with an API key binds each rid to a hash of the bearer token it came with; one
-without binds every rid to ``anonymous`` (any client may abort any rid it knows).
+without binds every rid to ``anonymous`` (any client may abort any rid it knows). A
+``kvflow router`` forwards an abort to the worker running the rid when the rid came
+through it from the same credential.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
 from server_process import ServerProcess
 from starlette.requests import Request
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "router"))
+
+from router_process import RouterProcess
 
 from kvflow.runtime.server.http_server import credential_of
 from kvflow.runtime.server.tokenizer_manager import TokenizerManager
@@ -185,6 +193,24 @@ def test_a_rid_in_flight_is_refused_to_anyone(server):
     assert second.status_code == 400
     assert "already in flight" in second.json()["error"]["message"]
     assert first.status_code == 499
+    server.wait_idle_and_free()
+
+
+@pytest.fixture(scope="module")
+def router(server, tmp_path_factory):
+    proc = RouterProcess(
+        "--worker-urls", server.url, log=tmp_path_factory.mktemp("router") / "router.log"
+    )
+    yield proc
+    proc.stop()
+
+
+def test_router_forwards_the_abort_of_a_rid_it_carries(server, router):
+    abort, result = _generate_then_abort(server, "via-router", None, None, via=router.url)
+    assert abort.status_code == 200, abort.text
+    assert result.status_code == 499, result.text
+    unknown = httpx.post(f"{router.url}/abort_request", json={"rid": "via-router"})
+    assert unknown.status_code == 404  # finished: no longer the router's
     server.wait_idle_and_free()
 
 
