@@ -121,7 +121,9 @@ class Forwarder:
                 raise RequestError(503, cause)
             prefill = self._select(prefills, key)
             decode = least_loaded(decodes)
-            data = pd_body(route, payload, prefill, self.config.bootstrap_port)
+            data = pd_body(
+                route, payload, prefill, self.config.bootstrap_port, self.config.internal_key
+            )
             return Plan(decode, data, prefill)
         role = self.registry.main_role()
         candidates = self.registry.available(role, exclude)

@@ -21,6 +21,7 @@ from kvflow.runtime.disagg.transport import KV_TRANSPORTS, KVTransferOptions
 from kvflow.runtime.scheduler.policy import SCHEDULE_POLICIES
 from kvflow.runtime.server.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 from kvflow.runtime.wire.hicache import HICACHE_WRITE_POLICIES
+from kvflow.runtime.wire.pair_token import PairTrust
 
 __all__ = ["ServerArgs", "build_parser", "parse_args"]
 
@@ -45,6 +46,7 @@ class ServerArgs:
     served_model_name: str = ""
     role: str = "unified"
     kv_transfer: KVTransferOptions | None = None  # prefill/decode: how KV moves (None: unified)
+    pair_trust: PairTrust | None = None  # decode: the prefills it may contact
     api_key: str | None = None
     watchdog_timeout: float = 300.0  # seconds a busy scheduler may go without a step
     drain_timeout: float = 30.0  # seconds SIGTERM waits for in-flight requests
@@ -112,6 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="prefill/decode: seconds a peer may go without progress before its requests "
         f"fail (default {KVTransferOptions.timeout_s:g})",
+    )
+    server.add_argument(
+        "--disaggregation-trusted-prefills",
+        nargs="+",
+        metavar="HOST:PORT",
+        help="decode: prefill bootstrap addresses it may contact without the router's "
+        f"signature (SGLang's router cannot sign; kvflow's router signs with "
+        f"${contract.INTERNAL_KEY_ENV})",
     )
     server.add_argument(
         "--disaggregation-transfer-backend",
@@ -203,7 +213,33 @@ def _kv_transfer(
         bootstrap_port=(
             contract.DEFAULT_BOOTSTRAP_PORT if ns.bootstrap_port is None else ns.bootstrap_port
         ),
+        # the prefill requires it on its bootstrap routes, the decode sends it (read once)
+        internal_key=os.environ.get(contract.INTERNAL_KEY_ENV) or None,
     )
+
+
+def _pair_trust(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> PairTrust | None:
+    """The decode's rule for the prefills it contacts: the router's signed pairs (with
+    ``$KVFLOW_INTERNAL_KEY``) and/or a static list; a decode with neither is refused."""
+    trusted = frozenset(ns.disaggregation_trusted_prefills or ())
+    if ns.role != "decode":
+        if trusted:
+            parser.error(
+                "--disaggregation-trusted-prefills is the decode role's; add --role decode"
+            )
+        return None
+    for address in trusted:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            parser.error(f"--disaggregation-trusted-prefills {address!r}: expected HOST:PORT")
+    trust = PairTrust(key=os.environ.get(contract.INTERNAL_KEY_ENV) or None, trusted=trusted)
+    if not trust.configured:
+        parser.error(
+            "the decode role contacts only trusted prefills: set "
+            f"${contract.INTERNAL_KEY_ENV} (the same as its router's) or name them with "
+            "--disaggregation-trusted-prefills HOST:PORT ..."
+        )
+    return trust
 
 
 def parse_args(argv: list[str]) -> ServerArgs:
@@ -227,6 +263,7 @@ def parse_args(argv: list[str]) -> ServerArgs:
         served_model_name=ns.served_model_name or "",
         role=ns.role,
         kv_transfer=kv_transfer,
+        pair_trust=_pair_trust(parser, ns),
         api_key=ns.api_key or None,
         watchdog_timeout=ns.watchdog_timeout,
         drain_timeout=ns.drain_timeout,

@@ -36,7 +36,11 @@ def prepare_native(
     if len(raw_list) != len(ids_list):
         raise RequestError(400, "give one sampling_params per prompt, or a single one")
     bootstraps = bootstraps_of(
-        body.bootstrap_host, body.bootstrap_port, body.bootstrap_room, len(ids_list)
+        body.bootstrap_host,
+        body.bootstrap_port,
+        body.bootstrap_room,
+        len(ids_list),
+        body.bootstrap_token,
     )
     inputs = []
     for ids, params, bootstrap in zip(ids_list, raw_list, bootstraps, strict=True):

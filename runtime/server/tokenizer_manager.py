@@ -241,6 +241,9 @@ class TokenizerManager:
 
     def _check_role(self, inp: GenerateRequest) -> None:
         problem = pairing_problem(self.info.get("role", "unified"), inp.bootstrap)
+        trust = self.args.pair_trust
+        if problem is None and trust is not None and inp.bootstrap is not None:
+            problem = trust.problem(inp.bootstrap, inp.bootstrap.token)  # before any contact
         if problem:
             raise RequestError(400, problem)
 

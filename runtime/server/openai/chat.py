@@ -63,7 +63,9 @@ def prepare_chat(
         return_logprob=want_logprobs,
         top_logprobs_num=body.top_logprobs or 0,
         extra_key=body.cache_namespace,
-        bootstrap=bootstrap_of(body.bootstrap_host, body.bootstrap_port, body.bootstrap_room),
+        bootstrap=bootstrap_of(
+            body.bootstrap_host, body.bootstrap_port, body.bootstrap_room, body.bootstrap_token
+        ),
     )
     return inp, plan
 

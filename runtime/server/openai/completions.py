@@ -47,7 +47,11 @@ def prepare_completion(
         raise RequestError(400, "echo together with logprobs (prompt logprobs) is not supported")
     ids_list, texts = _prompts(tm, body.prompt)
     bootstraps = bootstraps_of(
-        body.bootstrap_host, body.bootstrap_port, body.bootstrap_room, len(ids_list)
+        body.bootstrap_host,
+        body.bootstrap_port,
+        body.bootstrap_room,
+        len(ids_list),
+        body.bootstrap_token,
     )
     inputs = []
     for ids, bootstrap in zip(ids_list, bootstraps, strict=True):

@@ -93,6 +93,7 @@ class _SamplingFields(_CheckedFields):
     bootstrap_host: str | None = None
     bootstrap_port: int | None = None
     bootstrap_room: int | None = None
+    bootstrap_token: str | None = None  # the router's signature of the pair (kvflow)
     # SGLang: a client-chosen request id (for /abort_request), prefix-cache namespaces
     rid: str | None = None
     extra_key: str | None = None
@@ -260,6 +261,7 @@ class GenerateRequestBody(_CheckedFields):
     bootstrap_host: str | list[str] | None = None
     bootstrap_port: int | list[int] | None = None
     bootstrap_room: int | list[int] | None = None
+    bootstrap_token: str | list[str] | None = None  # the router's signature of each pair
     # not SGLang's, but its router adds it to every body; ignored (one model per server)
     model: str | None = None
 
