@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import logging
 import random
@@ -10,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote
 
+import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -19,6 +21,7 @@ from kvflow.runtime.router.health import probe_pair
 from kvflow.runtime.router.prompt import parse_body
 from kvflow.runtime.router.proxy import REQUEST_ID, Forwarder
 from kvflow.runtime.router.upstream import abort_on, credential_of
+from kvflow.runtime.router.worker import Worker
 from kvflow.runtime.wire import RequestError, error_body
 
 __all__ = ["FORWARDER", "create_app"]
@@ -44,15 +47,52 @@ def _new_request_id() -> str:
     return f"{random.getrandbits(128):032x}"
 
 
-def _guard(api_key: str | None) -> Any:
+def _is_admin(path: str) -> bool:
+    return path == "/workers" or path.startswith("/workers/")
+
+
+def _loopback(remote: str | None) -> bool:
+    try:
+        return remote is not None and ipaddress.ip_address(remote).is_loopback
+    except ValueError:
+        return False
+
+
+def _admin_refusal(request: web.Request, admin_key: str | None, api_key: str | None) -> str | None:
+    """Why an admin route (``/workers``) is refused: with the internal key it is the only
+    credential that passes (clients hold the API key, not it); with only an API key, that
+    key; with neither, only loopback clients may use them."""
+    key = admin_key or api_key
+    if key is None:
+        if _loopback(request.remote):
+            return None
+        return (
+            "the admin routes answer only on loopback when no key is set "
+            f"(set ${contract.INTERNAL_KEY_ENV} or ${contract.API_KEY_ENV})"
+        )
+    given = request.headers.get("Authorization", "").encode()
+    if hmac.compare_digest(given, f"Bearer {key}".encode()):
+        return None
+    which = "the internal key" if admin_key else "the API key"
+    return f"missing or wrong {which} for the admin routes (Authorization: Bearer <key>)"
+
+
+def _guard(api_key: str | None, admin_key: str | None = None) -> Any:
     expected = f"Bearer {api_key}".encode() if api_key else None
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Request id, API key (every path but /health and /metrics), RequestError -> JSON."""
+        """Request id, API key (every path but /health and /metrics; the admin routes have
+        their own rule), RequestError -> JSON."""
         rid = request.headers.get(REQUEST_ID) or _new_request_id()
         request[REQUEST_ID] = rid
-        if expected is not None and request.path not in _OPEN_PATHS:
+        if _is_admin(request.path):
+            refusal = _admin_refusal(request, admin_key, api_key)
+            if refusal is not None:
+                log.info("rid=%s %s refused: %s", rid, request.path, refusal)
+                status = 403 if admin_key is None and api_key is None else 401
+                return _error(status, refusal, {REQUEST_ID: rid})
+        elif expected is not None and request.path not in _OPEN_PATHS:
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 log.info("rid=%s %s refused: missing or wrong API key", rid, request.path)
@@ -167,11 +207,34 @@ async def _add_worker(request: web.Request) -> web.Response:
         )
     except (json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as err:
         raise RequestError(400, f'expected {{"url", "role"?, "bootstrap_port"?}}: {err}') from err
-    registry = request.app[FORWARDER].registry
+    forwarder = request.app[FORWARDER]
+    registry = forwarder.registry
+    new = registry.get(spec.url) is None
     registry.upsert(spec)
     worker = registry.get(spec.url)
     assert worker is not None
+    if new:  # healthy only once it answers: a worker on a dead port takes no traffic
+        await _first_check(forwarder, worker)
     return web.json_response(worker.describe(), status=201)
+
+
+async def _first_check(forwarder: Forwarder, worker: Worker) -> None:
+    """One ``GET /health`` of a worker the admin API just added; failing, it starts
+    unhealthy (the health checker brings it back when it answers)."""
+    timeout = aiohttp.ClientTimeout(total=forwarder.config.health.timeout_s)
+    error = ""
+    try:
+        url = worker.url + contract.HEALTH_PATH
+        async with forwarder.session.get(url, timeout=timeout) as response:
+            await response.read()
+            if response.status != 200:
+                error = f"/health answered {response.status}"
+    except (aiohttp.ClientError, TimeoutError, OSError) as err:
+        error = f"/health failed: {type(err).__name__} {err}".strip()
+    if error:
+        worker.healthy = False
+        worker.last_error = error
+        forwarder.registry.metrics.healthy.labels(worker.url).set(0)
 
 
 async def _remove_worker(request: web.Request) -> web.Response:
@@ -186,7 +249,8 @@ async def _remove_worker(request: web.Request) -> web.Response:
 
 def create_app(forwarder: Forwarder, api_key: str | None) -> web.Application:
     """The router's aiohttp application over ``forwarder`` (which holds every piece of state)."""
-    app = web.Application(middlewares=[_guard(api_key)], client_max_size=256 * 1024**2)
+    guard = _guard(api_key, forwarder.config.internal_key)
+    app = web.Application(middlewares=[guard], client_max_size=256 * 1024**2)
     app[FORWARDER] = forwarder
     for route, pairable in _MODEL_ROUTES.items():
         app.router.add_post(route, _proxy(route, pairable))

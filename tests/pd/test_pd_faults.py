@@ -149,7 +149,13 @@ def test_a_stream_whose_prefill_dies_is_retried_on_another_prefill(stack, tmp_pa
         "--role", "prefill", "--bootstrap-port", str(bootstrap), *COMMON, log=tmp_path / "spare.log"
     )
     added = {"url": spare.url, "role": "prefill", "bootstrap_port": bootstrap}
-    assert httpx.post(f"{stack.router.url}/workers", json=added, timeout=10).status_code < 300
+    admin = stack.router.admin_headers()
+    unsigned = httpx.post(f"{stack.router.url}/workers", json=added, timeout=10)
+    assert unsigned.status_code == 401, unsigned.text  # the admin routes need the internal key
+    added_response = httpx.post(
+        f"{stack.router.url}/workers", json=added, headers=admin, timeout=10
+    )
+    assert added_response.status_code < 300, added_response.text
     stack.router.wait_for(lambda ws: ws.get(spare.url, {}).get("healthy"), "the spare prefill")
 
     def running(server: ServerProcess) -> int:
@@ -187,7 +193,9 @@ def test_a_stream_whose_prefill_dies_is_retried_on_another_prefill(stack, tmp_pa
         survivor.wait_idle_and_free(timeout=30)
         stack.decode.wait_idle_and_free(timeout=30)
     finally:
-        httpx.delete(f"{stack.router.url}/workers/{quote(spare.url, safe='')}", timeout=10)
+        httpx.delete(
+            f"{stack.router.url}/workers/{quote(spare.url, safe='')}", headers=admin, timeout=10
+        )
         spare.stop()
         if victim is stack.prefill:
             stack.prefill = stack.start_prefill()

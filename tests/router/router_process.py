@@ -14,6 +14,8 @@ import server_process
 from prometheus_client.parser import text_string_to_metric_families
 from server_process import ServerProcess, free_port
 
+from kvflow.contract import INTERNAL_KEY_ENV
+
 # Every worker of the router tests (the server tests' settings).
 WORKER_FLAGS = ("--max-total-tokens", "6000", "--context-length", "2048")
 
@@ -70,7 +72,15 @@ class RouterProcess:
         self.stop()
         raise RuntimeError(f"router did not start: {log.read_text()[-3000:]}")
 
+    @staticmethod
+    def admin_headers() -> dict[str, str]:
+        """The credential of the admin routes when the router has the internal key (the
+        environment it was started with), else none (loopback or the API key passes)."""
+        key = os.environ.get(INTERNAL_KEY_ENV)
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
     def workers(self, headers: dict[str, str] | None = None) -> dict[str, dict]:
+        headers = self.admin_headers() if headers is None else headers
         listing = httpx.get(f"{self.url}/workers", headers=headers, timeout=10).json()
         return {w["url"]: w for w in listing["workers"]}
 

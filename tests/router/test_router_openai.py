@@ -153,3 +153,39 @@ def test_no_healthy_worker_is_a_503_and_the_admin_api_adds_one(workers, tmp_path
         )
     finally:
         router.stop()
+
+
+def test_the_admin_routes_need_the_internal_key_and_a_dead_worker_starts_unhealthy(
+    workers, tmp_path
+):
+    """With the internal key the admin routes take it and nothing else (clients hold the API
+    key, not it); a worker added on a dead port is reported unhealthy at once and takes no
+    traffic."""
+    keyed = RouterProcess(
+        "--worker-urls",
+        workers[0].url,
+        log=tmp_path / "router.log",
+        env={"KVFLOW_API_KEY": KEY, "KVFLOW_INTERNAL_KEY": "admin-key"},
+    )
+    admin = {"Authorization": "Bearer admin-key"}
+    dead = f"http://127.0.0.1:{free_port()}"
+    try:
+        for headers in ({}, {"Authorization": f"Bearer {KEY}"}):
+            assert httpx.get(f"{keyed.url}/workers", headers=headers).status_code == 401
+            refused = httpx.post(f"{keyed.url}/workers", json={"url": dead}, headers=headers)
+            assert refused.status_code == 401, refused.text
+        assert dead not in keyed.workers(admin)
+        added = httpx.post(f"{keyed.url}/workers", json={"url": dead}, headers=admin, timeout=10)
+        assert added.status_code == 201 and added.json()["healthy"] is False
+        assert added.json()["last_error"]
+        for _ in range(3):  # round robin would pick it half the time were it healthy
+            chat = client(keyed, KEY).chat.completions.create(
+                model="m", messages=QUESTION, max_tokens=2
+            )
+            assert chat.choices[0].message.content
+        gone = httpx.delete(f"{keyed.url}/workers/{quote(dead, safe='')}", headers=admin)
+        assert gone.status_code == 200
+        # the model routes still take the API key, not the internal one
+        assert httpx.get(f"{keyed.url}/v1/models", headers=admin).status_code == 401
+    finally:
+        keyed.stop()
