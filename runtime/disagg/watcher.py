@@ -125,6 +125,7 @@ class _PeerLink(threading.Thread):
         self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.watched: dict[int, str] = {}  # room -> the decode's key
         self.cancels: list[int] = []
+        self.withdrawn: dict[int, str] = {}  # room -> why its claim failed (see _withdraw)
         self.registered = False
         self.last_ok = 0.0
 
@@ -158,6 +159,7 @@ class _PeerLink(threading.Thread):
                     for key in self.watched.values():
                         self.watcher.fail(key, f"status at {self.address} failed: {err}")
                     self.watched.clear()
+                    self.withdrawn.clear()
             else:
                 self.cancels.clear()  # no room left here to cancel
             now = time.monotonic()
@@ -169,6 +171,7 @@ class _PeerLink(threading.Thread):
     def _register(self) -> None:
         self.client.register(self.watcher.session, self.watcher.layout)
         self.registered = True
+        self.last_ok = time.monotonic()
 
     def _claim(self, pending: list[_Pending]) -> None:
         rooms = set(self.watched)
@@ -183,6 +186,11 @@ class _PeerLink(threading.Thread):
         try:
             if not self.registered:
                 self._register()
+        except BootstrapError as err:  # nothing was claimed
+            for p in pending:
+                self.watcher.fail(p.key, str(err))
+            return
+        try:
             try:
                 refused = self.client.claim(self.watcher.session, claims)
             except BootstrapError as err:
@@ -193,7 +201,10 @@ class _PeerLink(threading.Thread):
         except BootstrapError as err:
             self.registered = False
             for p in pending:
-                self.watcher.fail(p.key, str(err))
+                if err.refused:  # answered: nothing was claimed
+                    self.watcher.fail(p.key, str(err))
+                else:
+                    self._withdraw(p, str(err))
             return
         self.last_ok = time.monotonic()
         for p in pending:
@@ -202,6 +213,15 @@ class _PeerLink(threading.Thread):
             else:
                 self.watched[p.bootstrap.room] = p.key
 
+    def _withdraw(self, pending: _Pending, why: str) -> None:
+        """A claim whose call failed without an answer may have reached the prefill, which
+        would write into the slots later: watch its room cancelled, so the slots are reused
+        only once the prefill says the room ended (or is gone for the timeout)."""
+        room = pending.bootstrap.room
+        self.watched[room] = pending.key
+        self.cancels.append(room)
+        self.withdrawn[room] = why
+
     def _poll(self) -> None:
         cancels, self.cancels = self.cancels, []
         try:
@@ -209,8 +229,9 @@ class _PeerLink(threading.Thread):
         except BootstrapError as err:
             self.cancels = cancels + self.cancels
             if time.monotonic() - self.last_ok > self.watcher.timeout_s:
-                for key in self.watched.values():
-                    self.watcher.fail(key, f"{err} for {self.watcher.timeout_s:.0f} s")
+                for room, key in self.watched.items():
+                    why = self.withdrawn.pop(room, f"{err} for {self.watcher.timeout_s:.0f} s")
+                    self.watcher.fail(key, why)
                 self.watched.clear()
             return
         self.last_ok = time.monotonic()
@@ -218,4 +239,7 @@ class _PeerLink(threading.Thread):
             if report.state == "unknown":
                 report = RoomReport("failed", {}, "the prefill lost the room (restarted?)")
             if report.state in FINAL_STATES:
+                why = self.withdrawn.pop(room, "")
+                if why:  # ended after a failed claim: failed, whatever it says
+                    report = RoomReport("failed", {}, why)
                 self.watcher.finish(self.watched.pop(room), report)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from fake_bootstrap import FakeBootstrap, done_with, stall, states
+from fake_bootstrap import STALL, FakeBootstrap, done_with, stall, states
 from kv_helpers import kv_pool, model_config
 
 from kvflow.runtime.disagg import layout_of, watcher
@@ -116,3 +116,24 @@ def test_the_key_goes_with_every_call_and_a_room_is_claimed_once(layout) -> None
         outcome = _wait(room_watcher, 1, limit_s=2)["second"]
         assert outcome.state == "failed" and "in use" in outcome.message
         assert {auth for _, _, auth in fake.calls} == {"Bearer k3y"}
+
+
+def test_a_claim_without_an_answer_is_withdrawn_before_its_slots_are_reused(layout) -> None:
+    """The claim call timed out: the prefill may hold the claim and write later. The room
+    ends only once the prefill confirms the cancel, as failed with the claim's error."""
+
+    def claim_lost(path: str, body: dict):
+        if path == "/rooms":
+            return STALL
+        if path == "/rooms/status":
+            report = {"state": "cancelled", "result": {}, "message": "cancelled by the decode"}
+            return 200, {"states": {str(room): report for room in body["rooms"]}}
+        return 200, {"layout": {}}
+
+    room_watcher = RoomWatcher("127.0.0.1:1", layout, timeout_s=0.5)
+    with FakeBootstrap(claim_lost) as fake:
+        room_watcher.claim("k", _at(fake, 6), [0], HASH)
+        outcome = _wait(room_watcher, 1, limit_s=5)["k"]
+        status = [body for path, body, _ in fake.calls if path == "/rooms/status"]
+    assert outcome.state == "failed" and "unreachable" in outcome.message
+    assert status and status[0] == {"rooms": [6], "cancel": [6]}
