@@ -102,3 +102,16 @@ def test_what_the_user_set_is_left_alone(clean_env: pytest.MonkeyPatch) -> None:
     merged = mooncake_env.require("the PD KV transport", 5.0)
     assert merged["MC_TCP_PROGRESS_TIMEOUT_SEC"] == "99"
     assert merged["MC_HANDSHAKE_CONNECT_TIMEOUT"] == "5"
+
+
+def test_the_internal_key_comes_from_the_environment_and_stays_out_of_reprs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kvflow.contract import INTERNAL_KEY_ENV
+
+    monkeypatch.setenv(INTERNAL_KEY_ENV, "s3cret-key")
+    options = parse_args(["--role", "prefill"]).kv_transfer
+    assert options is not None and options.internal_key == "s3cret-key"
+    assert "s3cret-key" not in repr(options)
+    monkeypatch.setenv(INTERNAL_KEY_ENV, "")
+    assert parse_args(["--role", "prefill"]).kv_transfer.internal_key is None  # open routes
