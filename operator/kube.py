@@ -34,6 +34,7 @@ PLURALS: Mapping[tuple[str, str], str] = {
     ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
     ("v1", "Pod"): "pods",  # read, and annotated with deletion costs by the autoscaler
     ("v1", "Event"): "events",  # the autoscaler's decisions
+    ("v1", "Secret"): "secrets",  # created once (the internal key), never read
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("apps/v1", "Deployment"): "deployments",
