@@ -17,7 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kvflow import contract
 from kvflow.runtime.router.discovery import WorkerSpec
-from kvflow.runtime.router.health import probe_pair
+from kvflow.runtime.router.health import health_error, probe_pair
 from kvflow.runtime.router.prompt import parse_body
 from kvflow.runtime.router.proxy import REQUEST_ID, Forwarder
 from kvflow.runtime.router.upstream import abort_on, credential_of
@@ -222,15 +222,7 @@ async def _first_check(forwarder: Forwarder, worker: Worker) -> None:
     """One ``GET /health`` of a worker the admin API just added; failing, it starts
     unhealthy (the health checker brings it back when it answers)."""
     timeout = aiohttp.ClientTimeout(total=forwarder.config.health.timeout_s)
-    error = ""
-    try:
-        url = worker.url + contract.HEALTH_PATH
-        async with forwarder.session.get(url, timeout=timeout) as response:
-            await response.read()
-            if response.status != 200:
-                error = f"/health answered {response.status}"
-    except (aiohttp.ClientError, TimeoutError, OSError) as err:
-        error = f"/health failed: {type(err).__name__} {err}".strip()
+    error = await health_error(forwarder.session, worker, timeout)
     if error:
         worker.healthy = False
         worker.last_error = error

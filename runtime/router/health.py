@@ -14,7 +14,7 @@ from kvflow.runtime.router.config import HealthConfig
 from kvflow.runtime.router.registry import WorkerRegistry
 from kvflow.runtime.router.worker import Worker
 
-__all__ = ["LOAD_METRICS", "HealthChecker", "parse_load", "probe_pair"]
+__all__ = ["LOAD_METRICS", "HealthChecker", "health_error", "parse_load", "probe_pair"]
 
 log = logging.getLogger("kvflow.router")
 
@@ -33,6 +33,18 @@ def parse_load(text: str) -> int | None:
                 total += sample.value
                 seen = True
     return int(total) if seen else None
+
+
+async def health_error(
+    session: aiohttp.ClientSession, worker: Worker, timeout: aiohttp.ClientTimeout
+) -> str:
+    """Why one ``GET /health`` of ``worker`` failed; empty when it answered 200."""
+    try:
+        async with session.get(worker.url + contract.HEALTH_PATH, timeout=timeout) as response:
+            await response.read()
+            return "" if response.status == 200 else f"/health answered {response.status}"
+    except (aiohttp.ClientError, TimeoutError, OSError) as err:
+        return f"/health failed: {type(err).__name__} {err}".strip()
 
 
 class HealthChecker:
@@ -73,14 +85,7 @@ class HealthChecker:
 
     async def check(self, worker: Worker) -> None:
         timeout = aiohttp.ClientTimeout(total=self.config.timeout_s)
-        error = ""
-        try:
-            async with self.session.get(worker.url + contract.HEALTH_PATH, timeout=timeout) as r:
-                await r.read()
-                if r.status != 200:
-                    error = f"/health answered {r.status}"
-        except (aiohttp.ClientError, TimeoutError, OSError) as err:
-            error = f"/health failed: {type(err).__name__} {err}".strip()
+        error = await health_error(self.session, worker, timeout)
         if error:
             self._failed(worker, error)
             return
