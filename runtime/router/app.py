@@ -47,8 +47,11 @@ def _new_request_id() -> str:
     return f"{random.getrandbits(128):032x}"
 
 
-def _is_admin(path: str) -> bool:
-    return path == "/workers" or path.startswith("/workers/")
+def _is_admin(request: web.Request) -> bool:
+    """The admin routes that change the worker set (``POST /workers``,
+    ``DELETE /workers/{url}``); reading the list goes by the API key like the model routes."""
+    path = request.path
+    return request.method != "GET" and (path == "/workers" or path.startswith("/workers/"))
 
 
 def _loopback(remote: str | None) -> bool:
@@ -59,7 +62,7 @@ def _loopback(remote: str | None) -> bool:
 
 
 def _admin_refusal(request: web.Request, admin_key: str | None, api_key: str | None) -> str | None:
-    """Why an admin route (``/workers``) is refused: with the internal key it is the only
+    """Why an admin route (see :func:`_is_admin`) is refused: with the internal key it is the only
     credential that passes (clients hold the API key, not it); with only an API key, that
     key; with neither, only loopback clients may use them."""
     key = admin_key or api_key
@@ -86,7 +89,7 @@ def _guard(api_key: str | None, admin_key: str | None = None) -> Any:
         their own rule), RequestError -> JSON."""
         rid = request.headers.get(REQUEST_ID) or _new_request_id()
         request[REQUEST_ID] = rid
-        if _is_admin(request.path):
+        if _is_admin(request):
             refusal = _admin_refusal(request, admin_key, api_key)
             if refusal is not None:
                 log.info("rid=%s %s refused: %s", rid, request.path, refusal)

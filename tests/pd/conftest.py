@@ -32,9 +32,10 @@ class PDStack(NamedTuple):
     router: RouterProcess
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def internal_key() -> Iterator[str]:
-    """The internal key in the environment every server and router of tests/pd inherits."""
+    """The internal key in the environment every server and router of a tests/pd module
+    inherits (module-scoped: the other directories' servers and routers start without)."""
     from kvflow.contract import INTERNAL_KEY_ENV
 
     before = os.environ.get(INTERNAL_KEY_ENV)

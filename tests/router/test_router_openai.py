@@ -158,8 +158,9 @@ def test_no_healthy_worker_is_a_503_and_the_admin_api_adds_one(workers, tmp_path
 def test_the_admin_routes_need_the_internal_key_and_a_dead_worker_starts_unhealthy(
     workers, tmp_path
 ):
-    """With the internal key the admin routes take it and nothing else (clients hold the API
-    key, not it); a worker added on a dead port is reported unhealthy at once and takes no
+    """With the internal key the routes that change the worker set take it and nothing else
+    (clients hold the API key, not it); the list is read with the API key like the model
+    routes; a worker added on a dead port is reported unhealthy at once and takes no
     traffic."""
     keyed = RouterProcess(
         "--worker-urls",
@@ -169,12 +170,17 @@ def test_the_admin_routes_need_the_internal_key_and_a_dead_worker_starts_unhealt
     )
     admin = {"Authorization": "Bearer admin-key"}
     dead = f"http://127.0.0.1:{free_port()}"
+    api = {"Authorization": f"Bearer {KEY}"}
     try:
-        for headers in ({}, {"Authorization": f"Bearer {KEY}"}):
-            assert httpx.get(f"{keyed.url}/workers", headers=headers).status_code == 401
+        assert httpx.get(f"{keyed.url}/workers").status_code == 401
+        for headers in ({}, api):
             refused = httpx.post(f"{keyed.url}/workers", json={"url": dead}, headers=headers)
             assert refused.status_code == 401, refused.text
-        assert dead not in keyed.workers(admin)
+            gone = httpx.delete(
+                f"{keyed.url}/workers/{quote(workers[0].url, safe='')}", headers=headers
+            )
+            assert gone.status_code == 401, gone.text
+        assert set(keyed.workers(api)) == {workers[0].url}
         added = httpx.post(f"{keyed.url}/workers", json={"url": dead}, headers=admin, timeout=10)
         assert added.status_code == 201 and added.json()["healthy"] is False
         assert added.json()["last_error"]
