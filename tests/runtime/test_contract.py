@@ -61,7 +61,8 @@ def test_contract_misuse_is_refused_clearly():
         parse_args(contract.serve_argv(contract.ServeOptions(role="decode", bootstrap_port=1))[2:])
 
 
-def test_rendered_prefill_and_decode_commands_parse():
+def test_rendered_prefill_and_decode_commands_parse(monkeypatch):
+    monkeypatch.setenv(contract.INTERNAL_KEY_ENV, "k")  # the decode needs it (or a list)
     prefill = parse_args(
         contract.serve_argv(
             contract.ServeOptions(role="prefill", bootstrap_port=9000, kv_transfer_protocol="tcp")
@@ -91,12 +92,17 @@ def _operator_pod_commands() -> dict[str, list[list[str]]]:
                 continue
             for container in child["spec"]["template"]["spec"]["containers"]:
                 argv = [*container.get("command", []), *container.get("args", [])]
-                if argv[:2] == ["kvflow", "serve"]:
-                    commands.setdefault(name, []).append(argv[2:])
+                if argv[:2] != ["kvflow", "serve"]:
+                    continue
+                env = {e["name"] for e in container.get("env", [])}
+                if "decode" in argv:  # its pairs are checked with the internal key
+                    assert contract.INTERNAL_KEY_ENV in env, (name, argv)
+                commands.setdefault(name, []).append(argv[2:])
     return commands
 
 
-def test_every_operator_rendered_serve_command_parses():
+def test_every_operator_rendered_serve_command_parses(monkeypatch):
+    monkeypatch.setenv(contract.INTERNAL_KEY_ENV, "k")  # from the Secret the pods name
     commands = _operator_pod_commands()
     assert set(commands) >= {"unified-embedded", "disaggregated-pvc"}
     for argvs in commands.values():
