@@ -24,7 +24,7 @@ from kvflow.runtime.router.upstream import abort_on, credential_of
 from kvflow.runtime.router.worker import Worker
 from kvflow.runtime.wire import RequestError, error_body
 
-__all__ = ["FORWARDER", "create_app"]
+__all__ = ["FORWARDER", "create_admin_app", "create_app"]
 
 log = logging.getLogger("kvflow.router")
 
@@ -242,11 +242,30 @@ async def _remove_worker(request: web.Request) -> web.Response:
     return web.json_response({"removed": url})
 
 
-def create_app(forwarder: Forwarder, api_key: str | None) -> web.Application:
-    """The router's aiohttp application over ``forwarder`` (which holds every piece of state)."""
+def _app(forwarder: Forwarder, api_key: str | None) -> web.Application:
     guard = _guard(api_key, forwarder.config.internal_key)
     app = web.Application(middlewares=[guard], client_max_size=256 * 1024**2)
     app[FORWARDER] = forwarder
+    return app
+
+
+def _add_admin_routes(app: web.Application) -> None:
+    app.router.add_get("/workers", _list_workers)
+    app.router.add_post("/workers", _add_worker)
+    app.router.add_delete("/workers/{url:.+}", _remove_worker)
+
+
+def create_admin_app(forwarder: Forwarder, api_key: str | None) -> web.Application:
+    """The admin routes alone (``--admin-port``), under the same credential rule."""
+    app = _app(forwarder, api_key)
+    _add_admin_routes(app)
+    return app
+
+
+def create_app(forwarder: Forwarder, api_key: str | None) -> web.Application:
+    """The router's aiohttp application over ``forwarder`` (which holds every piece of
+    state); the admin routes are on it unless the router has an admin port."""
+    app = _app(forwarder, api_key)
     for route, pairable in _MODEL_ROUTES.items():
         app.router.add_post(route, _proxy(route, pairable))
     app.router.add_get("/v1/models", _proxy("/v1/models", False))
@@ -255,7 +274,6 @@ def create_app(forwarder: Forwarder, api_key: str | None) -> web.Application:
     app.router.add_get(contract.HEALTH_PATH, _health)
     app.router.add_get(contract.ROUTER_READINESS_PATH, _readiness)
     app.router.add_get(contract.METRICS_PATH, _metrics)
-    app.router.add_get("/workers", _list_workers)
-    app.router.add_post("/workers", _add_worker)
-    app.router.add_delete("/workers/{url:.+}", _remove_worker)
+    if forwarder.config.admin_port is None:
+        _add_admin_routes(app)
     return app

@@ -96,6 +96,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="timeout of a TCP connect to a worker",
     )
     router.add_argument("--log-level", default=RouterConfig.log_level, help="logging level")
+    router.add_argument(
+        "--admin-port",
+        type=int,
+        default=None,
+        help="serve the admin routes (/workers) on this port only, not on --port",
+    )
+    router.add_argument(
+        "--admin-host",
+        default=RouterConfig.admin_host,
+        help="the address the admin port binds (with --admin-port)",
+    )
     for section, (cls, prefix) in _SECTIONS.items():
         sub = parser.add_argument_group(section.replace("_", " "))
         hints = typing.get_type_hints(cls)
@@ -135,8 +146,12 @@ def parse_args(argv: list[str]) -> RouterConfig:
         internal_key=os.environ.get(contract.INTERNAL_KEY_ENV) or None,
         connect_timeout_s=ns.connect_timeout_s,
         log_level=ns.log_level,
+        admin_host=ns.admin_host,
+        admin_port=ns.admin_port,
         **sections,
     )
+    if config.admin_port is not None and config.admin_port == config.port:
+        parser.error("--admin-port must differ from --port")
     if config.discovers and (config.worker_urls or config.prefill_urls or config.decode_urls):
         parser.error("give worker URLs or --discover-*, not both")
     if bool(config.prefill_urls) != bool(config.decode_urls):

@@ -16,7 +16,7 @@ import prometheus_client
 from aiohttp import web
 
 from kvflow.runtime.router import logs
-from kvflow.runtime.router.app import create_app
+from kvflow.runtime.router.app import create_admin_app, create_app
 from kvflow.runtime.router.args import parse_args, static_specs
 from kvflow.runtime.router.config import RouterConfig
 from kvflow.runtime.router.health import HealthChecker
@@ -75,6 +75,10 @@ async def serve(config: RouterConfig, stop: asyncio.Event | None = None) -> None
         create_app(forwarder, config.api_key), handler_cancellation=True, access_log=None
     )
     await runner.setup()
+    admin: web.AppRunner | None = None
+    if config.admin_port is not None:
+        admin = web.AppRunner(create_admin_app(forwarder, config.api_key), access_log=None)
+        await admin.setup()
     if stop is None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -91,6 +95,8 @@ async def serve(config: RouterConfig, stop: asyncio.Event | None = None) -> None
                 ) from err
         health.start()
         await web.TCPSite(runner, config.host, config.port, backlog=4096).start()
+        if admin is not None:
+            await web.TCPSite(admin, config.admin_host, config.admin_port).start()
         flusher = asyncio.create_task(logs.flush_every())
         _settle_gc()
         log.info(
@@ -110,6 +116,8 @@ async def serve(config: RouterConfig, stop: asyncio.Event | None = None) -> None
             with contextlib.suppress(Exception):
                 await discovery.stop()
         await runner.cleanup()
+        if admin is not None:
+            await admin.cleanup()
         await session.close()
 
 

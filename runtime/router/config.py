@@ -85,6 +85,10 @@ class RouterConfig:
     bootstrap_port: int = contract.DEFAULT_BOOTSTRAP_PORT  # prefill default when not given
     api_key: str | None = None
     internal_key: str | None = None  # signs PD pairs (bootstrap_token); $KVFLOW_INTERNAL_KEY
+    admin_host: str = "127.0.0.1"  # with admin_port: where the admin routes listen
+    admin_port: int | None = (
+        None  # the admin routes (/workers) on their own port; None: the API port
+    )
     connect_timeout_s: float = 5.0
     log_level: str = "info"
     health: HealthConfig = field(default_factory=HealthConfig)

@@ -195,3 +195,25 @@ def test_the_admin_routes_need_the_internal_key_and_a_dead_worker_starts_unhealt
         assert httpx.get(f"{keyed.url}/v1/models", headers=admin).status_code == 401
     finally:
         keyed.stop()
+
+
+def test_the_admin_routes_can_have_their_own_port(workers, tmp_path):
+    """--admin-port: /workers answers there (loopback, no key set) and not on the API port."""
+    admin_port = free_port()
+    router = RouterProcess(
+        "--worker-urls",
+        workers[0].url,
+        "--admin-port",
+        str(admin_port),
+        log=tmp_path / "router.log",
+    )
+    try:
+        assert httpx.get(f"{router.url}/workers", timeout=10).status_code == 404
+        listing = httpx.get(f"http://127.0.0.1:{admin_port}/workers", timeout=10).json()
+        assert [w["url"] for w in listing["workers"]] == [workers[0].url]
+        chat = client(router, "unused").chat.completions.create(
+            model="m", messages=QUESTION, max_tokens=2
+        )
+        assert chat.choices[0].message.content
+    finally:
+        router.stop()
