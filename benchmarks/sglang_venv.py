@@ -31,7 +31,7 @@ def default_sglang_venv() -> Path:
 
 
 def _run(argv: list[str], timeout: float) -> None:
-    # cwd="/": `python -m pip` puts the working directory first on sys.path, and the repo's
+    # cwd="/": pip run as a module puts the working directory first on sys.path, and the repo's
     # top-level operator/ folder would shadow the standard library's operator module
     done = subprocess.run(
         argv, capture_output=True, text=True, timeout=timeout, check=False, cwd="/"

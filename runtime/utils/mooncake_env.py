@@ -16,6 +16,7 @@ import ipaddress
 import logging
 import math
 import os
+import sys
 import threading
 
 from kvflow.contract import KV_TRANSFER_PORT_RANGE
@@ -94,8 +95,6 @@ def require(user: str, timeout_s: float, hostname: str = "") -> dict[str, str]:
 
 
 def _engine_started() -> bool:
-    import sys
-
     return "mooncake.engine" in sys.modules or "mooncake.store" in sys.modules
 
 

@@ -20,8 +20,7 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 from pd_flags import COMMON, PD_INTERNAL_KEY, trusting
 from router_process import RouterProcess
 from server_process import ServerProcess, free_port
-from sglang_router_process import SglangRouterProcess
-from sglang_venv import SGLANG_ROUTER_VERSION, default_sglang_venv, installed_sglang_router
+from sglang_router_process import SglangRouterProcess, start_sglang_router
 
 
 class PDStack(NamedTuple):
@@ -86,21 +85,8 @@ def pd(model_path, tmp_path_factory) -> Iterator[PDStack]:
 
 @pytest.fixture(scope="module")
 def sglang_router(pd, tmp_path_factory) -> Iterator[SglangRouterProcess]:
-    """sglang-router in PD mode in front of ``pd``'s pair, from the venv scripts/setup.sh
-    installs (tests reach no network); skipped (with the error) only where it is not
-    installed or cannot start."""
-    python = installed_sglang_router(default_sglang_venv())
-    if python is None:
-        pytest.skip(
-            f"sglang-router {SGLANG_ROUTER_VERSION} is not installed in "
-            f"{default_sglang_venv()} (scripts/setup.sh installs it)"
-        )
+    """sglang-router in PD mode in front of ``pd``'s pair."""
     log = tmp_path_factory.mktemp("sglang-router") / "router.log"
-    try:
-        router = SglangRouterProcess(
-            python, pd.prefill.url, pd.bootstrap_port, pd.decode.url, log=log
-        )
-    except (OSError, RuntimeError) as err:
-        pytest.skip(f"sglang-router {SGLANG_ROUTER_VERSION} does not start here: {err}")
+    router = start_sglang_router(pd.prefill.url, pd.bootstrap_port, pd.decode.url, log)
     yield router
     router.stop()

@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from server_process import free_port
+from sglang_venv import SGLANG_ROUTER_VERSION, default_sglang_venv, installed_sglang_router
 
 START_TIMEOUT_S = 60
 
@@ -63,3 +65,21 @@ class SglangRouterProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+
+
+def start_sglang_router(
+    prefill_url: str, bootstrap_port: int, decode_url: str, log: Path
+) -> SglangRouterProcess:
+    """sglang-router in PD mode in front of one pair, from the venv scripts/setup.sh installs
+    (tests reach no network). Not installed: a skip (a failure in CI, see conftest.py);
+    installed but not starting: a failure."""
+    python = installed_sglang_router(default_sglang_venv())
+    if python is None:
+        pytest.skip(
+            f"sglang-router {SGLANG_ROUTER_VERSION} is not installed in "
+            f"{default_sglang_venv()} (scripts/setup.sh installs it)"
+        )
+    try:
+        return SglangRouterProcess(python, prefill_url, bootstrap_port, decode_url, log=log)
+    except (OSError, RuntimeError) as err:
+        pytest.fail(f"sglang-router {SGLANG_ROUTER_VERSION} did not start: {err}")

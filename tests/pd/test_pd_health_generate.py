@@ -14,8 +14,7 @@ import pytest
 from pd_flags import COMMON
 from router_process import RouterProcess
 from server_process import ServerProcess, free_port
-from sglang_router_process import SglangRouterProcess
-from sglang_venv import default_sglang_venv, installed_sglang_router
+from sglang_router_process import start_sglang_router
 
 pytestmark = pytest.mark.slow
 
@@ -91,16 +90,8 @@ def test_pd_router_passes_with_a_prefill_and_a_decode(pair):
 
 def test_sglang_router_health_generate_passes(pair, tmp_path_factory):
     """sglang-router's PD health_generate probes a prefill/decode pair on its own."""
-    python = installed_sglang_router(default_sglang_venv())
-    if python is None:
-        pytest.skip("sglang-router is not installed (scripts/setup.sh installs it)")
     log = tmp_path_factory.mktemp("sglang-router-health") / "router.log"
-    try:
-        router = SglangRouterProcess(
-            python, pair.prefill.url, pair.bootstrap_port, pair.decode.url, log=log
-        )
-    except (OSError, RuntimeError) as err:
-        pytest.skip(f"sglang-router does not start here: {err}")
+    router = start_sglang_router(pair.prefill.url, pair.bootstrap_port, pair.decode.url, log)
     try:
         response = _health_generate(router.url)
         assert response.status_code == 200, (response.text, router.tail())
