@@ -134,6 +134,13 @@ class EngineConfig:
     # what has arrived (best effort; storage never stalls the scheduler).
     hicache_prefetch_timeout: float = 0.5
 
+    # parallelism (SGLang's names): tp_size ranks shard one model (a process and a device
+    # each); dp_size independent groups of tp_size ranks serve behind one tokenizer
+    # manager, which spreads requests by load_balance_method. GPUs used: tp_size x dp_size.
+    tp_size: int = 1
+    dp_size: int = 1
+    load_balance_method: str = "round_robin"  # round_robin | shortest_queue
+
     # scheduling
     max_running_requests: int = 256
     max_queued_requests: int | None = None

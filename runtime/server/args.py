@@ -31,6 +31,7 @@ _CHOICES = {
     "device": ["auto", "cpu", "cuda"],
     "schedule_policy": list(SCHEDULE_POLICIES),
     "attention_backend": ["auto", *ATTENTION_BACKENDS.choices()],
+    "load_balance_method": ["round_robin", "shortest_queue"],
 }
 # Contract flags that map onto EngineConfig fields of the same name (None: not given).
 _CONTRACT_ENGINE_FIELDS = contract.HICACHE_ENGINE_FIELDS
