@@ -9,12 +9,15 @@ intended change, regenerate and commit the files:
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
-from operator_testing import SPECS, load_model_deployment
+from operator_testing import REPO, SPECS, load_model_deployment
 
 from kvflow.operator import parse_model_deployment, render_children
 
@@ -56,3 +59,30 @@ def test_rendered_children_match_golden_file(spec_name: str) -> None:
 
 def test_rendering_is_deterministic(spec_name: str) -> None:
     assert rendered_yaml(spec_name) == rendered_yaml(spec_name)
+
+
+def test_rendering_is_the_same_in_another_process() -> None:
+    """Two renders in one process share its hash seed, so they agree even when output
+    follows set or dict-of-hash ordering; a second interpreter with another
+    ``PYTHONHASHSEED`` renders every spec again and must give the same bytes."""
+    ours = os.environ.get("PYTHONHASHSEED", "")  # unset or "random": a random seed
+    seed = str(int(ours) + 1) if ours.isdigit() else "1"
+    code = (
+        "import json, sys\n"
+        "from test_operator_golden import rendered_yaml\n"
+        "print(json.dumps({name: rendered_yaml(name) for name in sys.argv[1:]}))\n"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(Path(__file__).parent)}
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", code, *sorted(SPECS)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    other = json.loads(done.stdout)
+    for name in sorted(SPECS):
+        assert other[name] == rendered_yaml(name), f"{name}: differs under PYTHONHASHSEED={seed}"
