@@ -1,7 +1,9 @@
 """``kvflow serve`` arguments: the runtime contract's flags plus every EngineConfig field.
 
 Engine flags are generated from :class:`EngineConfig` (defaults and types come from the
-dataclass), so a new engine option is a CLI flag without edits here.
+dataclass, help texts from ``engine_flag_help``), so a new engine option is a CLI flag
+without edits here. SGLang's launch flags are taken, mapped or refused by the table in
+``sglang_flags``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from kvflow.runtime.cache.storage import STORAGE_BACKENDS
 from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.disagg.transport import KV_TRANSPORTS, KVTransferOptions
 from kvflow.runtime.scheduler.policy import SCHEDULE_POLICIES
+from kvflow.runtime.server.engine_flag_help import ENGINE_FLAG_HELP, DefaultsHelpFormatter
 from kvflow.runtime.server.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
+from kvflow.runtime.server.sglang_flags import (
+    VALUE_RULES,
+    add_sglang_flags,
+    aliases_of,
+    value_type,
+)
 from kvflow.runtime.wire.hicache import HICACHE_WRITE_POLICIES
 from kvflow.runtime.wire.pair_token import PairTrust
 
@@ -35,6 +44,22 @@ _CHOICES = {
 }
 # Contract flags that map onto EngineConfig fields of the same name (None: not given).
 _CONTRACT_ENGINE_FIELDS = contract.HICACHE_ENGINE_FIELDS
+
+
+def _contract_defaults() -> dict[str, str]:
+    """What a contract flag left out (argparse default None) stands for, for --help."""
+    hicache = {
+        "--" + name.replace("_", "-"): str(getattr(EngineConfig, name)) or "unset"
+        for name in _CONTRACT_ENGINE_FIELDS
+    }
+    return {
+        "--model-path": "the embedded model",
+        "--served-model-name": "the model folder's name",
+        "--bootstrap-port": str(contract.DEFAULT_BOOTSTRAP_PORT),
+        "--kv-transfer-protocol": KVTransferOptions.protocol,
+        **hicache,
+        "--max-running-requests": str(EngineConfig.max_running_requests),
+    }
 
 
 @dataclass(frozen=True)
@@ -77,13 +102,35 @@ def _base_type(tp: object) -> type:
     return tp  # type: ignore[return-value]
 
 
+class _FlagAdder:
+    """Adds a flag with SGLang's other names for it and SGLang's names for its values
+    (:mod:`kvflow.runtime.server.sglang_flags`), and remembers every name it defined."""
+
+    def __init__(self) -> None:
+        self.defined: set[str] = set()
+
+    def __call__(self, group: argparse._ArgumentGroup, flag: str, **kwargs: typing.Any) -> None:
+        if flag in VALUE_RULES and kwargs.get("choices"):
+            kwargs["type"] = value_type(flag, kwargs["choices"])
+        names = [flag, *aliases_of(flag)]
+        self.defined.update(names)
+        group.add_argument(*names, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    # allow_abbrev=False: an SGLang flag that is the start of a kvflow flag must not pass
+    # as it; SGLang's own names are declared (sglang_flags.SGLANG_FLAGS).
     parser = argparse.ArgumentParser(
-        prog="kvflow serve", description="Serve a model over an OpenAI-compatible API."
+        prog="kvflow serve",
+        description="Serve a model over an OpenAI-compatible API.",
+        formatter_class=DefaultsHelpFormatter,
+        allow_abbrev=False,
     )
+    add = _FlagAdder()
     contract_group = parser.add_argument_group("runtime contract (what the operator sets)")
+    unset = _contract_defaults()
     for flag, text in contract.SERVE_FLAGS.items():
-        kwargs: dict = {"help": text}
+        kwargs: dict = {"help": f"{text} (default: {unset[flag]})" if flag in unset else text}
         if flag == "--port":
             kwargs.update(type=int, default=contract.DEFAULT_API_PORT)
         elif flag == "--host":
@@ -100,23 +147,44 @@ def build_parser() -> argparse.ArgumentParser:
             kwargs["choices"] = list(HICACHE_WRITE_POLICIES)
         elif flag == "--hicache-storage":
             kwargs["choices"] = ["none", *STORAGE_BACKENDS.choices()]
-        contract_group.add_argument(flag, **kwargs)
+        add(contract_group, flag, **kwargs)
     server = parser.add_argument_group("server")
-    server.add_argument(
+    add(
+        server,
         "--api-key",
         default=os.environ.get(contract.API_KEY_ENV),
         help=f"require this bearer token (default: ${contract.API_KEY_ENV})",
     )
-    server.add_argument("--watchdog-timeout", type=float, default=ServerArgs.watchdog_timeout)
-    server.add_argument("--drain-timeout", type=float, default=ServerArgs.drain_timeout)
-    server.add_argument("--log-level", default="info")
-    server.add_argument(
+    add(
+        server,
+        "--watchdog-timeout",
+        type=float,
+        default=ServerArgs.watchdog_timeout,
+        help="seconds a busy scheduler may go without finishing a step before the server "
+        "dumps its stacks (at half) and exits",
+    )
+    add(
+        server,
+        "--drain-timeout",
+        type=float,
+        default=ServerArgs.drain_timeout,
+        help="seconds SIGTERM waits for in-flight requests before aborting them",
+    )
+    add(
+        server,
+        "--log-level",
+        default="info",
+        help="level of every process's logs: debug, info, warning, error",
+    )
+    add(
+        server,
         "--disagg-timeout",
         type=float,
         help="prefill/decode: seconds a peer may go without progress before its requests "
         f"fail (default {KVTransferOptions.timeout_s:g})",
     )
-    server.add_argument(
+    add(
+        server,
         "--disaggregation-trusted-prefills",
         nargs="+",
         metavar="HOST:PORT",
@@ -124,18 +192,21 @@ def build_parser() -> argparse.ArgumentParser:
         f"signature (SGLang's router cannot sign; kvflow's router signs with "
         f"${contract.INTERNAL_KEY_ENV})",
     )
-    server.add_argument(
+    add(
+        server,
         "--disaggregation-transfer-backend",
         choices=KV_TRANSPORTS.choices(),
         help=f"prefill/decode: the KV transport (default {KVTransferOptions.backend})",
     )
-    server.add_argument(
+    add(
+        server,
         "--tool-call-parser",
         choices=TOOL_CALL_PARSERS.choices(),
         help="read tool calls out of chat answers in this model family's format "
         "(needed for tools with tool_choice 'auto')",
     )
-    server.add_argument(
+    add(
+        server,
         "--reasoning-parser",
         choices=REASONING_PARSERS.choices(),
         help="send a chat answer's <think>...</think> part as reasoning_content",
@@ -147,10 +218,19 @@ def build_parser() -> argparse.ArgumentParser:
         if flag in contract.SERVE_FLAGS:
             continue
         base = _base_type(resolved_types[f.name])
+        text = ENGINE_FLAG_HELP.get(f.name, "")  # tests/server/test_engine_flag_help.py
         if base is bool:
-            engine.add_argument(flag, action="store_true", default=f.default)
+            add(engine, flag, action="store_true", default=f.default, help=text)
         else:
-            engine.add_argument(flag, type=base, default=f.default, choices=_CHOICES.get(f.name))
+            add(
+                engine,
+                flag,
+                type=base,
+                default=f.default,
+                choices=_CHOICES.get(f.name),
+                help=text,
+            )
+    add_sglang_flags(parser, add.defined)
     return parser
 
 

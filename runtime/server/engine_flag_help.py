@@ -1,0 +1,85 @@
+"""What each engine flag of ``kvflow serve`` means: one text per :class:`EngineConfig` field.
+
+The flags are generated from the dataclass (``args.py``); their meaning lives here, and the
+help formatter appends each default. ``tests/server/test_engine_flag_help.py`` fails when a
+field has no text (or a text names no field), so a new option cannot reach ``--help`` bare.
+Fields that are runtime-contract flags (``kvflow.contract.SERVE_FLAGS``) take the
+contract's text instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+
+__all__ = ["ENGINE_FLAG_HELP", "DefaultsHelpFormatter"]
+
+ENGINE_FLAG_HELP: Mapping[str, str] = {
+    "load_format": "auto: the model folder's *.safetensors; dummy: random weights in the "
+    "model's shapes (--model-path may then name a shipped config, e.g. llama-3.1-8b, "
+    "or a config.json)",
+    "dtype": "weights, activations and KV cache; auto: float32 on CPU, on CUDA the "
+    "checkpoint's dtype (bfloat16 for a float32 checkpoint)",
+    "device": "auto: cuda when a GPU is visible, else cpu",
+    "seed": "the server's random seed: torch's, dummy weights', and the per-request seed "
+    "of sampled requests that name none (derived from it and the request id)",
+    "context_length": "longest prompt + output in tokens; unset: the model's "
+    "max_position_embeddings (a larger value is capped there)",
+    "skip_tokenizer_init": "load no tokenizer: requests give input_ids and get token ids "
+    "back (no text, chat or structured output)",
+    "tokenizer_path": "a folder holding the tokenizer; unset: the model's folder (needed "
+    "for text with dummy weights from a shipped config)",
+    "page_size": "tokens per KV cache page; 0: auto (1 on CPU, 16 on CUDA)",
+    "max_total_tokens": "KV cache pool size in tokens; unset: from --mem-fraction-static "
+    "(CUDA) or --cpu-kv-cache-gb (CPU)",
+    "mem_fraction_static": "CUDA: fraction of the GPU's memory for the weights and the KV "
+    "cache pool together (the pool takes what the weights leave)",
+    "cpu_kv_cache_gb": "CPU: KV cache pool size in GiB when --max-total-tokens is unset",
+    "disable_radix_cache": "no prefix cache: every prompt is prefilled in full",
+    "hicache_prefetch_timeout": "HiCache: seconds a request waits for its pages from the "
+    "shared store before it runs with what has arrived",
+    "tp_size": "tensor parallelism: ranks (a process and a GPU each) that shard one copy "
+    "of the model",
+    "dp_size": "data parallelism: independent groups of --tp-size ranks behind one "
+    "tokenizer manager; GPUs used: tp-size x dp-size",
+    "load_balance_method": "how requests spread over the --dp-size groups: round_robin "
+    "(in turn) or shortest_queue (to the group with the fewest requests)",
+    "max_queued_requests": "requests that may wait beyond --max-running-requests; past "
+    "that a request gets 503 at once; unset: no bound",
+    "max_prefill_tokens": "most prompt tokens one prefill batch takes",
+    "chunked_prefill_size": "longest prompt chunk prefilled in one step; 0: auto (2048 on "
+    "CPU, 8192 on CUDA); -1: no chunking",
+    "schedule_policy": "order of waiting requests: lpm (longest cached prefix first; one "
+    "that waited 5 s goes first) or fcfs (arrival order)",
+    "enable_mixed_chunk": "while requests decode, a prefill step also runs one decode "
+    "token of each, so running streams keep their pace under arrivals",
+    "mixed_chunk_size": "with --enable-mixed-chunk: most prompt tokens a mixed step "
+    "takes; 0: auto (96 on CPU, --chunked-prefill-size on CUDA)",
+    "attention_backend": "auto: triton on CUDA; on CPU the native kernels (cpu) where "
+    "they build, else torch",
+    "disable_cuda_graph": "CUDA: run decode steps eagerly instead of replaying captured "
+    "CUDA graphs (always off on CPU)",
+    "cuda_graph_max_bs": "CUDA: largest decode batch captured as a CUDA graph (larger "
+    "batches run eagerly)",
+    "cpu_threads": "CPU: threads of torch's ops and of the native kernels' pool; 0: every "
+    "core this process may run on",
+}
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Appends each flag's default to its help (``unset`` for None, ``off`` for a switch),
+    unless the text already states it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if not action.option_strings or action.default is argparse.SUPPRESS:
+            return text
+        if "default" in text:
+            return text
+        if action.default is None:
+            shown = "unset"
+        elif action.default is False and action.nargs == 0:
+            shown = "off"
+        else:
+            shown = "%(default)s"
+        return f"{text} (default: {shown})" if text else f"default: {shown}"
