@@ -4,6 +4,7 @@ Everything one side needs to know about the other lives here: sub-commands, flag
 ports, HTTP paths and environment variables. The operator renders pod commands with
 :func:`serve_argv` / :func:`router_argv`; the runtime's argument parser declares the same
 flags from :data:`SERVE_FLAGS` / :data:`ROUTER_FLAGS`, and a test checks both directions.
+:data:`SERVE_RUNTIME_FLAGS` are rendered too but declared by the runtime itself.
 This module must stay dependency-free (no torch, no kubernetes).
 """
 
@@ -42,6 +43,7 @@ __all__ = [
     "ROUTER_READINESS_PATH",
     "RUNTIME_CONFIG_DIR",
     "SERVE_FLAGS",
+    "SERVE_RUNTIME_FLAGS",
     "HiCacheOptions",
     "RouterOptions",
     "ServeOptions",
@@ -92,7 +94,8 @@ MOONCAKE_CONFIG_ENV = "KVFLOW_MOONCAKE_CONFIG"
 # The ``--hicache-storage`` value meaning "no shared store" (the others name backends).
 NO_STORAGE = "none"
 
-# Files. The operator mounts its ConfigMap (runtime.json, mooncake.json) here.
+# Files. The operator mounts its ConfigMap here: mooncake.json (read through
+# MOONCAKE_CONFIG_ENV) and runtime.json (for people; no process reads it).
 RUNTIME_CONFIG_DIR = "/etc/kvflow"
 
 ROLES = ("unified", "prefill", "decode")
@@ -183,6 +186,14 @@ SERVE_FLAGS: Mapping[str, str] = {
     **HICACHE_FLAGS,
     "--max-running-requests": "largest running batch",
 }
+# Flags the operator also renders whose declaration (type, default, choices) stays with the
+# runtime's parser, which checks the value against its own registry or EngineConfig field;
+# the runtime does not declare these from here (it would declare them twice). SGLang's names.
+SERVE_RUNTIME_FLAGS: Mapping[str, str] = {
+    "--disaggregation-transfer-backend": "prefill/decode: the KV transport (the runtime's "
+    "KV_TRANSPORTS, e.g. mooncake)",
+}
+_RENDERED_SERVE_FLAGS: Mapping[str, str] = {**SERVE_FLAGS, **SERVE_RUNTIME_FLAGS}
 
 
 @dataclass(frozen=True)
@@ -199,6 +210,7 @@ class ServeOptions:
     port: int = DEFAULT_API_PORT
     bootstrap_port: int | None = None
     kv_transfer_protocol: str | None = None
+    kv_transfer_backend: str | None = None  # prefill/decode only
     hicache: HiCacheOptions | None = None
     max_running_requests: int | None = None
     extra_args: Sequence[str] = field(default_factory=tuple)
@@ -218,15 +230,16 @@ def serve_argv(opts: ServeOptions) -> list[str]:
         "--role": opts.role,
         "--bootstrap-port": opts.bootstrap_port,
         "--kv-transfer-protocol": opts.kv_transfer_protocol,
+        "--disaggregation-transfer-backend": opts.kv_transfer_backend,
     }
     hicache = opts.hicache.argv() if opts.hicache is not None else []
     batch = {"--max-running-requests": opts.max_running_requests}
     return [
         "kvflow",
         "serve",
-        *_argv(SERVE_FLAGS, values),
+        *_argv(_RENDERED_SERVE_FLAGS, values),
         *hicache,
-        *_argv(SERVE_FLAGS, batch),
+        *_argv(_RENDERED_SERVE_FLAGS, batch),
         *opts.extra_args,
     ]
 

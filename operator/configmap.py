@@ -1,9 +1,13 @@
-"""The runtime ConfigMap: resolved per-role settings and the shared store's client files.
+"""The runtime ConfigMap: ``runtime.json`` (the resolved per-role settings) and the shared
+store's client files.
 
-Worker pods mount it at :data:`contract.RUNTIME_CONFIG_DIR`; a hash of what they read goes
+Worker pods mount it at :data:`contract.RUNTIME_CONFIG_DIR`. Only the store's files
+(``mooncake.json``, named by ``$KVFLOW_MOONCAKE_CONFIG``) are read by a process;
+``runtime.json`` is for people (``kubectl get cm NAME-runtime -o yaml``): each worker's
+settings are all in its command, which the document repeats. A hash of the worker part goes
 into their pod template (``kvflow.dev/config-hash``) so that a configuration change rolls
-them. The router reads nothing from it (its settings are all in its argv), so the router
-section stays out of that hash: a router-only edit rolls only the router's pods.
+them. The router section stays out of that hash: a router-only edit rolls only the
+router's pods.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ def worker_config(md: ModelDeployment) -> dict[str, Any]:
 
 
 def runtime_config(md: ModelDeployment) -> dict[str, Any]:
-    """What each role runs, router included: the document ``kvflow up`` and humans read."""
+    """What each role runs, router included: ``runtime.json``, read by people only."""
     return {**worker_config(md), "router": {"policy": md.router.policy}}
 
 

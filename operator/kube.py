@@ -170,6 +170,11 @@ class Cluster:
             item.setdefault("kind", kind)
         return list(items)
 
+    def list_nodes(self) -> list[dict[str, Any]]:
+        """Every node (cluster-scoped; read for the resources they advertise)."""
+        result = self._request("get", "/api/v1/nodes", "list Node")
+        return list(result.get("items") or [])
+
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         """Delete one object (background propagation); already gone is fine."""
         path = resource_path(api_version, kind, namespace, name)

@@ -22,6 +22,7 @@ from .internal_key import internal_key_secret, new_internal_key
 from .kube import PERMANENT_FAILURES, ApiFailure, Cluster
 from .parse import parse_model_deployment
 from .podstatus import PodReport
+from .rdma import RDMA_UNAVAILABLE, rdma_refusal, uses_rdma
 from .render import CHILD_KINDS, child_key, render_children
 from .spec import ModelDeployment, SpecError
 from .status import Failure, Observation, ServiceReport, WorkloadReport, compute_status
@@ -98,14 +99,17 @@ class Reconciler:
             try:
                 md = parse_model_deployment(body)
                 components = expected_components(md)
-                # autoscaled roles render the size the autoscaler decided (in status)
-                children = render_children(md, decided_sizes(md, body.get("status")))
-                if md.disaggregated:  # the pods read it: it exists before they do
-                    self._cluster.create_if_absent(internal_key_secret(md, new_internal_key()))
-                for child in children:
-                    self._cluster.apply(child)
-                    applied += 1
-                pruned = self._prune(md, {child_key(c) for c in children})
+                failure = self._refusal(md)
+                if failure is None:
+                    # autoscaled roles render the size the autoscaler decided (in status)
+                    children = render_children(md, decided_sizes(md, body.get("status")))
+                    if md.disaggregated:  # the pods read it: it exists before they do
+                        secret = internal_key_secret(md, new_internal_key())
+                        self._cluster.create_if_absent(secret)
+                    for child in children:
+                        self._cluster.apply(child)
+                        applied += 1
+                    pruned = self._prune(md, {child_key(c) for c in children})
             except SpecError as exc:
                 failure = Failure("InvalidSpec", str(exc), permanent=True)
             except ApiFailure as exc:
@@ -126,6 +130,14 @@ class Reconciler:
                 components = expected_components(parse_model_deployment(body))
             previous = _previous_failure(body)
             return Outcome(0, 0, self._report(body, components, previous), previous)
+
+    def _refusal(self, md: ModelDeployment) -> Failure | None:
+        """What the cluster lacks for this spec (nothing is applied then): today an RDMA
+        device for ``kvTransfer.protocol: rdma``. Nodes are listed only for such specs."""
+        if not uses_rdma(md):
+            return None
+        message = rdma_refusal(md, self._cluster.list_nodes())
+        return None if message is None else Failure(RDMA_UNAVAILABLE, message, permanent=True)
 
     def _fetch(self, namespace: str, name: str) -> dict[str, Any] | None:
         body = self._cluster.get_model_deployment(namespace, name)
@@ -214,7 +226,7 @@ class Reconciler:
         return status
 
 
-PERMANENT_REASONS = frozenset({"InvalidSpec", *PERMANENT_FAILURES.values()})
+PERMANENT_REASONS = frozenset({"InvalidSpec", RDMA_UNAVAILABLE, *PERMANENT_FAILURES.values()})
 
 
 def _previous_failure(body: Mapping[str, Any]) -> Failure | None:

@@ -24,6 +24,7 @@ class WorkerRuntime:
     role: str
     served_model_name: str = ""
     kv_transfer_protocol: str | None = None
+    kv_transfer_backend: str | None = None  # prefill and decode: spec.kvTransfer.backend
     hicache: contract.HiCacheOptions | None = None  # storage_path: the placement's
     max_running_requests: int | None = None
     extra_args: tuple[str, ...] = ()
@@ -60,6 +61,7 @@ def worker_runtime(md: ModelDeployment, worker: WorkerRole) -> WorkerRuntime:
         role=worker.role,
         served_model_name=md.model.served_model_name,
         kv_transfer_protocol=md.kv_transfer.protocol if needs_transfer else None,
+        kv_transfer_backend=md.kv_transfer.backend if md.disaggregated else None,
         hicache=hicache,
         max_running_requests=worker.max_running_requests,
         extra_args=tuple(worker.pods.extra_args),

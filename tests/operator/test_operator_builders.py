@@ -70,7 +70,8 @@ def test_runtime_pods_follow_the_contract(spec_name: str) -> None:
             assert f"--rpc_port={md.mooncake_master.rpc_port}" in argv
             continue
         assert len(pod["containers"]) == 1, name
-        flags = contract.SERVE_FLAGS if argv[1] == "serve" else contract.ROUTER_FLAGS
+        serve_flags = {**contract.SERVE_FLAGS, **contract.SERVE_RUNTIME_FLAGS}
+        flags = serve_flags if argv[1] == "serve" else contract.ROUTER_FLAGS
         assert argv[0] == "kvflow" and argv[1] in ("serve", "router"), name
         for flag in [a for a in argv[2:] if a.startswith("--")]:
             extra = flag in ("--max-prefill-tokens",)  # user extraArgs come last
