@@ -303,10 +303,14 @@ def _rows() -> Iterator[tuple[str, str, str]]:
             yield flag, f"refused{accepted}", rule.alternative
 
 
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")  # a bare | would end the table cell
+
+
 def markdown() -> str:
     """The docs/runtime.md tables of SGLang's flags and values (a test compares them)."""
     lines = ["| SGLang flag | kvflow | what kvflow does |", "| --- | --- | --- |"]
-    lines += [f"| `{flag}` | {status} | {text} |" for flag, status, text in _rows()]
+    lines += [f"| `{flag}` | {status} | {_cell(text)} |" for flag, status, text in _rows()]
     lines += ["", "| flag | SGLang value -> kvflow value | other values |", "| --- | --- | --- |"]
     for flag, rule in VALUE_RULES.items():
         mapped = ", ".join(f"`{a}` -> `{b}`" for a, b in rule.aliases.items()) or "-"
