@@ -49,3 +49,19 @@ def test_unknown_command_is_refused_with_the_list() -> None:
     assert done.returncode == 2
     assert "unknown command 'no-such-command'" in done.stderr
     assert all(name in done.stderr for name in COMMANDS)
+
+
+def test_serve_help_states_meanings_defaults_and_sglang_flags() -> None:
+    done = _kvflow("serve", "--help")
+    assert done.returncode == 0, done.stderr
+    assert "--tp-size TP_SIZE, --tp TP_SIZE, --tensor-parallel-size TP_SIZE" in done.stdout
+    assert "round_robin (in turn) or shortest_queue" in done.stdout
+    assert "(default: round_robin)" in done.stdout
+    assert "--enable-metrics      no effect: Prometheus metrics are always served" in done.stdout
+
+
+def test_serve_refuses_an_sglang_flag_before_starting() -> None:
+    done = _kvflow("serve", "--attention-backend", "flashinfer")
+    assert done.returncode == 2
+    assert "'flashinfer': not built in kvflow; use triton (CUDA)" in done.stderr
+    assert "Traceback" not in done.stderr
