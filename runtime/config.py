@@ -159,8 +159,8 @@ class EngineConfig:
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 160
     # CPU: threads of torch's ops and of the native kernels' pool in the engine's process;
-    # 0: auto (every core this process may run on). NOTE: the native kernels (every op of a
-    # decode step) do not run on OpenMP, whose barrier waits for a descheduled sibling when
+    # 0: auto (every core this process may run on, shared among the tp_size x dp_size
+    # ranks). NOTE: the native kernels (every op of a decode step) do not run on OpenMP, whose barrier waits for a descheduled sibling when
     # another busy process shares the cores; their pool waits only for work a running
     # thread has taken (kvflow/kernels/cpu/pool.py). On 2 cores with one busy process,
     # single-stream decode at the auto count went from 0.8 (OpenMP) to 14.7 tok/s, one
@@ -180,7 +180,8 @@ class EngineConfig:
         page_size = self.page_size or (16 if on_cuda else 1)
         chunk = self.chunked_prefill_size or (8192 if on_cuda else 2048)
         mixed_chunk = self.mixed_chunk_size or (max(chunk, 1) if on_cuda else 96)
-        threads = self.cpu_threads or _usable_cores()
+        # every rank of every data-parallel group is a process with its own threads
+        threads = self.cpu_threads or max(1, _usable_cores() // (self.tp_size * self.dp_size))
         backend = self.attention_backend
         if backend == "auto":
             backend = "triton" if on_cuda else _cpu_backend()

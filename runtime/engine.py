@@ -9,8 +9,10 @@ from typing import Any
 
 from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.detokenizer import TextStream
+from kvflow.runtime.distributed import TPGroup
 from kvflow.runtime.model_runner import ModelRunner
 from kvflow.runtime.scheduler import Req, ReqFactory, Scheduler
+from kvflow.runtime.scheduler.lockstep import TPLockstep
 from kvflow.runtime.tokenizer import load_tokenizer, tokenizer_folder
 from kvflow.runtime.wire import FinishReason, GenerateRequest, SamplingParams, TokenOutput
 
@@ -48,13 +50,19 @@ class Engine:
     """An engine instance: model, KV memory and scheduler in this process.
 
     ``Engine()`` serves the embedded SmolLM2-135M-Instruct; keyword arguments are
-    :class:`~kvflow.runtime.config.EngineConfig` fields.
+    :class:`~kvflow.runtime.config.EngineConfig` fields. With ``tp`` (this process's
+    :class:`~kvflow.runtime.distributed.TPGroup`, ``tp_size`` its size) the engine is one
+    rank: every rank's process makes the same calls in the same order, and each gets the
+    same results. Its scheduler's clock then stands still (lpm does not age requests).
     """
 
-    def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, model_path: str | None = None, tp: TPGroup | None = None, **kwargs: Any
+    ) -> None:
         self.config = EngineConfig(model_path=model_path, **kwargs).resolved()
-        self.runner = ModelRunner(self.config)
-        self.scheduler = Scheduler(self.config, self.runner)
+        self.runner = ModelRunner(self.config, tp)
+        lockstep = None if tp is None else TPLockstep(tp)
+        self.scheduler = Scheduler(self.config, self.runner, lockstep=lockstep)
         folder = tokenizer_folder(
             self.config.tokenizer_path, self.config.skip_tokenizer_init, self.runner.model_path
         )

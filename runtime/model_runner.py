@@ -9,6 +9,7 @@ import torch
 from kvflow.runtime.attention import ATTENTION_BACKENDS
 from kvflow.runtime.config import EngineConfig, ModelConfig
 from kvflow.runtime.cuda_graph import CudaGraphRunner, GraphAttention
+from kvflow.runtime.distributed import ShardedHeads, TPGroup, check_tensor_parallel
 from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.mem import KVPool, ReqToTokenPool, TokenToKVPoolAllocator
 from kvflow.runtime.models.loader import load_model, resolve_model_path
@@ -44,11 +45,19 @@ def _set_cpu_threads(threads: int) -> None:
 
 
 class ModelRunner:
-    """``forward(fb)`` runs the model on a batch and returns last-position logits ``[B, vocab]``."""
+    """``forward(fb)`` runs the model on a batch and returns last-position logits ``[B, vocab]``.
 
-    def __init__(self, config: EngineConfig) -> None:
+    Under tensor parallelism (``tp``, with ``config.tp_size`` ranks) this rank holds its
+    part of the weights and the KV of its key/value heads; the KV pool has the same number
+    of pages on every rank, and the logits and sampled ids are the same on every rank.
+    """
+
+    def __init__(self, config: EngineConfig, tp: TPGroup | None = None) -> None:
         assert config.device != "auto", "pass EngineConfig.resolved()"
+        if (tp.size if tp else 1) != config.tp_size:
+            raise ValueError(f"tp_size {config.tp_size} needs a group of that many ranks")
         self.config = config
+        self.tp = tp
         self.device = config.device
         torch.manual_seed(config.seed)
         if self.device == "cpu":
@@ -56,9 +65,13 @@ class ModelRunner:
         self.model_path = resolve_model_path(config.model_path, config.load_format)
         self.model_config = ModelConfig.from_path(self.model_path)
         mc = self.model_config
+        check_tensor_parallel(mc, config.tp_size)
+        self.heads = ShardedHeads.of(
+            mc.num_heads, mc.num_kv_heads, tp.rank if tp else 0, config.tp_size
+        )
         self.dtype = _pick_dtype(config, mc)
         self.model = load_model(
-            self.model_path, mc, config.load_format, self.dtype, self.device, config.seed
+            self.model_path, mc, config.load_format, self.dtype, self.device, config.seed, tp
         )
         self.vocab_size = mc.vocab_size
         self.context_len = min(
@@ -70,7 +83,7 @@ class ModelRunner:
         self.kv_pool = KVPool(
             (num_pages + 1) * self.page_size,
             mc.num_layers,
-            mc.num_kv_heads,
+            self.heads.num_kv_heads,
             mc.head_dim,
             self.dtype,
             self.device,
@@ -82,12 +95,12 @@ class ModelRunner:
         self.attn = backend_cls(
             self.kv_pool,
             self.req_to_token,
-            mc.num_heads,
-            mc.num_kv_heads,
+            self.heads.num_heads,
+            self.heads.num_kv_heads,
             mc.head_dim,
             mc.head_dim**-0.5,
         )
-        self.sampler = Sampler(mc.vocab_size, self.device)
+        self.sampler = Sampler(mc.vocab_size, self.device, tp)
         self.graph_runner: CudaGraphRunner | None = None
         if self.device.startswith("cuda") and not config.disable_cuda_graph:
             if not isinstance(self.attn, GraphAttention):
@@ -106,7 +119,9 @@ class ModelRunner:
 
     def _num_kv_pages(self) -> int:
         mc, cfg = self.model_config, self.config
-        per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
+        per_token = KVPool.bytes_per_token(
+            mc.num_layers, self.heads.num_kv_heads, mc.head_dim, self.dtype
+        )
         if cfg.max_total_tokens:
             tokens = cfg.max_total_tokens
         elif self.device == "cpu":
@@ -120,6 +135,8 @@ class ModelRunner:
             free, total = torch.cuda.mem_get_info()
             budget = free - total * (1 - cfg.mem_fraction_static)
             tokens = int(max(budget, 0)) // per_token
+        if self.tp is not None:  # every rank schedules the same pages
+            tokens = self.tp.min_int(tokens)
         if tokens < self.page_size * 2:
             raise ValueError(f"KV cache would hold only {tokens} tokens; give it more memory")
         return tokens // self.page_size

@@ -7,6 +7,7 @@ from kvflow.runtime.layers.linear import (
     MergedColumnLinear,
     QKVLinear,
     ReplicatedLinear,
+    RowParallelLinear,
 )
 from kvflow.runtime.layers.matmul import PackedWeight, matmul_weight, pack_weight
 from kvflow.runtime.layers.norm import RMSNorm
@@ -16,6 +17,7 @@ from kvflow.runtime.layers.quantization import (
     UnquantizedLinearMethod,
 )
 from kvflow.runtime.layers.rotary import RotaryEmbedding
+from kvflow.runtime.layers.vocab import ParallelLMHead, VocabParallelEmbedding, gather_logits
 
 __all__ = [
     "LINEAR_METHODS",
@@ -24,11 +26,15 @@ __all__ = [
     "LinearMethod",
     "MergedColumnLinear",
     "PackedWeight",
+    "ParallelLMHead",
     "QKVLinear",
     "RMSNorm",
     "ReplicatedLinear",
     "RotaryEmbedding",
+    "RowParallelLinear",
     "UnquantizedLinearMethod",
+    "VocabParallelEmbedding",
+    "gather_logits",
     "matmul_weight",
     "pack_weight",
     "silu_and_mul",

@@ -1,10 +1,11 @@
 """Linear layers by weight layout; their weights and matmul come from a :class:`LinearMethod`.
 
 A layer knows where each checkpoint tensor goes (:meth:`LinearBase.weight_loader`); its
-method knows what the weights are and how they run. Tensor parallelism adds sibling
-classes here (column-parallel merged and QKV layers whose ``weight_loader`` keeps the
-rank's rows, a row-parallel one that splits the input and all-reduces in ``forward``);
-quantized formats add methods (``runtime/layers/quantization/``), not layers.
+method knows what the weights are and how they run. Under tensor parallelism (a
+:class:`~kvflow.runtime.distributed.TPGroup` given as ``tp``) the merged and QKV layers
+are column-parallel (each rank keeps its rows of every shard: its heads, its part of the
+MLP width) and :class:`RowParallelLinear` splits the input and all-reduces in
+``forward``; quantized formats add methods (``runtime/layers/quantization/``), not layers.
 """
 
 from __future__ import annotations
@@ -14,9 +15,17 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from kvflow.runtime.distributed import ShardedHeads, TPGroup, shard_range
 from kvflow.runtime.layers.quantization import LinearMethod, UnquantizedLinearMethod
 
-__all__ = ["GateUpLinear", "LinearBase", "MergedColumnLinear", "QKVLinear", "ReplicatedLinear"]
+__all__ = [
+    "GateUpLinear",
+    "LinearBase",
+    "MergedColumnLinear",
+    "QKVLinear",
+    "ReplicatedLinear",
+    "RowParallelLinear",
+]
 
 ShardId = int | str | None
 
@@ -54,7 +63,9 @@ class LinearBase(nn.Module):
         self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None
     ) -> None:
         """Copy a checkpoint tensor into ``param``: the whole of it (``shard_id`` None), or
-        the rows of dimension 0 that shard ``shard_id`` owns."""
+        the rows of dimension 0 that shard ``shard_id`` owns; under tensor parallelism,
+        only this rank's part of it (:meth:`rank_part`)."""
+        loaded = self.rank_part(param, loaded, shard_id)
         target = param.data
         if shard_id is not None:
             if shard_id not in self.shard_ids:
@@ -68,6 +79,12 @@ class LinearBase(nn.Module):
                 f"expected {tuple(target.shape)}"
             )
         target.copy_(loaded)
+
+    def rank_part(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId
+    ) -> torch.Tensor:
+        """The part of a whole checkpoint tensor this rank holds (all of it here)."""
+        return loaded
 
     def process_weights_after_loading(self) -> None:
         self.method.process_weights_after_loading(self)
@@ -87,7 +104,8 @@ class ReplicatedLinear(LinearBase):
 
 class MergedColumnLinear(LinearBase):
     """Several projections of the same input, stacked along the output: shard ``i`` (an
-    int) fills rows ``[sum(output_sizes[:i]), sum(output_sizes[:i + 1]))``."""
+    int) fills rows ``[sum(output_sizes[:i]), sum(output_sizes[:i + 1]))``. With ``tp``,
+    ``output_sizes`` are the whole model's and each rank holds an even part of each."""
 
     def __init__(
         self,
@@ -95,9 +113,20 @@ class MergedColumnLinear(LinearBase):
         output_sizes: Sequence[int],
         bias: bool,
         method: LinearMethod | None = None,
+        tp: TPGroup | None = None,
     ) -> None:
-        shard_ids = range(len(output_sizes))
-        super().__init__(input_size, output_sizes, bias, method, shard_ids)
+        self.tp = tp
+        size = tp.size if tp else 1
+        local = [n // size for n in output_sizes]
+        super().__init__(input_size, local, bias, method, range(len(output_sizes)))
+
+    def rank_part(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId
+    ) -> torch.Tensor:
+        if self.tp is None or shard_id is None:
+            return loaded
+        local = self.output_sizes[self.shard_ids.index(shard_id)]
+        return loaded.narrow(0, self.tp.rank * local, local)
 
 
 class GateUpLinear(MergedColumnLinear):
@@ -107,9 +136,13 @@ class GateUpLinear(MergedColumnLinear):
     fuses_silu_mul = True
 
     def __init__(
-        self, input_size: int, intermediate_size: int, method: LinearMethod | None = None
+        self,
+        input_size: int,
+        intermediate_size: int,
+        method: LinearMethod | None = None,
+        tp: TPGroup | None = None,
     ) -> None:
-        super().__init__(input_size, [intermediate_size, intermediate_size], False, method)
+        super().__init__(input_size, [intermediate_size, intermediate_size], False, method, tp)
 
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., input_size]`` -> ``[..., intermediate_size]``."""
@@ -118,7 +151,9 @@ class GateUpLinear(MergedColumnLinear):
 
 class QKVLinear(LinearBase):
     """Attention's ``[q; k; v]`` (shards ``"q"``, ``"k"``, ``"v"``): ``num_heads`` query
-    heads and ``num_kv_heads`` key and value heads of ``head_dim`` each."""
+    heads and ``num_kv_heads`` key and value heads of ``head_dim`` each. With ``tp``, a
+    rank holds the heads :class:`~kvflow.runtime.distributed.ShardedHeads` gives it
+    (``self.heads``: its counts, which attention uses)."""
 
     def __init__(
         self,
@@ -128,6 +163,56 @@ class QKVLinear(LinearBase):
         num_kv_heads: int,
         bias: bool,
         method: LinearMethod | None = None,
+        tp: TPGroup | None = None,
     ) -> None:
-        q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        self.tp, self.head_dim = tp, head_dim
+        rank, size = (tp.rank, tp.size) if tp else (0, 1)
+        self.heads = ShardedHeads.of(num_heads, num_kv_heads, rank, size)
+        q_size = self.heads.num_heads * head_dim
+        kv_size = self.heads.num_kv_heads * head_dim
         super().__init__(hidden_size, [q_size, kv_size, kv_size], bias, method, ("q", "k", "v"))
+
+    def rank_part(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId
+    ) -> torch.Tensor:
+        if self.tp is None or shard_id is None:
+            return loaded
+        heads = self.heads
+        if shard_id == "q":
+            first, count = heads.first_head, heads.num_heads
+        else:
+            first, count = heads.first_kv_head, heads.num_kv_heads
+        return loaded.narrow(0, first * self.head_dim, count * self.head_dim)
+
+
+class RowParallelLinear(LinearBase):
+    """``[..., input_size]`` -> ``[..., output_size]`` whose input arrives split across the
+    ranks of ``tp`` (the heads' outputs, the MLP's width): each rank multiplies its columns
+    of the weight, and ``forward`` sums the partial products over the ranks. The bias is
+    loaded on rank 0 only (zeros elsewhere), so the sum adds it once. Without ``tp`` it is
+    a plain linear layer."""
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool,
+        method: LinearMethod | None = None,
+        tp: TPGroup | None = None,
+    ) -> None:
+        self.tp = tp
+        super().__init__(input_size // (tp.size if tp else 1), [output_size], bias, method)
+
+    def rank_part(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId
+    ) -> torch.Tensor:
+        if self.tp is None:
+            return loaded
+        if param is self.bias:
+            return loaded if self.tp.is_first else torch.zeros_like(loaded)
+        start, end = shard_range(loaded.shape[-1], self.tp.rank, self.tp.size)
+        return loaded.narrow(-1, start, end - start)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.method.apply(self, x)
+        return out if self.tp is None else self.tp.all_reduce(out)

@@ -1,7 +1,9 @@
 """Decoder blocks shared by the model families: attention, gated MLP, decoder layer.
 
 Each takes the model's :class:`~kvflow.runtime.layers.LinearMethod`, so a weight format
-reaches every projection without a family knowing about it.
+reaches every projection without a family knowing about it, and the tensor-parallel group
+(``tp``, None for one rank): attention keeps the rank's heads, the MLP its part of the
+width, and the output projections all-reduce.
 """
 
 from __future__ import annotations
@@ -11,14 +13,15 @@ from torch import nn
 
 from kvflow.runtime.attention import AttentionBackend
 from kvflow.runtime.config import ModelConfig
+from kvflow.runtime.distributed import TPGroup
 from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.layers import (
     GateUpLinear,
     LinearMethod,
     QKVLinear,
-    ReplicatedLinear,
     RMSNorm,
     RotaryEmbedding,
+    RowParallelLinear,
 )
 
 __all__ = ["Attention", "DecoderLayer", "GatedMLP"]
@@ -34,10 +37,11 @@ class Attention(nn.Module):
         layer_id: int,
         rotary: RotaryEmbedding,
         method: LinearMethod | None = None,
+        tp: TPGroup | None = None,
     ) -> None:
         super().__init__()
         self.layer_id = layer_id
-        self.config = config
+        self.head_dim = config.head_dim
         self.qkv_proj = QKVLinear(
             config.hidden_size,
             config.head_dim,
@@ -45,8 +49,10 @@ class Attention(nn.Module):
             config.num_kv_heads,
             config.attention_bias,
             method,
+            tp,
         )
-        self.o_proj = ReplicatedLinear(config.q_size, config.hidden_size, False, method)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.heads[:2]  # this rank's
+        self.o_proj = RowParallelLinear(config.q_size, config.hidden_size, False, method, tp)
         self.rotary = rotary
 
     def forward(
@@ -56,24 +62,25 @@ class Attention(nn.Module):
         fb: ForwardBatch,
         attn: AttentionBackend,
     ) -> torch.Tensor:
-        cfg = self.config
         q, k, v = self.qkv_proj(hidden).split(self.qkv_proj.output_sizes, dim=-1)
-        q = q.view(-1, cfg.num_heads, cfg.head_dim)
-        k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
-        v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, q, k)
         out = attn.forward(q, k, v, self.layer_id, fb)
-        return self.o_proj(out.reshape(-1, cfg.q_size))
+        return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
 
 
 class GatedMLP(nn.Module):
     """SwiGLU: ``down_proj(silu(gate_proj(x)) * up_proj(x))``, gate and up merged."""
 
-    def __init__(self, config: ModelConfig, method: LinearMethod | None = None) -> None:
+    def __init__(
+        self, config: ModelConfig, method: LinearMethod | None = None, tp: TPGroup | None = None
+    ) -> None:
         super().__init__()
-        self.gate_up_proj = GateUpLinear(config.hidden_size, config.intermediate_size, method)
-        self.down_proj = ReplicatedLinear(
-            config.intermediate_size, config.hidden_size, False, method
+        self.gate_up_proj = GateUpLinear(config.hidden_size, config.intermediate_size, method, tp)
+        self.down_proj = RowParallelLinear(
+            config.intermediate_size, config.hidden_size, False, method, tp
         )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -91,10 +98,11 @@ class DecoderLayer(nn.Module):
         layer_id: int,
         rotary: RotaryEmbedding,
         method: LinearMethod | None = None,
+        tp: TPGroup | None = None,
     ) -> None:
         super().__init__()
-        self.self_attn = Attention(config, layer_id, rotary, method)
-        self.mlp = GatedMLP(config, method)
+        self.self_attn = Attention(config, layer_id, rotary, method, tp)
+        self.mlp = GatedMLP(config, method, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

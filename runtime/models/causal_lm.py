@@ -12,14 +12,17 @@ from torch import nn
 
 from kvflow.runtime.attention import AttentionBackend
 from kvflow.runtime.config import ModelConfig
+from kvflow.runtime.distributed import TPGroup
 from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.layers import (
     LinearBase,
     LinearMethod,
     PackedWeight,
-    ReplicatedLinear,
+    ParallelLMHead,
     RMSNorm,
     RotaryEmbedding,
+    VocabParallelEmbedding,
+    gather_logits,
     matmul_weight,
     pack_weight,
 )
@@ -33,32 +36,44 @@ class CausalLM(nn.Module, ABC):
     A family names its decoder layer (:meth:`build_layer`) and how checkpoint tensors map
     onto merged projections (:attr:`stacked_params`). ``linear_method`` (default
     unquantized) goes to every projection of the layers; the LM head stays unquantized.
+    With ``tp`` (a :class:`~kvflow.runtime.distributed.TPGroup`), this rank holds its part
+    of every layer and of the vocabulary, and loading keeps only that part of each
+    checkpoint tensor; the logits are whole on every rank.
     """
 
     # checkpoint name part -> (our name part, shard id of the merged projection)
     stacked_params: ClassVar[dict[str, tuple[str, int | str]]] = {}
 
-    def __init__(self, config: ModelConfig, linear_method: LinearMethod | None = None) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        linear_method: LinearMethod | None = None,
+        tp: TPGroup | None = None,
+    ) -> None:
         super().__init__()
-        self.config = config
+        self.config, self.tp = config, tp
         rotary = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
         )
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(
-            self.build_layer(i, rotary, linear_method) for i in range(config.num_layers)
+            self.build_layer(i, rotary, linear_method, tp) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.packed_head: PackedWeight | None = None  # a tied head's, on CPU
         self.lm_head = (
             None
             if config.tie_word_embeddings
-            else ReplicatedLinear(config.hidden_size, config.vocab_size, bias=False)
+            else ParallelLMHead(config.hidden_size, config.vocab_size, tp=tp)
         )
 
     @abstractmethod
     def build_layer(
-        self, layer_id: int, rotary: RotaryEmbedding, method: LinearMethod | None
+        self,
+        layer_id: int,
+        rotary: RotaryEmbedding,
+        method: LinearMethod | None,
+        tp: TPGroup | None,
     ) -> nn.Module:
         """One decoder layer: ``(positions, hidden, residual, fb, attn) -> (hidden,
         residual)``, ``residual`` None at the first layer."""
@@ -74,8 +89,10 @@ class CausalLM(nn.Module, ABC):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[tokens, hidden]`` -> float32 ``[tokens, vocab]``."""
         if self.lm_head is not None:
-            return self.lm_head(hidden).float()
-        return matmul_weight(hidden, self.embed_tokens.weight, self.packed_head).float()
+            local = self.lm_head(hidden)
+        else:
+            local = matmul_weight(hidden, self.embed_tokens.weight, self.packed_head)
+        return gather_logits(local, self.tp, self.config.vocab_size).float()
 
     def process_weights_after_loading(self) -> None:
         """Each projection's method prepares its weights (on CPU: packed copies), and a
@@ -107,8 +124,9 @@ class CausalLM(nn.Module, ABC):
             if name not in params:
                 raise KeyError(f"checkpoint tensor {hf_name!r} has no matching parameter")
             owner = modules[name.rpartition(".")[0]]
-            if isinstance(owner, LinearBase):
-                owner.weight_loader(params[name], tensor, shard_id)
+            loader = getattr(owner, "weight_loader", None)  # layers that keep a rank's part
+            if loader is not None:
+                loader(params[name], tensor, shard_id)
             else:
                 params[name].data.copy_(tensor)
             loaded.add((name, shard_id))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from kvflow.runtime.distributed import TPGroup
 from kvflow.runtime.layers import LinearMethod, RotaryEmbedding
 from kvflow.runtime.models.blocks import DecoderLayer
 from kvflow.runtime.models.causal_lm import CausalLM
@@ -29,6 +30,10 @@ class LlamaForCausalLM(CausalLM):
     }
 
     def build_layer(
-        self, layer_id: int, rotary: RotaryEmbedding, method: LinearMethod | None
+        self,
+        layer_id: int,
+        rotary: RotaryEmbedding,
+        method: LinearMethod | None,
+        tp: TPGroup | None,
     ) -> nn.Module:
-        return DecoderLayer(self.config, layer_id, rotary, method)
+        return DecoderLayer(self.config, layer_id, rotary, method, tp)

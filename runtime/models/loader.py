@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from kvflow.runtime.config import DUMMY_CONFIGS, ModelConfig
+from kvflow.runtime.distributed import TPGroup
 from kvflow.runtime.models import MODELS, embedded_model_path
 from kvflow.runtime.models.causal_lm import CausalLM
 
@@ -57,13 +58,21 @@ def _init_dummy(model: nn.Module, seed: int, device: str) -> None:
 
 
 def load_model(
-    path: Path, config: ModelConfig, load_format: str, dtype: torch.dtype, device: str, seed: int
+    path: Path,
+    config: ModelConfig,
+    load_format: str,
+    dtype: torch.dtype,
+    device: str,
+    seed: int,
+    tp: TPGroup | None = None,
 ) -> CausalLM:
     """Instantiate the registered architecture on ``device``, fill its weights and let its
-    layers process them (:meth:`CausalLM.process_weights_after_loading`)."""
+    layers process them (:meth:`CausalLM.process_weights_after_loading`). With ``tp``, this
+    rank's part of them: each rank reads the checkpoint and keeps its part (dummy weights
+    are drawn per rank, so they differ from one tp size to another)."""
     model_cls = MODELS.get(config.architecture)
     with torch.device("meta"):
-        model = model_cls(config)
+        model = model_cls(config, tp=tp)
     model = model.to_empty(device=device).to(dtype)
     # Buffers built on meta (the RoPE table) must be recomputed for real.
     for module in model.modules():

@@ -13,6 +13,7 @@ from kvflow.runtime.sampling.penalties import apply_logit_bias, apply_penalties
 
 if TYPE_CHECKING:
     from kvflow.runtime.core import Req
+    from kvflow.runtime.distributed import TPGroup
 
 __all__ = ["PendingSample", "SampleOutput", "Sampler", "SamplingBatch"]
 
@@ -104,9 +105,13 @@ class Sampler:
     (min_new_tokens, grammar), before temperature and top-k/top-p/min-p filtering.
     """
 
-    def __init__(self, vocab_size: int, device: str) -> None:
+    def __init__(self, vocab_size: int, device: str, tp: TPGroup | None = None) -> None:
         self.vocab_size = vocab_size
         self.device = device
+        # Tensor parallelism: every rank samples from the same logits with the same seeds;
+        # rank 0's ids are broadcast anyway, so no rounding or library difference can make
+        # the ranks' schedules part.
+        self.tp = tp
 
     def _adjust(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
         for row, req in enumerate(reqs):
@@ -151,6 +156,8 @@ class Sampler:
                 sampled = self._sample_rows(probs, batch)
                 greedy = torch.tensor(batch.greedy, device=logits.device)
                 next_ids = torch.where(greedy, next_ids, sampled)
+        if self.tp is not None:
+            self.tp.broadcast(next_ids)
         if next_ids.device.type != "cuda":
             return PendingSample(next_ids, next_ids, None, logprobs, batch.reqs)
         host = torch.empty(next_ids.shape, dtype=next_ids.dtype, pin_memory=True)

@@ -25,6 +25,7 @@ from kvflow.runtime.sampling import PendingSample, SampleOutput, SamplingBatch
 from kvflow.runtime.scheduler.batch import build_decode_batch, build_extend_batch
 from kvflow.runtime.scheduler.budget import RESERVE_CLIP, PrefillBudget
 from kvflow.runtime.scheduler.kv import DecodeGrowth, KVManager
+from kvflow.runtime.scheduler.lockstep import Lockstep
 from kvflow.runtime.scheduler.policy import order_waiting
 from kvflow.runtime.scheduler.sharing import BatchPrefixes
 from kvflow.runtime.wire import FinishReason, TokenOutput
@@ -70,10 +71,17 @@ class Scheduler:
     """
 
     def __init__(
-        self, config: EngineConfig, runner: ModelRunner, *, park_finished: bool = False
+        self,
+        config: EngineConfig,
+        runner: ModelRunner,
+        *,
+        park_finished: bool = False,
+        lockstep: Lockstep | None = None,
     ) -> None:
         self.config = config
         self.runner = runner
+        # Under tensor parallelism, the clock and async events every rank agrees on.
+        self.lockstep = lockstep or Lockstep()
         self.cache = make_prefix_cache(config, runner)
         self.kv = KVManager(runner.req_to_token, runner.allocator, self.cache)
         self.waiting: list[Req] = []
@@ -98,6 +106,7 @@ class Scheduler:
     def add_request(self, req: Req) -> None:
         """Queue a request; raises ValueError if it can never fit."""
         self.check_fits(req)
+        req.created_at = self.lockstep.now()
         if req.grammar is not None:  # even if compiled: a failed compile aborts it there
             self.grammar_wait.append(req)
         elif self.cache.start_prefetch(req):
@@ -206,7 +215,8 @@ class Scheduler:
             futures = [r.grammar.future for r in self.grammar_wait]
             concurrent.futures.wait(futures, GRAMMAR_IDLE_WAIT_S, "FIRST_COMPLETED")
         outputs = []
-        for req in [r for r in self.grammar_wait if r.grammar.ready]:
+        ready = self.lockstep.all_true([r.grammar.ready for r in self.grammar_wait])
+        for req in [r for r, done in zip(self.grammar_wait, ready, strict=True) if done]:
             self.grammar_wait.remove(req)
             if req.grammar.error is None:
                 self.waiting.append(req)
@@ -297,7 +307,8 @@ class Scheduler:
                 matched[req.rid] = self.kv.match(req)
             return matched[req.rid]
 
-        for req in order_waiting(cfg.schedule_policy, self.waiting, match_len):
+        now = self.lockstep.now()
+        for req in order_waiting(cfg.schedule_policy, self.waiting, match_len, now):
             cached = match_len(req)
             if radix and batch_prefixes.should_wait(req, cached):
                 continue  # a request in this batch caches its prefix: it hits next step

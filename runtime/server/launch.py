@@ -28,6 +28,7 @@ from kvflow.runtime.server.detokenizer_process import run_detokenizer_process
 from kvflow.runtime.server.http_server import create_app
 from kvflow.runtime.server.ipc import IpcPaths, make_ipc_paths
 from kvflow.runtime.server.lifeline import run_tied_to_parent
+from kvflow.runtime.server.parallel import check_parallel, rank_places
 from kvflow.runtime.server.scheduler_process import run_scheduler_process
 from kvflow.runtime.server.tokenizer_manager import TokenizerManager
 from kvflow.runtime.tokenizer import load_tokenizer, tokenizer_folder
@@ -49,10 +50,16 @@ def _start_children(args: ServerArgs, paths: IpcPaths) -> tuple[list[BaseProcess
         engine.tokenizer_path, engine.skip_tokenizer_init, Path(engine.model_path or ".")
     )
     tokenizer_path = None if folder is None else str(folder)
-    specs = [
-        ("scheduler", run_scheduler_process, (args, paths)),
-        ("detokenizer", run_detokenizer_process, (tokenizer_path, paths)),
+    places = rank_places(engine)
+    specs: list[tuple[str, Any, tuple]] = [
+        (
+            "scheduler" if len(places) == 1 else f"scheduler-tp{place.tp_rank}",
+            run_scheduler_process,
+            (args, paths, place),
+        )
+        for place in places
     ]
+    specs.append(("detokenizer", run_detokenizer_process, (tokenizer_path, paths)))
     procs: list[BaseProcess] = []
     pipes = []
     for name, target, target_args in specs:
@@ -194,6 +201,11 @@ def launch_server(args: ServerArgs) -> int:
     # Resolve (and, for the embedded model, convert) once here, before children race on it.
     model_path = resolve_model_path(engine.model_path, engine.load_format)
     args = dataclasses.replace(args, engine=dataclasses.replace(engine, model_path=str(model_path)))
+    try:
+        check_parallel(args.engine, args.role, model_path)
+    except ValueError as err:
+        logger.error("start-up refused: %s", err)
+        return 2
     paths = make_ipc_paths()
     procs: list[BaseProcess] = []
     try:

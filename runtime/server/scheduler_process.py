@@ -1,22 +1,32 @@
-"""The scheduler subprocess: receive -> schedule -> run batch -> send tokens, forever."""
+"""The scheduler subprocess: receive -> schedule -> run batch -> send tokens, forever.
+
+Under tensor parallelism there is one such process per rank: each holds its part of the
+model and its own KV pool, and all run the same schedule on the messages rank 0 receives
+and broadcasts (:class:`~kvflow.runtime.server.scheduler_io.SchedulerIO`); only rank 0
+sends results.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import logging
 import os
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
-import zmq
-
+from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.disagg.roles import ROLES, make_role
+from kvflow.runtime.distributed import TPGroup, init_tp_group
 from kvflow.runtime.model_runner import ModelRunner
 from kvflow.runtime.scheduler import ReqFactory, Scheduler, SchedulerPort
+from kvflow.runtime.scheduler.lockstep import TPLockstep
 from kvflow.runtime.server.args import ServerArgs
-from kvflow.runtime.server.ipc import IpcPaths, Puller, Pusher
+from kvflow.runtime.server.ipc import IpcPaths
+from kvflow.runtime.server.scheduler_io import SchedulerIO
 from kvflow.runtime.tokenizer import load_tokenizer, tokenizer_folder
 from kvflow.runtime.wire import FinishReason, TokenOutput
 from kvflow.runtime.wire.messages import (
@@ -29,7 +39,7 @@ from kvflow.runtime.wire.messages import (
     TokenBatch,
 )
 
-__all__ = ["run_scheduler_process"]
+__all__ = ["RankPlace", "run_scheduler_process"]
 logger = logging.getLogger("kvflow.scheduler")
 _IDLE_POLL_MS = 200
 _STATS_INTERVAL_S = 0.25
@@ -64,15 +74,44 @@ class Watchdog(threading.Thread):
                 os._exit(3)
 
 
+@dataclass(frozen=True)
+class RankPlace:
+    """Where one scheduler process sits: its rank in its tensor-parallel group, the
+    group's rendezvous (``HOST:PORT``, None for a single rank) and its GPU's index."""
+
+    tp_rank: int = 0
+    init_addr: str | None = None
+    gpu_id: int = 0
+
+    def engine(self, engine: EngineConfig) -> EngineConfig:
+        """The engine settings of this rank: on CUDA, its own GPU."""
+        if engine.device == "cuda":
+            return dataclasses.replace(engine, device=f"cuda:{self.gpu_id}")
+        return engine
+
+    def join(self, engine: EngineConfig) -> TPGroup | None:
+        if engine.tp_size == 1:
+            return None
+        if self.init_addr is None:
+            raise ValueError(f"tp_size {engine.tp_size} needs the group's address")
+        return init_tp_group(self.tp_rank, engine.tp_size, self.init_addr, engine.device)
+
+
 class SchedulerLoop:
-    def __init__(self, args: ServerArgs, paths: IpcPaths) -> None:
+    def __init__(self, args: ServerArgs, paths: IpcPaths, place: RankPlace | None = None) -> None:
         self.args = args
+        place = place or RankPlace()
         role_cls = ROLES.get(args.role)
         if args.kv_transfer is not None:  # before any Mooncake engine starts (the L3 store's)
             args.kv_transfer.require_env()
-        engine = role_cls.engine_config(args.engine)
-        self.runner = ModelRunner(engine)
-        self.scheduler = Scheduler(engine, self.runner, park_finished=role_cls.parks_finished)
+        engine = place.engine(role_cls.engine_config(args.engine))
+        tp = place.join(engine)
+        lockstep = None if tp is None else TPLockstep(tp)
+        self.io = SchedulerIO(paths, tp, lockstep)
+        self.runner = ModelRunner(engine, tp)
+        self.scheduler = Scheduler(
+            engine, self.runner, park_finished=role_cls.parks_finished, lockstep=lockstep
+        )
         self.role = make_role(args.role, SchedulerPort(self.scheduler), args.kv_transfer)
         # Stop strings are matched on text, so the scheduler decodes the requests that have them.
         self.tokenizer_folder = tokenizer_folder(
@@ -80,10 +119,6 @@ class SchedulerLoop:
         )
         tokenizer = None if self.tokenizer_folder is None else load_tokenizer(self.tokenizer_folder)
         self.reqs = ReqFactory(args.engine, self.runner.model_config, tokenizer, self.runner.device)
-        ctx = zmq.Context()
-        self.inbox = Puller(ctx, paths.to_scheduler)
-        self.to_detokenizer = Pusher(ctx, paths.to_detokenizer)
-        self.to_tokenizer = Pusher(ctx, paths.to_tokenizer)
         self.watchdog = Watchdog(args.watchdog_timeout)
         self._last_stats = 0.0
 
@@ -101,6 +136,7 @@ class SchedulerLoop:
             "device": self.runner.device,
             "dtype": str(self.runner.dtype).removeprefix("torch."),
             "role": self.args.role,
+            "tp_size": self.runner.config.tp_size,
             **self.role.info(),
         }
 
@@ -113,14 +149,14 @@ class SchedulerLoop:
             )
             return [out] if out else []
         elif isinstance(message, ControlRequest):
-            self.to_tokenizer.send(self._control(message))
+            self.io.send_tokenizer(self._control(message))
         return []
 
     def _add(self, message: GenerateRequest) -> list[TokenOutput]:
         """Queue a request; one that cannot be built or queued ends with an abort (the
         detokenizer hears of it first, so its stream opens and closes in order)."""
         rid = message.request_id
-        self.to_detokenizer.send(
+        self.io.send_detokenizer(
             StreamStart(
                 rid,
                 message.input_ids,
@@ -189,8 +225,8 @@ class SchedulerLoop:
 
     def _publish_stats(self, force: bool = False) -> None:
         now = time.monotonic()
-        if force or now - self._last_stats >= _STATS_INTERVAL_S:
-            self.to_tokenizer.send(self.stats())
+        if self.io.leader and (force or now - self._last_stats >= _STATS_INTERVAL_S):
+            self.io.send_tokenizer(self.stats())
             self._last_stats = now
 
     def run_forever(self) -> None:
@@ -198,8 +234,7 @@ class SchedulerLoop:
         while True:
             busy = self.scheduler.has_work() or self.role.busy()
             wait_ms = 0 if self.scheduler.has_work() else (_ROLE_POLL_MS if busy else _IDLE_POLL_MS)
-            first = self.inbox.recv(timeout_ms=wait_ms)
-            messages = ([first] if first is not None else []) + self.inbox.recv_all()
+            messages = self.io.receive(wait_ms)
             outputs: list[TokenOutput] = []
             for message in messages:  # aborts of running requests end here too: the role sees them
                 outputs += self.role.observe(self._handle(message))
@@ -208,21 +243,22 @@ class SchedulerLoop:
                 outputs += self.role.observe(self.scheduler.step())
             self.watchdog.tick(self.scheduler.has_work())
             if outputs:
-                self.to_detokenizer.send(TokenBatch(outputs))
+                self.io.send_detokenizer(TokenBatch(outputs))
             self._publish_stats(force=bool(messages) and not self.scheduler.has_work())
 
 
-def run_scheduler_process(args: ServerArgs, paths: IpcPaths, ready: Any) -> None:
+def run_scheduler_process(args: ServerArgs, paths: IpcPaths, place: RankPlace, ready: Any) -> None:
     """Entry point of the subprocess; reports ``("ready", info)`` or ``("error", text)`` on ``ready``."""
+    name = "scheduler" if args.engine.tp_size == 1 else f"scheduler tp{place.tp_rank}"
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s scheduler %(levelname)s %(message)s"
+        level=args.log_level.upper(), format=f"%(asctime)s {name} %(levelname)s %(message)s"
     )
     faulthandler.enable()
     try:
-        loop = SchedulerLoop(args, paths)
+        loop = SchedulerLoop(args, paths, place)
     except Exception as err:  # reported to the parent, which exits with the message
         logger.exception("scheduler failed to start")
         ready.send(("error", f"{type(err).__name__}: {err}"))
         return
-    ready.send(("ready", loop.ready_info()))
+    ready.send(("ready", loop.ready_info() if loop.io.leader else {}))
     loop.run_forever()

@@ -1,0 +1,47 @@
+"""What the scheduler must see the same on every tensor-parallel rank.
+
+Each rank runs its own scheduler over its own KV pool, and they stay equal only if every
+decision is: the same messages in the same order (the scheduler process broadcasts them),
+the same sampled ids (the sampler broadcasts them), and the same answer to the two
+questions a scheduler otherwise answers alone: what time it is (lpm's aging of waiting
+requests) and whether an asynchronous job (a grammar compile) has ended.
+"""
+
+from __future__ import annotations
+
+import time
+
+from kvflow.runtime.distributed import TPGroup
+
+__all__ = ["Lockstep", "TPLockstep"]
+
+
+class Lockstep:
+    """One rank alone: the local clock, and what it sees is what happened."""
+
+    def now(self) -> float:
+        """Monotonic seconds, the same on every rank."""
+        return time.monotonic()
+
+    def all_true(self, flags: list[bool]) -> list[bool]:
+        """Per position, whether the flag holds on every rank (collective under TP)."""
+        return flags
+
+
+class TPLockstep(Lockstep):
+    """Ranks of one group: rank 0's clock, sent with each round of messages
+    (:meth:`tick`), and flags agreed over the group (an event counts once every rank has
+    seen it)."""
+
+    def __init__(self, tp: TPGroup) -> None:
+        self.tp = tp
+        self._now = time.monotonic()
+
+    def tick(self, now: float) -> None:
+        self._now = now
+
+    def now(self) -> float:
+        return self._now
+
+    def all_true(self, flags: list[bool]) -> list[bool]:
+        return self.tp.all_true(flags)

@@ -1,0 +1,60 @@
+"""The scheduler process's messages in and out, for one rank of a tensor-parallel group.
+
+Rank 0 (the only rank without tensor parallelism) receives from the tokenizer manager and
+sends to the detokenizer and tokenizer manager over ZMQ. Under tensor parallelism it also
+broadcasts each round of messages it received, with its clock, to the other ranks, which
+run the same schedule on them and send nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import zmq
+
+from kvflow.runtime.distributed import TPGroup
+from kvflow.runtime.scheduler.lockstep import TPLockstep
+from kvflow.runtime.server.ipc import IpcPaths, Puller, Pusher
+
+__all__ = ["SchedulerIO"]
+
+
+class SchedulerIO:
+    """``receive`` blocks (rank 0: up to ``wait_ms`` for a first message; other ranks: for
+    rank 0's round) and returns the same messages on every rank; the ``send_*`` methods
+    send on rank 0 and do nothing elsewhere."""
+
+    def __init__(
+        self, paths: IpcPaths, tp: TPGroup | None = None, lockstep: TPLockstep | None = None
+    ) -> None:
+        if (tp is None) != (lockstep is None):
+            raise ValueError("a tensor-parallel rank needs both its group and its lockstep")
+        self.tp, self.lockstep = tp, lockstep
+        self.leader = tp is None or tp.is_first
+        if self.leader:
+            ctx = zmq.Context()
+            self._inbox = Puller(ctx, paths.to_scheduler)
+            self._to_detokenizer = Pusher(ctx, paths.to_detokenizer)
+            self._to_tokenizer = Pusher(ctx, paths.to_tokenizer)
+
+    def receive(self, wait_ms: int) -> list[Any]:
+        messages: list[Any] = []
+        if self.leader:
+            first = self._inbox.recv(timeout_ms=wait_ms)
+            messages = ([first] if first is not None else []) + self._inbox.recv_all()
+        if self.tp is None:
+            return messages
+        assert self.lockstep is not None
+        round_ = (messages, time.monotonic()) if self.leader else None
+        messages, now = self.tp.broadcast_object(round_)
+        self.lockstep.tick(now)
+        return messages
+
+    def send_detokenizer(self, message: Any) -> None:
+        if self.leader:
+            self._to_detokenizer.send(message)
+
+    def send_tokenizer(self, message: Any) -> None:
+        if self.leader:
+            self._to_tokenizer.send(message)

@@ -1,0 +1,1 @@
+"""Tensor and data parallelism on CPU: ranks are processes joined over gloo on loopback."""
