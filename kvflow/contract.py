@@ -43,6 +43,7 @@ __all__ = [
     "ROUTER_READINESS_PATH",
     "RUNTIME_CONFIG_DIR",
     "SERVE_FLAGS",
+    "SERVE_FLAG_ALIASES",
     "SERVE_RUNTIME_FLAGS",
     "HiCacheOptions",
     "RouterOptions",
@@ -192,6 +193,16 @@ SERVE_FLAGS: Mapping[str, str] = {
 SERVE_RUNTIME_FLAGS: Mapping[str, str] = {
     "--disaggregation-transfer-backend": "prefill/decode: the KV transport (the runtime's "
     "KV_TRANSPORTS, e.g. mooncake)",
+    "--tp-size": "GPUs that shard one copy of the model (tensor parallelism)",
+    "--dp-size": "data-parallel copies of the model in one server (each on --tp-size GPUs)",
+}
+# SGLang's other spellings of two of them, which the runtime also accepts (a spec's extra
+# flags may not use them either).
+SERVE_FLAG_ALIASES: Mapping[str, str] = {
+    "--tp": "--tp-size",
+    "--tensor-parallel-size": "--tp-size",
+    "--dp": "--dp-size",
+    "--data-parallel-size": "--dp-size",
 }
 _RENDERED_SERVE_FLAGS: Mapping[str, str] = {**SERVE_FLAGS, **SERVE_RUNTIME_FLAGS}
 
@@ -211,6 +222,8 @@ class ServeOptions:
     bootstrap_port: int | None = None
     kv_transfer_protocol: str | None = None
     kv_transfer_backend: str | None = None  # prefill/decode only
+    tp_size: int | None = None  # None (or 1): not rendered, the runtime's default of 1
+    dp_size: int | None = None
     hicache: HiCacheOptions | None = None
     max_running_requests: int | None = None
     extra_args: Sequence[str] = field(default_factory=tuple)
@@ -231,6 +244,8 @@ def serve_argv(opts: ServeOptions) -> list[str]:
         "--bootstrap-port": opts.bootstrap_port,
         "--kv-transfer-protocol": opts.kv_transfer_protocol,
         "--disaggregation-transfer-backend": opts.kv_transfer_backend,
+        "--tp-size": opts.tp_size if opts.tp_size != 1 else None,
+        "--dp-size": opts.dp_size if opts.dp_size != 1 else None,
     }
     hicache = opts.hicache.argv() if opts.hicache is not None else []
     batch = {"--max-running-requests": opts.max_running_requests}

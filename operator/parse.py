@@ -137,12 +137,27 @@ def _autoscaling(raw: Mapping[str, Any] | None) -> Autoscaling:
     )
 
 
+def _tensor_parallel_size(raw: Mapping[str, Any], gpus: int, path: str) -> int | None:
+    """``tensorParallelSize``, checked as the CRD does: it divides ``gpus`` (>= 1)."""
+    if raw.get("tensorParallelSize") is None:
+        return None
+    tp = int(raw["tensorParallelSize"])
+    if tp < 1 or gpus < 1 or gpus % tp:
+        raise SpecError(
+            f"{path}.tensorParallelSize",
+            f"{tp} must be >= 1 and divide {path}.gpus ({gpus}, which must be >= 1)",
+        )
+    return tp
+
+
 def _worker(role: str, raw: Mapping[str, Any] | None) -> WorkerRole:
     raw = raw or {}
+    gpus = int(raw.get("gpus", 0))
     return WorkerRole(
         role=role,
         replicas=int(raw.get("replicas", 1)),
-        gpus=int(raw.get("gpus", 0)),
+        gpus=gpus,
+        tensor_parallel_size=_tensor_parallel_size(raw, gpus, f"spec.{role}"),
         pods=_pods(raw, f"spec.{role}"),
         http_port=_port(raw, "http", contract.DEFAULT_API_PORT, f"spec.{role}"),
         max_running_requests=raw.get("maxRunningRequests"),

@@ -67,6 +67,8 @@ def serve_options(runtime: WorkerRuntime, placement: WorkerPlacement) -> contrac
         bootstrap_port=placement.bootstrap_port if runtime.role == "prefill" else None,
         kv_transfer_protocol=runtime.kv_transfer_protocol,
         kv_transfer_backend=runtime.kv_transfer_backend,
+        tp_size=runtime.tp_size,
+        dp_size=runtime.dp_size,
         hicache=hicache,
         max_running_requests=runtime.max_running_requests,
         extra_args=runtime.extra_args,

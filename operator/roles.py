@@ -25,6 +25,8 @@ class WorkerRuntime:
     served_model_name: str = ""
     kv_transfer_protocol: str | None = None
     kv_transfer_backend: str | None = None  # prefill and decode: spec.kvTransfer.backend
+    tp_size: int = 1  # every GPU of the pod in use: tp_size x dp_size = the role's gpus
+    dp_size: int = 1
     hicache: contract.HiCacheOptions | None = None  # storage_path: the placement's
     max_running_requests: int | None = None
     extra_args: tuple[str, ...] = ()
@@ -62,6 +64,8 @@ def worker_runtime(md: ModelDeployment, worker: WorkerRole) -> WorkerRuntime:
         served_model_name=md.model.served_model_name,
         kv_transfer_protocol=md.kv_transfer.protocol if needs_transfer else None,
         kv_transfer_backend=md.kv_transfer.backend if md.disaggregated else None,
+        tp_size=worker.tp_size,
+        dp_size=worker.dp_size,
         hicache=hicache,
         max_running_requests=worker.max_running_requests,
         extra_args=tuple(worker.pods.extra_args),

@@ -90,11 +90,22 @@ class WorkerRole:
     role: str
     replicas: int = 1  # the user's number; rendered sizes are a sizes.DesiredSizes
     gpus: int = 0
+    tensor_parallel_size: int | None = None  # None: every GPU shards one copy (tp = gpus)
     pods: PodSettings = field(default_factory=PodSettings)
     http_port: int = contract.DEFAULT_API_PORT  # API, /health and /metrics
     max_running_requests: int | None = None
     startup_timeout_seconds: int = 1800
     autoscaling: Autoscaling = field(default_factory=Autoscaling)
+
+    @property
+    def tp_size(self) -> int:
+        """GPUs per model copy (``--tp-size``); 1 without GPUs."""
+        return self.tensor_parallel_size or max(self.gpus, 1)
+
+    @property
+    def dp_size(self) -> int:
+        """Model copies per pod (``--dp-size``): every GPU of the pod is used."""
+        return max(self.gpus, 1) // self.tp_size
 
 
 @dataclass(frozen=True)

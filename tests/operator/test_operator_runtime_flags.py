@@ -11,7 +11,7 @@ import pytest
 from operator_testing import SPECS, crd_schema, load_model_deployment
 
 from kvflow import contract
-from kvflow.operator import parse_model_deployment
+from kvflow.operator import SpecError, parse_model_deployment
 from kvflow.operator.placement import cluster_worker_placement, serve_options
 from kvflow.operator.roles import worker_runtime
 
@@ -70,4 +70,47 @@ def test_crd_keeps_rendered_flags_out_of_extra_args() -> None:
     (rule,) = worker["extraArgs"]["x-kubernetes-validations"]
     listed = set(re.findall(r"'(--[a-z-]+)'", rule["rule"]))
     rendered = {*contract.SERVE_FLAGS, *contract.SERVE_RUNTIME_FLAGS} - {"--max-running-requests"}
-    assert listed == rendered
+    assert listed == rendered | set(contract.SERVE_FLAG_ALIASES)
+
+
+def _role_argv(gpus: int, tp: int | None = None, mode: str = "unified") -> list[str]:
+    body = load_model_deployment(SPECS["unified-embedded"])
+    role = {"gpus": gpus} if tp is None else {"gpus": gpus, "tensorParallelSize": tp}
+    if mode == "disaggregated":
+        body["spec"] = {"mode": mode, "prefill": role, "decode": role}
+        return _argv_by_role(body)["prefill"]
+    body["spec"]["unified"] = {**body["spec"]["unified"], **role}
+    return _argv_by_role(body)["unified"]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "tp", "tp_flag", "dp_flag"),
+    [
+        (0, None, None, None),  # CPU
+        (1, None, None, None),
+        (2, None, "2", None),  # default: one copy over every GPU
+        (8, None, "8", None),
+        (4, 2, "2", "2"),  # data parallelism inside the pod
+        (4, 1, None, "4"),
+        (4, 4, "4", None),
+    ],
+)
+def test_gpus_become_tp_and_dp_sizes(
+    gpus: int, tp: int | None, tp_flag: str | None, dp_flag: str | None
+) -> None:
+    for mode in ("unified", "disaggregated"):
+        argv = _role_argv(gpus, tp, mode)
+        assert (_flag(argv, "--tp-size"), _flag(argv, "--dp-size")) == (tp_flag, dp_flag), mode
+
+
+def test_rendered_parallel_sizes_parse() -> None:
+    from kvflow.runtime.server.args import parse_args
+
+    engine = parse_args(_role_argv(8, 2)[2:]).engine
+    assert (engine.tp_size, engine.dp_size) == (2, 4)
+
+
+@pytest.mark.parametrize(("gpus", "tp"), [(4, 3), (0, 1), (2, 4)])
+def test_tensor_parallel_size_must_divide_gpus(gpus: int, tp: int) -> None:
+    with pytest.raises(SpecError, match=r"spec\.unified\.tensorParallelSize"):
+        _role_argv(gpus, tp)

@@ -158,6 +158,18 @@ def test_gpus_are_given_out_one_process_at_a_time(tmp_path: Path) -> None:
     plan = plan_of(body, secrets, tmp_path, gpus=4)
     devices = [p.env.get("CUDA_VISIBLE_DEVICES") for p in plan.processes]
     assert devices == ["0,1", "2,3", None]
+    # every GPU of a worker is used, as in a pod: one copy over both (--tp-size 2)
+    assert [flag(p.argv, "--tp-size") for p in plan.processes[:2]] == ["2", "2"]
+    assert all("--dp-size" not in p.argv for p in plan.processes)
+
+
+def test_tensor_parallel_size_splits_a_worker_into_data_parallel_copies(tmp_path: Path) -> None:
+    body, secrets = edited(
+        UNIFIED, lambda s: s["unified"].update(replicas=1, gpus=4, tensorParallelSize=2)
+    )
+    (worker, _router) = plan_of(body, secrets, tmp_path, gpus=4).processes
+    assert worker.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    assert (flag(worker.argv, "--tp-size"), flag(worker.argv, "--dp-size")) == ("2", "2")
 
 
 def test_cli_refuses_with_every_reason_and_dry_run_prints_the_commands(tmp_path: Path) -> None:
