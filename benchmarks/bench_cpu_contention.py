@@ -81,7 +81,7 @@ class EngineProc:
     def __init__(self, name: str, root: str, overrides: dict) -> None:
         self.name = name
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", WORKER, root, json.dumps({**ENGINE_ARGS, **overrides})],
+            [sys.executable, "-P", "-c", WORKER, root, json.dumps({**ENGINE_ARGS, **overrides})],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -109,7 +109,7 @@ class BusyProcess:
     """``while True: pass`` pinned to the last usable core, for the ``with`` block."""
 
     def __enter__(self) -> BusyProcess:
-        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        self.proc = subprocess.Popen([sys.executable, "-P", "-c", "while True: pass"])
         os.sched_setaffinity(self.proc.pid, {max(os.sched_getaffinity(0))})
         time.sleep(0.5)
         return self

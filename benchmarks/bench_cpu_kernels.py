@@ -234,7 +234,7 @@ def bench_engine(dtype: str, rounds: int) -> list[str]:
         for flag in ("0", "1"):
             env = {**os.environ, "KVFLOW_CPU_KERNELS": flag}
             done = subprocess.run(
-                [sys.executable, "-c", ENGINE_RUN, dtype],
+                [sys.executable, "-P", "-c", ENGINE_RUN, dtype],
                 capture_output=True,
                 text=True,
                 env=env,

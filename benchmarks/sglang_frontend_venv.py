@@ -70,7 +70,7 @@ def ensure_sglang_frontend(venv: Path, timeout: float = 900.0) -> Path:
     if installed_sglang_frontend(venv) is not None:
         return python
     print(f"installing sglang=={SGLANG_VERSION} (frontend) into {venv}", flush=True)
-    _run([sys.executable, "-m", "venv", str(venv)], timeout)
+    _run([sys.executable, "-P", "-m", "venv", str(venv)], timeout)
     project = [p for p in site.getsitepackages() if p.endswith("site-packages")]
     ours = subprocess.run(
         [str(python), "-c", "import site; print(site.getsitepackages()[0])"],

@@ -60,7 +60,7 @@ def ensure_sglang_router(venv: Path, timeout: float = 600.0) -> Path:
     if installed_sglang_router(venv) is not None:
         return python
     print(f"installing sglang-router=={SGLANG_ROUTER_VERSION} into {venv}", flush=True)
-    _run([sys.executable, "-m", "venv", str(venv)], timeout)
+    _run([sys.executable, "-P", "-m", "venv", str(venv)], timeout)
     _run(
         [str(python), "-m", "pip", "install", "-q", f"sglang-router=={SGLANG_ROUTER_VERSION}"],
         timeout,

@@ -10,8 +10,8 @@ mkdir -p "$SHIM/kvflow"
 cp "$REPO"/kvflow/*.py "$SHIM/kvflow/"
 for part in runtime kernels operator; do ln -sfn "$REPO/$part" "$SHIM/kvflow/$part"; done
 export PATH=/opt/torch/.venv/bin:$PATH
-if [ -d .whl ] && ! python3 -c "import pytest" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+if [ -d .whl ] && ! python3 -P -c "import pytest" 2>/dev/null; then
+  python3 -P -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"

@@ -22,7 +22,17 @@ HERE = Path(__file__).parent
 @pytest.mark.skipif(INTERPRETED, reason="interpret tests already run in this process")
 def test_kernels_under_triton_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-    command = [sys.executable, "-m", "pytest", "-q", "-m", "interpret", "-p", "no:cacheprovider"]
+    command = [
+        sys.executable,
+        "-P",
+        "-m",
+        "pytest",
+        "-q",
+        "-m",
+        "interpret",
+        "-p",
+        "no:cacheprovider",
+    ]
     result = subprocess.run(
         [*command, str(HERE)], env=env, capture_output=True, text=True, timeout=600
     )

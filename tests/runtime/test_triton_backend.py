@@ -40,7 +40,7 @@ SCRIPT = textwrap.dedent("""
 def test_triton_backend_matches_torch_backend():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-P", "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     outputs = json.loads(done.stdout.strip().splitlines()[-1])

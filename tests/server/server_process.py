@@ -29,7 +29,7 @@ class ServerProcess:
         self.log = log
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvflow", "serve", "--port", str(self.port), *flags],
+            [sys.executable, "-P", "-m", "kvflow", "serve", "--port", str(self.port), *flags],
             stdout=log.open("w"),
             stderr=subprocess.STDOUT,
             env=env,

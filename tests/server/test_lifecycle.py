@@ -99,7 +99,7 @@ def test_child_killed_during_start_up_makes_the_server_exit(embedded_ready, tmp_
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvflow", "serve", "--port", str(port)],
+        [sys.executable, "-P", "-m", "kvflow", "serve", "--port", str(port)],
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
         env=env,
