@@ -18,7 +18,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
-from server_process import ServerProcess  # noqa: E402
+from server_process import ServerProcess
 
 MAX_NEW = 16
 EOS = 2  # SmolLM2's <|im_end|>: the tiny model shares its tokenizer
