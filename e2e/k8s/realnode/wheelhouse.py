@@ -53,9 +53,7 @@ def _scripts(dist: metadata.Distribution) -> set[str]:
 
 def _editable(dist: metadata.Distribution) -> bool:
     text = dist.read_text("direct_url.json") or ""
-    return '"editable": true' in text or any(
-        "__editable__" in str(f) for f in dist.files or ()
-    )
+    return '"editable": true' in text or any("__editable__" in str(f) for f in dist.files or ())
 
 
 def _repack(dist: metadata.Distribution, target: Path) -> None:
@@ -67,7 +65,9 @@ def _repack(dist: metadata.Distribution, target: Path) -> None:
     with zipfile.ZipFile(staging, "w", zipfile.ZIP_STORED) as wheel:
         for file in dist.files or ():
             parts = file.parts
-            if "__pycache__" in parts or (parts[0].endswith(".dist-info") and file.name in _DROPPED):
+            if "__pycache__" in parts or (
+                parts[0].endswith(".dist-info") and file.name in _DROPPED
+            ):
                 continue
             source = (site / file).resolve()
             if parts[0] == "..":

@@ -1,0 +1,131 @@
+"""One OCI image layout (umoci) holding every layer the image build made, by tag.
+
+A tag names an image: a base root or a base plus the layers of some steps. `bundle()`
+unpacks one to change it, `commit()` packs the changes as one more layer (and refreshes
+the bundle, so the next commit holds only what changed after it), `export()` writes one
+image as the OCI tar `ctr images import` reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import shutil
+import subprocess
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["Store"]
+
+_REF = "org.opencontainers.image.ref.name"
+
+
+class Store:
+    """The layout at `path` (created on first use)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Held while a build changes the layout (test sessions may build at once)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(self.path.name + ".lock"), "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            if not (self.path / "index.json").is_file():
+                shutil.rmtree(self.path, ignore_errors=True)
+                _umoci("init", "--layout", str(self.path))
+            yield
+
+    def _index(self) -> dict:
+        return json.loads((self.path / "index.json").read_text())
+
+    def _manifest(self, tag: str) -> dict:
+        for entry in self._index().get("manifests") or ():
+            if entry.get("annotations", {}).get(_REF) == tag:
+                return entry
+        raise KeyError(tag)
+
+    def has(self, tag: str) -> bool:
+        try:
+            self._manifest(tag)
+        except (KeyError, FileNotFoundError):
+            return False
+        return True
+
+    def _blob(self, digest: str) -> Path:
+        algorithm, hexdigest = digest.split(":", 1)
+        return self.path / "blobs" / algorithm / hexdigest
+
+    @contextlib.contextmanager
+    def bundle(self, tag: str | None, where: Path) -> Iterator[Path]:
+        """Image `tag` (None: an empty one) unpacked at `where`; yields its rootfs."""
+        shutil.rmtree(where, ignore_errors=True)
+        scratch = None
+        if tag is None:
+            scratch = tag = f"scratch.{where.parent.name}"
+            _umoci("new", "--image", f"{self.path}:{tag}")
+        try:
+            _umoci("unpack", "--image", f"{self.path}:{tag}", str(where))
+            yield where / "rootfs"
+        finally:
+            shutil.rmtree(where, ignore_errors=True)
+            if scratch is not None:
+                _umoci("rm", "--image", f"{self.path}:{scratch}")
+
+    def commit(self, bundle: Path, tag: str) -> None:
+        """The bundle's changes as a new layer, tagged `tag`."""
+        _umoci("repack", "--refresh-bundle", "--image", f"{self.path}:{tag}", str(bundle))
+
+    def configure(self, tag: str, new_tag: str, flags: list[str]) -> None:
+        _umoci("config", "--image", f"{self.path}:{tag}", "--tag", new_tag, *flags)
+
+    def prune(self, prefix: str, keep: set[str]) -> None:
+        """Drop the tags starting with `prefix` that are not in `keep`, then their blobs."""
+        stale = [
+            ref
+            for entry in self._index().get("manifests") or ()
+            if (ref := entry.get("annotations", {}).get(_REF, "")).startswith(prefix)
+            and ref not in keep
+        ]
+        for ref in stale:
+            _umoci("rm", "--image", f"{self.path}:{ref}")
+        if stale:
+            _umoci("gc", "--layout", str(self.path))
+
+    def _blobs(self, tag: str) -> tuple[dict, list[str]]:
+        entry = self._manifest(tag)
+        manifest = json.loads(self._blob(entry["digest"]).read_text())
+        digests = [entry["digest"], manifest["config"]["digest"]]
+        digests += [layer["digest"] for layer in manifest["layers"]]
+        return entry, digests
+
+    def compressed_size(self, tag: str) -> int:
+        """Bytes of the image's manifest, config and (compressed) layers."""
+        return sum(self._blob(d).stat().st_size for d in self._blobs(tag)[1])
+
+    def export(self, tag: str, ref_name: str, tar: Path) -> None:
+        """Image `tag` alone as an OCI layout tar whose one image is named `ref_name`."""
+        entry, digests = self._blobs(tag)
+        entry = {**entry, "annotations": {_REF: ref_name}}
+        index = {"schemaVersion": 2, "manifests": [entry]}
+        staging = tar.with_suffix(".d")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        (staging / "index.json").write_text(json.dumps(index))
+        shutil.copy(self.path / "oci-layout", staging / "oci-layout")
+        with tarfile.open(tar, "w") as out:
+            out.add(staging / "oci-layout", "oci-layout")
+            out.add(staging / "index.json", "index.json")
+            for digest in digests:
+                out.add(self._blob(digest), f"blobs/{digest.replace(':', '/')}")
+        shutil.rmtree(staging)
+
+
+def _umoci(*args: str) -> str:
+    done = subprocess.run(["umoci", *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"umoci {' '.join(args[:3])} failed: {done.stderr.strip()[-2000:]}")
+    return done.stdout
