@@ -9,6 +9,11 @@
   the machine cannot run one (`missing_capability()`: not root, packages, cgroups).
   When a selected test builds the operator image, its cached Debian base (the step that
   reaches Debian's mirror and PyPI) is built after collection, before any test.
+- `built_images` (session): the router and CPU runtime images built from their
+  Dockerfiles (`e2e.images`; each step cached under the kvflow cache), also built after
+  collection when a selected test needs them; `node_images` imports them into the real
+  node's containerd under the operator's default image names. Without the build tools
+  they skip, except in CI (`CI=true`), where the setup provides them: there they fail.
 - `--no-cluster` skips every test marked `cluster`; tests that use `kube` or `real_node`
   (both built on `control_plane`) get the marker automatically. By default (and in CI)
   they run.
@@ -20,6 +25,8 @@ resolved once after collection, outside any test, when a selected test needs the
 from __future__ import annotations
 
 import contextlib
+import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,11 +43,16 @@ from e2e.k8s import (
 )
 from e2e.k8s.bins import NODE_BINARIES
 from e2e.k8s.realnode import RealNode, missing_capability
+from e2e.k8s.realnode.imagebuild import BuiltImage, build_image, import_built
 from e2e.k8s.realnode.operator_image import ensure_operator_base, image_builder_missing
+
+from . import images
 
 __all__: list[str] = []
 
 _RESOLUTION_ERROR = pytest.StashKey[BinaryResolutionError]()
+_BUILT = pytest.StashKey[dict[str, BuiltImage | Exception]]()
+_IMAGE_FIXTURES = ("built_images", "node_images")
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -80,6 +92,24 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             config.stash[_RESOLUTION_ERROR] = err
         if node and any("operator_image" in names for names in fixtures):
             _prepare_operator_base(capture)
+    if any(set(_IMAGE_FIXTURES) & names for names in fixtures):
+        manager = getattr(config.pluginmanager.getplugin("capturemanager"),
+                          "global_and_fixture_disabled", None)  # fmt: skip
+        with manager() if manager else contextlib.nullcontext():
+            config.stash[_BUILT] = _build_images()
+
+
+def _build_images() -> dict[str, BuiltImage | Exception]:
+    """The user images built (or found in the cache), each or the error it failed with."""
+    built: dict[str, BuiltImage | Exception] = {}
+    if images.image_builder_missing() is not None:
+        return built
+    for recipe in (images.ROUTER, images.RUNTIME_CPU):
+        try:
+            built[recipe.name] = build_image(recipe, REPO)
+        except Exception as err:  # the fixture reports it
+            built[recipe.name] = err
+    return built
 
 
 def _prepare_operator_base(capture: object) -> None:
@@ -124,6 +154,34 @@ def real_node(control_plane: ControlPlane) -> RealNode:
         pytest.skip(f"this machine cannot run a real node: {reason}")
     kubelet = resolve_binaries(NODE_BINARIES)["kubelet"]
     return control_plane.add_real_node(kubelet)
+
+
+@pytest.fixture(scope="session")
+def built_images(request: pytest.FixtureRequest) -> dict[str, BuiltImage]:
+    """The router and CPU runtime images (`e2e.images`), built from their Dockerfiles."""
+    reason = images.image_builder_missing()
+    if reason is not None:
+        message = f"cannot build the images here: {reason}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    built = request.config.stash.get(_BUILT, None) or _build_images()
+    out: dict[str, BuiltImage] = {}
+    for name, image in built.items():
+        if isinstance(image, Exception):
+            raise RuntimeError(f"building the {name} image failed: {image}") from image
+        out[name] = image
+    return out
+
+
+@pytest.fixture(scope="session")
+def node_images(real_node: RealNode, built_images: dict[str, BuiltImage]) -> dict[str, str]:
+    """The built images imported into the real node's containerd, by recipe name: the
+    references the operator's defaults name."""
+    started = time.monotonic()
+    out = {name: import_built(real_node.config, image) for name, image in built_images.items()}
+    print(f"images imported into the real node in {time.monotonic() - started:.1f}s: {out}")
+    return out
 
 
 @pytest.fixture

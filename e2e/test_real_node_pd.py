@@ -8,7 +8,9 @@ The example differs from a user's only in per-role pod settings (as in
 test_real_node_serving.py): every role on the host network with a loopback port of its
 own (prefill HTTP and bootstrap, decode, router, the master's three ports), the master
 reached at 127.0.0.1 (`mooncakeMaster.host`: Services get no endpoints for loopback pods),
-the host base image with this checkout mounted, the seeded kvflow cache, lower CPU
+`imagePullPolicy: Never` (every role runs the operator's default runtime or router image,
+built here from images/ and imported into the node, nothing of this checkout mounted;
+`e2e.images`), the seeded kvflow cache, lower CPU
 requests and the real node's selector and toleration. One decode replica instead of
 two: two host-network replicas of one role would need one host port twice on one node.
 
@@ -35,8 +37,7 @@ import yaml
 
 from e2e.k8s import Kube
 from e2e.k8s.ports import free_ports
-from e2e.k8s.realnode.hostpods import HostRuntime, api_server_env, real_node_placement
-from e2e.k8s.realnode.images import HOST_BASE_IMAGE
+from e2e.k8s.realnode.hostpods import api_server_env, real_node_placement
 from e2e.k8s.realnode.product import SEEDED_CACHE
 
 # Module-scoped fixtures shared with the unified real-node test (one instance per module):
@@ -48,6 +49,7 @@ from e2e.test_real_node_serving import (  # noqa: F401
     operator_release,
     seed,
 )
+from kvflow.operator.spec import DEFAULT_ROUTER_IMAGE, DEFAULT_RUNTIME_IMAGE
 
 pytestmark = pytest.mark.cluster
 
@@ -69,12 +71,11 @@ def example_documents() -> tuple[dict[str, Any], dict[str, Any]]:
     return secret, body
 
 
-def _pod_settings(
-    host: HostRuntime, seed: Path | None, extra_env: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """A role's pod settings on the real node: host base image, this checkout, the seed
-    cache mounted read-only where the runtime looks for it."""
-    volumes, mounts = host.volumes(), host.mounts()
+def _pod_settings(seed: Path | None, extra_env: list[dict[str, Any]]) -> dict[str, Any]:
+    """A role's pod settings on the real node: the role's default image (no `image`), the
+    seed cache mounted read-only where the runtime looks for it."""
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
     if seed is not None:
         volumes.append({"name": "seed", "hostPath": {"path": str(seed), "type": "Directory"}})
         mounts += [
@@ -88,11 +89,10 @@ def _pod_settings(
             if (seed / sub).is_dir()
         ]
     return {
-        "image": HOST_BASE_IMAGE,
         "hostNetwork": True,
         "volumes": volumes,
         "volumeMounts": mounts,
-        "env": [*host.env(), *extra_env],
+        "env": list(extra_env),
         **real_node_placement(),
     }
 
@@ -103,24 +103,23 @@ def adapt_disaggregated(
     """A copy of the disaggregated example that runs on the host-network real node, each
     role on its loopback port from ``ports`` (router, prefill, bootstrap, decode, rpc,
     metadata, metrics)."""
-    host = HostRuntime.current()
     out = copy.deepcopy(body)
     spec = out["spec"]
     assert spec["mode"] == "disaggregated" and spec["hiCache"]["sharedStore"]["type"] == "mooncake"
     spec["imagePullPolicy"] = "Never"
     for role in ("prefill", "decode"):
         worker = spec[role]
-        worker.update(replicas=1, ports={"http": ports[role]}, **_pod_settings(host, seed, []))
+        worker.update(replicas=1, ports={"http": ports[role]}, **_pod_settings(seed, []))
         worker["resources"]["requests"]["cpu"] = "250m"
     spec["kvTransfer"]["bootstrapPort"] = ports["bootstrap"]
     router = spec["router"]
-    router.update(ports={"http": ports["router"]}, **_pod_settings(host, None, []))
+    router.update(ports={"http": ports["router"]}, **_pod_settings(None, []))
     router["env"] += api_server_env(kubeconfig)
     router["resources"] = {"requests": {"cpu": "50m", "memory": "128Mi"}}
     spec["mooncakeMaster"] = {
         "host": "127.0.0.1",
         "ports": {name: ports[name] for name in ("rpc", "metadata", "metrics")},
-        **_pod_settings(host, None, []),
+        **_pod_settings(None, []),
     }
     return out
 
@@ -276,7 +275,10 @@ def test_chat_goes_router_prefill_decode_with_the_mooncake_master_running(
     roles = {}
     for pod in pods["items"]:
         assert pod["spec"]["nodeName"] == "real-node" and pod["spec"]["hostNetwork"] is True
-        roles[pod["metadata"]["labels"]["kvflow.dev/role"]] = pod["status"]["phase"]
+        role = pod["metadata"]["labels"]["kvflow.dev/role"]
+        roles[role] = pod["status"]["phase"]
+        (image,) = [c["image"] for c in pod["spec"]["containers"]]
+        assert image == (DEFAULT_ROUTER_IMAGE if role == "router" else DEFAULT_RUNTIME_IMAGE)
     assert roles == {
         "prefill": "Running",
         "decode": "Running",

@@ -6,9 +6,15 @@ worker is there. Honest status: a deployment whose worker exits (a misspelt flag
 no node can host (too much memory) turns Degraded with the pod's reason and the runtime's or
 the scheduler's own words.
 
+The worker and router pods run the images users run: the operator's default runtime and
+router images, built here from images/runtime.Dockerfile (CPU flavour) and
+images/router.Dockerfile without a registry (`e2e.images`) and imported into the node's
+containerd under those names; nothing of this checkout is mounted into them. (The
+operator pod itself still runs from the host base image with this checkout mounted:
+e2e/test_operator_image.py runs the built operator image.)
+
 The example differs from a user's only in per-role pod settings: host networking with
-loopback ports (the node has no pod network), the host base image with this checkout, its
-virtual environment and Python mounted read-only (no registry here), the apiserver's
+loopback ports (the node has no pod network), `imagePullPolicy: Never`, the apiserver's
 loopback address for the in-cluster clients (no kube-proxy), the converted embedded model
 and the built CPU kernels mounted read-only into the pods' kvflow cache (each pod would
 otherwise convert the GGUF first, ~30 s of 2 shared cores), lower CPU requests (the node has 2 cores) and the
@@ -38,6 +44,7 @@ from e2e.k8s import Kube
 from e2e.k8s.ports import free_ports
 from e2e.k8s.realnode import RealNode
 from e2e.k8s.realnode.product import adapt_model_deployment, operator_chart_values, seed_embedded
+from kvflow.operator.spec import DEFAULT_ROUTER_IMAGE, DEFAULT_RUNTIME_IMAGE
 
 pytestmark = pytest.mark.cluster
 
@@ -54,7 +61,8 @@ def seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def md_ns(kube: Kube, real_node: RealNode) -> Iterator[str]:
+def md_ns(kube: Kube, real_node: RealNode, node_images: dict[str, str]) -> Iterator[str]:
+    """The namespace the operator watches; the runtime and router images are on the node."""
     name = f"rns-{uuid.uuid4().hex[:8]}"
     kube.kubectl("create", "namespace", name)
     yield name
@@ -84,7 +92,9 @@ def adapted_example(kube: Kube, seed: Path) -> tuple[dict[str, Any], int, int]:
     router's and the worker's loopback ports."""
     (body,) = [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d["kind"] == "ModelDeployment"]
     router_port, worker_port = free_ports(2)
-    adapted = adapt_model_deployment(body, kube.kubeconfig, router_port, worker_port, seed)
+    adapted = adapt_model_deployment(
+        body, kube.kubeconfig, router_port, worker_port, seed, images=True
+    )
     return adapted, router_port, worker_port
 
 
@@ -146,6 +156,7 @@ def deployment(
         "worker_port": worker_port,
         "first_reply": reply,
         "first_answer_s": first_answer_s,
+        "seed": seed,
     }
     kube.kubectl("delete", "md", body["metadata"]["name"], "-n", md_ns, "--wait=false", check=False)
 
@@ -199,11 +210,18 @@ def test_chat_through_the_router_pod(
     assert "Paris" in text, text
     pods = kube.get_json("pods", "-n", md_ns, "-l", f"kvflow.dev/deployment={deployment['name']}")
     roles = {}
+    images = {}
     for pod in pods["items"]:
         assert pod["spec"]["nodeName"] == "real-node"
         assert pod["spec"]["hostNetwork"] is True
-        roles[pod["metadata"]["labels"]["kvflow.dev/role"]] = pod["status"]["phase"]
+        role = pod["metadata"]["labels"]["kvflow.dev/role"]
+        roles[role] = pod["status"]["phase"]
+        (images[role],) = [c["image"] for c in pod["spec"]["containers"]]
+        # nothing of this machine but the seeded cache (read-only, a hostPath)
+        host_paths = [v["hostPath"]["path"] for v in pod["spec"]["volumes"] if "hostPath" in v]
+        assert host_paths in ([], [str(deployment["seed"])]), host_paths
     assert roles == {"unified": "Running", "router": "Running"}
+    assert images == {"unified": DEFAULT_RUNTIME_IMAGE, "router": DEFAULT_ROUTER_IMAGE}
     assert router_workers(deployment["router_port"]) == [
         f"http://127.0.0.1:{deployment['worker_port']}"
     ]

@@ -82,13 +82,17 @@ def pod_network_chart_values(
 
 
 def _role(
-    host: HostRuntime,
+    host: HostRuntime | None,
     port: int | None,
     seed: Path | None,
     extra_env: list[dict[str, Any]],
     label_value: str = "true",
 ) -> dict[str, Any]:
-    volumes, mounts = host.volumes(), host.mounts()
+    """A role's pod settings on the real node. `host` None: the role keeps the image the
+    operator names by default (the runtime or router image, built and imported by the
+    tests), with nothing of this machine mounted but the seed cache."""
+    volumes = host.volumes() if host else []
+    mounts = host.mounts() if host else []
     if seed is not None:
         # Read-only inside the operator's writable cache emptyDir: the runtime finds the
         # converted model and the built kernels where it would have written them.
@@ -104,12 +108,13 @@ def _role(
             if (seed / sub).is_dir()
         ]
     role: dict[str, Any] = {
-        "image": HOST_BASE_IMAGE,
         "volumes": volumes,
         "volumeMounts": mounts,
-        "env": [*host.env(), *extra_env],
+        "env": [*(host.env() if host else []), *extra_env],
         **real_node_placement(label_value),
     }
+    if host is not None:
+        role["image"] = HOST_BASE_IMAGE
     if port is not None:  # host networking, on a loopback port of its own
         role.update(hostNetwork=True, ports={"http": port})
     return role
@@ -122,11 +127,14 @@ def adapt_model_deployment(
     worker_port: int,
     seed: Path | None = None,
     host: HostRuntime | None = None,
+    images: bool = False,
 ) -> dict[str, Any]:
     """A copy of a unified ModelDeployment that runs on the real node: one worker
     replica (two host-network replicas would need one host port twice), the router on
-    `router_port`, the worker on `worker_port`, optionally a seed cache directory."""
-    host = host or HostRuntime.current()
+    `router_port`, the worker on `worker_port`, optionally a seed cache directory. With
+    `images` the pods run the operator's default runtime and router images (imported
+    into the node's containerd), else the host base image with this checkout mounted."""
+    host = None if images else host or HostRuntime.current()
     out = copy.deepcopy(body)
     spec = out["spec"]
     if spec.get("mode", "unified") != "unified":
@@ -147,12 +155,14 @@ def adapt_to_pod_network(
     replicas: int,
     seed: Path | None = None,
     host: HostRuntime | None = None,
+    images: bool = False,
 ) -> dict[str, Any]:
     """A copy of a unified ModelDeployment that runs on a pod-network real node (the one
     labelled `label_value`): pods keep their default ports on addresses of their own, so
     `replicas` workers share the node; the router finds them through the API and reaches
-    the apiserver through the in-cluster settings the kubelet injects."""
-    host = host or HostRuntime.current()
+    the apiserver through the in-cluster settings the kubelet injects. `images`: as in
+    :func:`adapt_model_deployment`."""
+    host = None if images else host or HostRuntime.current()
     out = copy.deepcopy(body)
     spec = out["spec"]
     if spec.get("mode", "unified") != "unified":
