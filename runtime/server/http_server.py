@@ -299,6 +299,8 @@ def create_app(tm: TokenizerManager) -> FastAPI:
             **tm.info,
             "in_flight_requests": tm.num_in_flight,
             "stats": {**vars(stats), "token_usage": stats.token_usage},
+            # one entry per data-parallel group (--dp-size), in group order
+            "dp_stats": [vars(s) for s in reply.payload["stats_per_group"]],
         }
 
     return app

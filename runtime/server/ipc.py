@@ -23,6 +23,10 @@ class IpcPaths:
     to_detokenizer: str
     to_tokenizer: str
 
+    def scheduler_inbox(self, dp_rank: int) -> str:
+        """Where data-parallel group ``dp_rank``'s scheduler (its rank 0) receives."""
+        return self.to_scheduler if dp_rank == 0 else f"{self.to_scheduler}-dp{dp_rank}"
+
 
 def make_ipc_paths() -> IpcPaths:
     # A private 0700 directory: other users cannot connect to the sockets.

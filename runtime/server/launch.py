@@ -53,7 +53,9 @@ def _start_children(args: ServerArgs, paths: IpcPaths) -> tuple[list[BaseProcess
     places = rank_places(engine)
     specs: list[tuple[str, Any, tuple]] = [
         (
-            "scheduler" if len(places) == 1 else f"scheduler-tp{place.tp_rank}",
+            "scheduler"
+            + (f"-dp{place.dp_rank}" if engine.dp_size > 1 else "")
+            + (f"-tp{place.tp_rank}" if engine.tp_size > 1 else ""),
             run_scheduler_process,
             (args, paths, place),
         )

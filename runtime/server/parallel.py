@@ -1,7 +1,8 @@
 """Where a server's scheduler ranks go, and the parallel settings refused before any start.
 
-``tp_size`` ranks form one tensor-parallel group: a process each, rank ``r`` on GPU ``r``
-(on CUDA), joined over a loopback rendezvous the launcher picks.
+``tp_size`` ranks form one tensor-parallel group: a process each, joined over a loopback
+rendezvous the launcher picks; ``dp_size`` such groups serve side by side, on GPUs
+``0 .. tp_size x dp_size - 1`` (on CUDA).
 """
 
 from __future__ import annotations
@@ -19,20 +20,21 @@ __all__ = ["check_parallel", "rank_places"]
 def check_parallel(engine: EngineConfig, role: str, model_path: Path) -> None:
     """Raise ValueError (one line) for parallel settings that cannot run: ranks that do not
     split the model's heads, more ranks than GPUs, and what is not built with TP yet."""
-    if engine.dp_size != 1:
-        raise ValueError("--dp-size other than 1 is not built yet; run one server per group")
+    if engine.dp_size < 1:
+        raise ValueError(f"--dp-size must be >= 1, got {engine.dp_size}")
     check_tensor_parallel(ModelConfig.from_path(model_path), engine.tp_size)
-    if engine.tp_size == 1:
+    if engine.tp_size == 1 and engine.dp_size == 1:
         return
+    given = f"--tp-size {engine.tp_size} --dp-size {engine.dp_size}"
     if role != "unified":
         raise ValueError(
-            f"--tp-size {engine.tp_size} with --role {role}: prefill/decode with tensor "
-            "parallelism is not built yet (run the roles with --tp-size 1)"
+            f"{given} with --role {role}: prefill/decode with tensor or data parallelism "
+            "is not built yet (run the roles with --tp-size 1 --dp-size 1)"
         )
     if engine.hicache_host_memory_gb > 0:
         raise ValueError(
-            f"--tp-size {engine.tp_size} with HiCache: the host tier is not built for "
-            "tensor parallelism yet (drop --hicache-host-memory-gb or use --tp-size 1)"
+            f"{given} with HiCache: the host tier is not built for tensor or data "
+            "parallelism yet (drop --hicache-host-memory-gb)"
         )
     if engine.device.startswith("cuda"):
         import torch
@@ -53,8 +55,11 @@ def _free_port(host: str) -> int:
 
 
 def rank_places(engine: EngineConfig) -> list[RankPlace]:
-    """One place per scheduler process of the server, rank 0 first."""
-    if engine.tp_size == 1:
-        return [RankPlace()]
-    init_addr = f"127.0.0.1:{_free_port('127.0.0.1')}"
-    return [RankPlace(rank, init_addr, rank) for rank in range(engine.tp_size)]
+    """One place per scheduler process of the server: group by group, rank 0 first;
+    group ``g``'s rank ``r`` on GPU ``g * tp_size + r``."""
+    places = []
+    for group in range(engine.dp_size):
+        init_addr = None if engine.tp_size == 1 else f"127.0.0.1:{_free_port('127.0.0.1')}"
+        for rank in range(engine.tp_size):
+            places.append(RankPlace(rank, init_addr, group * engine.tp_size + rank, group))
+    return places

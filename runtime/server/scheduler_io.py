@@ -21,12 +21,16 @@ __all__ = ["SchedulerIO"]
 
 
 class SchedulerIO:
-    """``receive`` blocks (rank 0: up to ``wait_ms`` for a first message; other ranks: for
-    rank 0's round) and returns the same messages on every rank; the ``send_*`` methods
-    send on rank 0 and do nothing elsewhere."""
+    """``receive`` blocks (rank 0: up to ``wait_ms`` for a first message on ``inbox``, its
+    data-parallel group's; other ranks: for rank 0's round) and returns the same messages
+    on every rank; the ``send_*`` methods send on rank 0 and do nothing elsewhere."""
 
     def __init__(
-        self, paths: IpcPaths, tp: TPGroup | None = None, lockstep: TPLockstep | None = None
+        self,
+        inbox: str,
+        paths: IpcPaths,
+        tp: TPGroup | None = None,
+        lockstep: TPLockstep | None = None,
     ) -> None:
         if (tp is None) != (lockstep is None):
             raise ValueError("a tensor-parallel rank needs both its group and its lockstep")
@@ -34,7 +38,7 @@ class SchedulerIO:
         self.leader = tp is None or tp.is_first
         if self.leader:
             ctx = zmq.Context()
-            self._inbox = Puller(ctx, paths.to_scheduler)
+            self._inbox = Puller(ctx, inbox)
             self._to_detokenizer = Pusher(ctx, paths.to_detokenizer)
             self._to_tokenizer = Pusher(ctx, paths.to_tokenizer)
 

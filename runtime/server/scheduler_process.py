@@ -76,12 +76,13 @@ class Watchdog(threading.Thread):
 
 @dataclass(frozen=True)
 class RankPlace:
-    """Where one scheduler process sits: its rank in its tensor-parallel group, the
-    group's rendezvous (``HOST:PORT``, None for a single rank) and its GPU's index."""
+    """Where one scheduler process sits: its data-parallel group, its rank in that
+    group, the group's rendezvous (``HOST:PORT``, None for a single rank) and its GPU."""
 
     tp_rank: int = 0
     init_addr: str | None = None
     gpu_id: int = 0
+    dp_rank: int = 0
 
     def engine(self, engine: EngineConfig) -> EngineConfig:
         """The engine settings of this rank: on CUDA, its own GPU."""
@@ -107,7 +108,8 @@ class SchedulerLoop:
         engine = place.engine(role_cls.engine_config(args.engine))
         tp = place.join(engine)
         lockstep = None if tp is None else TPLockstep(tp)
-        self.io = SchedulerIO(paths, tp, lockstep)
+        self.place = place
+        self.io = SchedulerIO(paths.scheduler_inbox(place.dp_rank), paths, tp, lockstep)
         self.runner = ModelRunner(engine, tp)
         self.scheduler = Scheduler(
             engine, self.runner, park_finished=role_cls.parks_finished, lockstep=lockstep
@@ -221,6 +223,7 @@ class SchedulerLoop:
             recent_kv_transfers=tuple(tuple(t) for t in role.transfers.recent),
             hicache=sched.cache.tier_stats(sched.kv.hit_tokens),
             num_grammar_queue_reqs=len(sched.grammar_wait),
+            dp_rank=self.place.dp_rank,
         )
 
     def _publish_stats(self, force: bool = False) -> None:
@@ -249,7 +252,8 @@ class SchedulerLoop:
 
 def run_scheduler_process(args: ServerArgs, paths: IpcPaths, place: RankPlace, ready: Any) -> None:
     """Entry point of the subprocess; reports ``("ready", info)`` or ``("error", text)`` on ``ready``."""
-    name = "scheduler" if args.engine.tp_size == 1 else f"scheduler tp{place.tp_rank}"
+    name = "scheduler" + (f" dp{place.dp_rank}" if args.engine.dp_size > 1 else "")
+    name += f" tp{place.tp_rank}" if args.engine.tp_size > 1 else ""
     logging.basicConfig(
         level=args.log_level.upper(), format=f"%(asctime)s {name} %(levelname)s %(message)s"
     )
@@ -260,5 +264,7 @@ def run_scheduler_process(args: ServerArgs, paths: IpcPaths, place: RankPlace, r
         logger.exception("scheduler failed to start")
         ready.send(("error", f"{type(err).__name__}: {err}"))
         return
-    ready.send(("ready", loop.ready_info() if loop.io.leader else {}))
+    # the first group's rank 0 speaks for the server (every group loads the same model)
+    first = loop.io.leader and place.dp_rank == 0
+    ready.send(("ready", loop.ready_info() if first else {}))
     loop.run_forever()

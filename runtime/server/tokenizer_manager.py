@@ -23,7 +23,8 @@ import zmq.asyncio
 from kvflow.runtime.grammar import GrammarError, check_grammar, grammar_spec
 from kvflow.runtime.server.args import ServerArgs
 from kvflow.runtime.server.bootstrap_fields import check_sample_rooms
-from kvflow.runtime.server.ipc import IpcPaths, Puller, Pusher
+from kvflow.runtime.server.dp_dispatch import DataParallelDispatcher, merge_stats
+from kvflow.runtime.server.ipc import IpcPaths, Puller
 from kvflow.runtime.server.metrics import RuntimeMetrics
 from kvflow.runtime.tokenizer import TokenBytes, apply_chat_template
 from kvflow.runtime.wire.disagg import pairing_problem
@@ -75,11 +76,16 @@ class TokenizerManager:
         self.max_total_tokens: int = info["max_total_tokens"]
         self._sync_ctx = zmq.Context()
         self._async_ctx = zmq.asyncio.Context()
-        self.to_scheduler = Pusher(self._sync_ctx, paths.to_scheduler)
+        engine = args.engine
+        # the scheduler groups (one without data parallelism): requests, aborts, controls
+        self.to_scheduler = DataParallelDispatcher(
+            self._sync_ctx, paths, engine.dp_size, engine.load_balance_method
+        )
         self.inbox = Puller(self._async_ctx, paths.to_tokenizer)
         self.metrics = RuntimeMetrics(args.model_name, info["page_size"], info["num_pages"])
         self.states: dict[str, _ReqState] = {}
-        self.stats: SchedulerStats | None = None
+        self.stats: SchedulerStats | None = None  # every group's, added up
+        self._group_stats: dict[int, SchedulerStats] = {}
         self._control: dict[str, asyncio.Future] = {}
         self._ids = itertools.count()
         self.dead_reason: str | None = None
@@ -110,8 +116,9 @@ class TokenizerManager:
                 for out in message.outputs:
                     self._deliver(out)
             elif isinstance(message, SchedulerStats):
-                self.stats = message
-                self.metrics.observe_stats(message)
+                self._group_stats[message.dp_rank] = message
+                self.stats = merge_stats(list(self._group_stats.values()))
+                self.metrics.observe_stats(self.stats)
             elif isinstance(message, ControlReply):
                 fut = self._control.pop(message.request_id, None)
                 if fut is not None and not fut.done():
@@ -131,6 +138,7 @@ class TokenizerManager:
         if out.finish_reason is not None:
             state.finished = True
             self.states.pop(out.rid, None)
+            self.to_scheduler.finished(out.rid)
             self.metrics.on_finish(
                 now - state.created,
                 out.prompt_tokens,
@@ -250,12 +258,16 @@ class TokenizerManager:
     def default_max_tokens(self, prompt_len: int) -> int:
         return max(self.context_len - prompt_len, 0)
 
-    def _submit(self, request: GenerateRequest, owner: str) -> _ReqState:
+    def _submit(self, request: GenerateRequest, owner: str, group: int | None = None) -> _ReqState:
+        """Track and send a request (to data-parallel ``group``, default: the balancer's)."""
         if request.request_id in self.states:  # checked in generate; never replace a state
             raise RequestError(400, f"a request with rid {request.rid!r} is already in flight")
         state = _ReqState(owner, streaming=request.stream)
         self.states[request.request_id] = state
-        self.to_scheduler.send(request)
+        if group is None:
+            self.to_scheduler.send(request)
+        else:
+            self.to_scheduler.send(request, group)
         return state
 
     async def generate(self, inputs: list[GenerateRequest], owner: str) -> list[RequestHandle]:
@@ -273,6 +285,8 @@ class TokenizerManager:
         streams = []
         for inp in inputs:
             samples = inp.sampling.expand_n()
+            # the samples of a prompt share a group: they hit its warm-up's cached prefix
+            group = self.to_scheduler.pick() if len(samples) > 1 else None
             # PD: each sample has its own room, and a prompt-only warm-up would have none.
             if len(samples) > 1 and inp.bootstrap is None:
                 # Prefill the shared prompt once; the samples then hit the prefix cache.
@@ -281,7 +295,7 @@ class TokenizerManager:
                     sampling=inp.sampling.prefill_only(),
                     extra_key=inp.extra_key,
                 )
-                warm_handle = self._start(warm, INTERNAL_OWNER)
+                warm_handle = self._start(warm, INTERNAL_OWNER, group)
                 try:
                     async for _ in warm_handle:
                         pass
@@ -290,12 +304,12 @@ class TokenizerManager:
             for index, sampling in enumerate(samples):
                 bootstrap = inp.bootstrap.sample(index) if inp.bootstrap is not None else None
                 sample = replace(inp, sampling=sampling, bootstrap=bootstrap)
-                streams.append(self._start(sample, owner))
+                streams.append(self._start(sample, owner, group))
         return streams
 
-    def _start(self, inp: GenerateRequest, owner: str) -> RequestHandle:
+    def _start(self, inp: GenerateRequest, owner: str, group: int | None = None) -> RequestHandle:
         request = replace(inp, rid=inp.rid or f"{uuid.uuid4().hex[:12]}-{next(self._ids)}")
-        return RequestHandle(self, request.request_id, self._submit(request, owner))
+        return RequestHandle(self, request.request_id, self._submit(request, owner, group))
 
     def abort(self, rid: str, message: str = "aborted by the client") -> None:
         self.to_scheduler.send(AbortRequest(rid, message))
@@ -319,18 +333,30 @@ class TokenizerManager:
             self.abort(rid, message)
 
     async def control(self, kind: str) -> ControlReply:
+        """Ask every scheduler group; ``ok`` when all are, their stats added up."""
         if self.dead_reason:
             raise RequestError(503, f"server unhealthy: {self.dead_reason}")
-        request_id = uuid.uuid4().hex
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._control[request_id] = fut
-        self.to_scheduler.send(ControlRequest(request_id, kind))
+        base = uuid.uuid4().hex
+        loop = asyncio.get_running_loop()
+        ids = [f"{base}-{group}" for group in range(self.to_scheduler.size)]
+        futures = []
+        for group, request_id in enumerate(ids):
+            fut: asyncio.Future = loop.create_future()
+            self._control[request_id] = fut
+            futures.append(fut)
+            self.to_scheduler.send_to(group, ControlRequest(request_id, kind))
         try:
-            return await asyncio.wait_for(fut, _CONTROL_TIMEOUT_S)
+            replies = await asyncio.wait_for(asyncio.gather(*futures), _CONTROL_TIMEOUT_S)
         except TimeoutError as err:
             raise RequestError(503, f"the scheduler did not answer {kind} in time") from err
         finally:
-            self._control.pop(request_id, None)
+            for request_id in ids:
+                self._control.pop(request_id, None)
+        payload = dict(replies[0].payload)
+        if "stats" in payload:
+            payload["stats_per_group"] = [r.payload["stats"] for r in replies]
+            payload["stats"] = merge_stats(payload["stats_per_group"])
+        return ControlReply(base, all(r.ok for r in replies), payload)
 
 
 def _abort_error(state: _ReqState, reason: FinishReason) -> RequestError:

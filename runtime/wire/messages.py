@@ -109,6 +109,7 @@ class SchedulerStats:
     recent_kv_transfers: tuple[tuple[float, int], ...] = ()  # (seconds, bytes) of the last ones
     hicache: HiCacheStats | None = None  # with a host tier (--hicache-host-memory-gb)
     num_grammar_queue_reqs: int = 0  # waiting for their grammar's compile (SGLang's name)
+    dp_rank: int = 0  # the data-parallel group that reported (a merged record: 0)
 
     @property
     def token_usage(self) -> float:
