@@ -34,7 +34,7 @@ except ImportError as err:
     print("no torch:", err)
 else:
     sys.exit("torch imported from " + torch.__file__)
-import kvflow.runtime.router, kvflow.runtime.router.__main__
+import kvflow.runtime.router, kvflow.runtime.router.cli, kvflow.runtime.router.app
 print("router modules:", kvflow.runtime.router.__file__)
 """
 RUNTIME_CHECK = """

@@ -9,8 +9,11 @@ router pod and the operator's /metrics through `RealNode.forward`). The operator
 a pod on that node (the chart, from the host base image with this checkout mounted): the
 router and the autoscaler's collector reach worker pods at their pod IPs.
 
-The ModelDeployments differ from a user's in per-role pod settings (the host base image
-with this checkout, the seeded model cache, the node's placement, lower CPU requests) and
+The worker and router pods run the operator's default runtime and router images, built
+here from images/*.Dockerfile (the runtime's CPU flavour) without a registry and imported
+into this node's containerd (`e2e.images`); nothing of this checkout is mounted into them.
+The ModelDeployments differ from a user's in per-role pod settings (`imagePullPolicy:
+Never`, the seeded model cache, the node's placement, lower CPU requests) and
 in the router policy: `round_robin`, so the deleted pod and the new replica really take
 traffic. Times are printed (`-rP`) and recorded as junit properties.
 """
@@ -42,6 +45,7 @@ from e2e.k8s.realnode import (
     RealNodeConfig,
     missing_capability,
 )
+from e2e.k8s.realnode.imagebuild import BuiltImage, import_built
 from e2e.k8s.realnode.podnet import pod_network_missing
 from e2e.k8s.realnode.product import adapt_to_pod_network, pod_network_chart_values, seed_embedded
 
@@ -117,7 +121,15 @@ def seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def namespaces(kube: Kube, pod_node: RealNode) -> Iterator[dict[str, str]]:
+def pod_node_images(pod_node: RealNode, built_images: dict[str, BuiltImage]) -> dict[str, str]:
+    """The built runtime and router images, imported into the pod-network node."""
+    return {name: import_built(pod_node.config, image) for name, image in built_images.items()}
+
+
+@pytest.fixture(scope="module")
+def namespaces(
+    kube: Kube, pod_node: RealNode, pod_node_images: dict[str, str]
+) -> Iterator[dict[str, str]]:
     names = {
         "failover": f"pn-fo-{uuid.uuid4().hex[:6]}",
         "autoscale": f"pn-as-{uuid.uuid4().hex[:6]}",
@@ -350,7 +362,7 @@ def example(seed: Path, name: str, replicas: int) -> dict[str, Any]:
     body["metadata"]["name"] = name
     body["spec"]["router"]["policy"] = "round_robin"
     body["spec"]["unified"]["extraArgs"] = WORKER_ARGS
-    return adapt_to_pod_network(body, "pod-network", replicas, seed)
+    return adapt_to_pod_network(body, "pod-network", replicas, seed, images=True)
 
 
 # --- tests ---------------------------------------------------------------------------
@@ -452,7 +464,7 @@ def autoscaled(seed: Path) -> dict[str, Any]:
             "router": {"policy": "round_robin"},
         },
     }
-    return adapt_to_pod_network(body, "pod-network", 1, seed)
+    return adapt_to_pod_network(body, "pod-network", 1, seed, images=True)
 
 
 def operator_metric(port: int, name: str) -> float | None:
