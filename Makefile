@@ -52,6 +52,10 @@ bench-offline: $(STAMP) ## offline throughput: Engine.generate vs transformers g
 bench-cpu-kernels: $(STAMP) ## native CPU kernels vs torch and oneDNN, engine on/off (benchmarks/results/cpu-kernels.md)
 	$(PY) benchmarks/bench_cpu_kernels.py --out benchmarks/results/cpu-kernels.md
 
+.PHONY: bench-tp
+bench-tp: $(STAMP) ## tensor parallelism on CPU: decode-step cost of --tp-size 2 vs 1 (benchmarks/results/tp.md)
+	$(PY) -P benchmarks/bench_tp.py --out benchmarks/results/tp.md
+
 .PHONY: bench-gpu
 bench-gpu: $(STAMP) ## GPU benchmarks with Llama-3.1-8B shapes (needs CUDA; see benchmarks/results/gpu.md)
 	$(PY) benchmarks/bench_gpu.py all --json-out benchmarks/results/gpu-latest.json

@@ -19,7 +19,10 @@ from kvflow.contract import HiCacheOptions
 __all__ = ["DUMMY_CONFIGS", "EngineConfig", "ModelConfig"]
 
 # Shipped configs for ``load_format="dummy"`` (random weights in a real model's shapes).
-DUMMY_CONFIGS = {"llama-3.1-8b": Path(__file__).parent / "configs" / "llama-3.1-8b.json"}
+DUMMY_CONFIGS = {
+    name: Path(__file__).parent / "configs" / f"{name}.json"
+    for name in ("llama-3.1-8b", "llama-3.1-70b")
+}
 
 
 @dataclass(frozen=True)
