@@ -13,6 +13,9 @@
 #   STEPS="ci offline" bash benchmarks/gpu_http_run.sh native   # a subset of the steps
 #   STEPS="online offline" OFFLINE_PARTS=online bash ...  # bench_gpu.py's online replay offline
 #   bash benchmarks/gpu_http_run.sh tests    # pytest -m gpu tests/gpu tests/kernels
+#   MODEL=llama-3.1-70b TP=4 bash benchmarks/gpu_http_run.sh http   # tensor parallel, 4 GPUs
+#   MODEL=llama-3.1-8b TP=2 bash benchmarks/gpu_http_run.sh http    # (not yet run: no
+#       several-GPU machine has been lent; see benchmarks/results/tp.md)
 #   TESTS="tests/kernels/x.py ..." bash benchmarks/gpu_http_run.sh smoke
 #       those tests, then the server and a small bench_serving run (32 prompts, input <= 1024,
 #       output <= 128, CUDA graphs up to batch 32): checks the chain works
@@ -33,6 +36,8 @@ STOP_AT=${2:-570}  # seconds after the start by which every step must have ended
 STEPS=${STEPS:-ci online offline}  # which of the steps below run
 OFFLINE_PARTS=${OFFLINE_PARTS:-throughput}  # bench_gpu.py parts of the offline step
 OUT=${OUT:-/tmp/out}
+MODEL=${MODEL:-llama-3.1-8b}  # a shipped dummy config (runtime/configs/): llama-3.1-70b too
+TP=${TP:-1}  # --tp-size: 2 for 8B, 4 or 8 for 70B on a several-GPU machine
 mkdir -p "$OUT"
 T0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - T0 )); }
@@ -78,8 +83,8 @@ esac
 
 PORT=30000
 TOK=.bench_http/tokenizer
-python3 -P -m kvflow serve --model-path llama-3.1-8b --load-format dummy --tokenizer-path "$TOK" \
-  --dtype bfloat16 "${SERVER_FLAGS[@]}" \
+python3 -P -m kvflow serve --model-path "$MODEL" --tp-size "$TP" --load-format dummy \
+  --tokenizer-path "$TOK" --dtype bfloat16 "${SERVER_FLAGS[@]}" \
   --host 127.0.0.1 --port $PORT > "$OUT/server.log" 2>&1 &
 SERVER=$!
 while [ "$(left)" -gt 0 ]; do
