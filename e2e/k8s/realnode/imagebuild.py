@@ -161,6 +161,7 @@ class _Build:
             if line.strip() and not line.startswith("#")
         ]
         self.keys: dict[int, str] = {}
+        self.replayed: dict[int, list[tuple[Step, _State, str]]] = {}
         self.wheels: Path | None = None
 
     # context and keys
@@ -208,8 +209,14 @@ class _Build:
         env = json.dumps([state.values(), state.workdir, state.user], sort_keys=True)
         return _digest(previous, step.keyword, step.text, env, extra)
 
-    def _replay(self, index: int) -> Iterator[tuple[Step, _State, str]]:
-        """Each step of stage `index` with the state it runs in and its key."""
+    def _replay(self, index: int) -> list[tuple[Step, _State, str]]:
+        """Each step of stage `index` with the state it runs in and its key; computed once
+        per build (the working tree may change while the build runs)."""
+        if index not in self.replayed:
+            self.replayed[index] = list(self._compute_replay(index))
+        return self.replayed[index]
+
+    def _compute_replay(self, index: int) -> Iterator[tuple[Step, _State, str]]:
         stage = self.stages[index]
         packages, base_env = _base_packages(stage)
         state = _State(args=dict(stage.args), env=dict(base_env))
