@@ -111,6 +111,7 @@ def main() -> None:
     (folder / "config.json").write_text(json.dumps(MODEL))
     config = str(folder / "config.json")
     cores = len(os.sched_getaffinity(0))
+    load_before = os.getloadavg()
     runs = [
         measure(1, 1, config, args),
         measure(1, cores, config, args),
@@ -123,6 +124,8 @@ def main() -> None:
     }
     report = {
         "machine": f"{platform.processor() or platform.machine()}, {cores} cores",
+        # other processes compete for the cores: the 1-minute load before and after
+        "load_average_1m": [load_before[0], os.getloadavg()[0]],
         "model": MODEL,
         "workload": args,
         "runs": runs,
@@ -139,7 +142,9 @@ def main() -> None:
             f"""# Tensor parallelism on CPU: cost per decode step
 
 Command: `python -P benchmarks/bench_tp.py --out {ns.out}` (commit before it: see git log).
-Machine: {report["machine"]}. Model: a random-weight Llama shape (hidden
+Machine: {report["machine"]}; 1-minute load average {report["load_average_1m"][0]:.2f}
+before, {report["load_average_1m"][1]:.2f} after (above 0 means other processes took core
+time too: the figures are then upper bounds). Model: a random-weight Llama shape (hidden
 {MODEL["hidden_size"]}, {MODEL["num_hidden_layers"]} layers, {MODEL["num_attention_heads"]}
 heads, {MODEL["num_key_value_heads"]} KV heads, vocabulary {MODEL["vocab_size"]}), float32.
 Workload: a batch of {ns.batch} prompts of {ns.input_len} tokens, {ns.output_len} output
