@@ -7,6 +7,7 @@ rendezvous the launcher picks; ``dp_size`` such groups serve side by side, on GP
 
 from __future__ import annotations
 
+import logging
 import socket
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from kvflow.runtime.config import EngineConfig, ModelConfig
 from kvflow.runtime.distributed import check_tensor_parallel
 from kvflow.runtime.server.scheduler_process import RankPlace
 
-__all__ = ["check_parallel", "rank_places"]
+__all__ = ["check_gpus", "check_parallel", "rank_places"]
+logger = logging.getLogger("kvflow.server")
 
 
 def check_parallel(engine: EngineConfig, role: str, model_path: Path) -> None:
@@ -23,6 +25,7 @@ def check_parallel(engine: EngineConfig, role: str, model_path: Path) -> None:
     if engine.dp_size < 1:
         raise ValueError(f"--dp-size must be >= 1, got {engine.dp_size}")
     check_tensor_parallel(ModelConfig.from_path(model_path), engine.tp_size)
+    check_gpus(engine)
     if engine.tp_size == 1 and engine.dp_size == 1:
         return
     given = f"--tp-size {engine.tp_size} --dp-size {engine.dp_size}"
@@ -36,16 +39,30 @@ def check_parallel(engine: EngineConfig, role: str, model_path: Path) -> None:
             f"{given} with HiCache: the host tier is not built for tensor or data "
             "parallelism yet (drop --hicache-host-memory-gb)"
         )
-    if engine.device.startswith("cuda"):
-        import torch
 
-        gpus = engine.tp_size * engine.dp_size
-        found = torch.cuda.device_count()
-        if gpus > found:
-            raise ValueError(
-                f"--tp-size {engine.tp_size} x --dp-size {engine.dp_size} needs {gpus} GPUs; "
-                f"this machine shows {found} (CUDA_VISIBLE_DEVICES limits them)"
-            )
+
+def check_gpus(engine: EngineConfig) -> None:
+    """On CUDA, refuse more ranks than visible GPUs; name the GPUs left idle."""
+    if not engine.device.startswith("cuda"):
+        return
+    import torch
+
+    gpus = engine.tp_size * engine.dp_size
+    found = torch.cuda.device_count()
+    if gpus > found:
+        raise ValueError(
+            f"--tp-size {engine.tp_size} x --dp-size {engine.dp_size} needs {gpus} GPUs; "
+            f"this machine shows {found} (CUDA_VISIBLE_DEVICES limits them)"
+        )
+    if gpus < found:
+        logger.warning(
+            "%d of the %d visible GPUs are used (--tp-size %d x --dp-size %d); the rest "
+            "stay idle (CUDA_VISIBLE_DEVICES chooses which are visible)",
+            gpus,
+            found,
+            engine.tp_size,
+            engine.dp_size,
+        )
 
 
 def _free_port(host: str) -> int:
