@@ -25,9 +25,25 @@ DUMMY_CONFIGS = {
 }
 
 
+def _sliding_window(raw: dict[str, Any]) -> int | None:
+    """The window some layer slides, or None. Qwen2/Qwen3 configs carry a window they do
+    not use unless ``use_sliding_window`` (and then only from layer ``max_window_layers``)."""
+    window = raw.get("sliding_window")
+    if not window:
+        return None
+    if raw.get("layer_types") and "sliding_attention" not in raw["layer_types"]:
+        return None
+    if "use_sliding_window" in raw:
+        first = raw.get("max_window_layers", 0)
+        if not raw["use_sliding_window"] or first >= raw["num_hidden_layers"]:
+            return None
+    return int(window)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """The shape of a Llama-family model (Llama, Qwen2, Mistral)."""
+    """The shape of a decoder of the supported families (Llama, Qwen2, Qwen3, Mistral);
+    :func:`kvflow.runtime.models.check_supported` says whether this runtime can serve it."""
 
     architecture: str
     vocab_size: int
@@ -45,6 +61,14 @@ class ModelConfig:
     attention_bias: bool
     eos_token_ids: tuple[int, ...]
     torch_dtype: str = "float32"
+    # Attention window of a checkpoint that slides it (Mistral v0.1; Qwen2/3 only with
+    # use_sliding_window); None: full attention. Read to refuse it, not implemented.
+    sliding_window: int | None = None
+
+    @property
+    def rope_type(self) -> str:
+        scaling = self.rope_scaling or {}
+        return str(scaling.get("rope_type", scaling.get("type", "default")))
 
     @property
     def q_size(self) -> int:
@@ -62,6 +86,15 @@ class ModelConfig:
         rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
         rope_theta = rope.pop("rope_theta", None) or raw.get("rope_theta", 10000.0)
         rope_type = rope.get("rope_type", rope.get("type", "default"))
+        max_positions = raw.get("max_position_embeddings", 4096)
+        if rope_type in ("llama3", "yarn"):  # transformers' default for the original length
+            rope.setdefault("original_max_position_embeddings", max_positions)
+        if rope_type == "yarn" and rope.get("factor"):
+            # NOTE: Qwen2.5's long-context recipe adds YaRN to a config whose
+            # max_position_embeddings stays the original 32768; the scaled length is
+            # original x factor (vLLM's rule), so serve that much.
+            scaled = int(rope["original_max_position_embeddings"] * rope["factor"])
+            max_positions = max(max_positions, scaled)
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         return cls(
@@ -76,12 +109,13 @@ class ModelConfig:
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope_theta),
             rope_scaling=rope if rope_type != "default" else None,
-            max_position_embeddings=raw.get("max_position_embeddings", 4096),
+            max_position_embeddings=max_positions,
             # Qwen2 and Llama configs both carry this; Llama defaults to untied.
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", arch.startswith("Qwen2"))),
             eos_token_ids=eos_ids,
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
+            sliding_window=_sliding_window(raw),
         )
 
     @classmethod
