@@ -152,10 +152,10 @@ def test_killed_rank_ends_the_server(tiny_llama, model_path, tmp_path):
     ("flags", "message"),
     [
         (["--tp-size", "2"], "--tp-size 2 does not divide this model's 9 attention heads"),
-        (["--tp-size", "3", "--role", "prefill"], "prefill/decode with tensor parallelism"),
+        (["--tp-size", "3", "--role", "prefill"], "prefill/decode with tensor or data parallelism"),
         (
             ["--tp-size", "3", "--hicache-host-memory-gb", "1"],
-            "the host tier is not built for tensor parallelism",
+            "the host tier is not built for tensor or data parallelism",
         ),
         (["--tp-size", "3", "--device", "cuda"], "needs 3 GPUs"),
     ],
