@@ -24,12 +24,13 @@ from kvflow.runtime.layers import (
     RowParallelLinear,
 )
 
-__all__ = ["Attention", "DecoderLayer", "GatedMLP"]
+__all__ = ["Attention", "DecoderLayer", "GatedMLP", "QKNormAttention"]
 
 
 class Attention(nn.Module):
-    """``qkv_proj`` -> rotary on q and k -> the attention backend over the paged KV cache
-    (which stores this step's k and v) -> ``o_proj``: ``[tokens, hidden]`` -> same."""
+    """``qkv_proj`` -> :meth:`norm_qk` -> rotary on q and k -> the attention backend over
+    the paged KV cache (which stores this step's k and v) -> ``o_proj``: ``[tokens,
+    hidden]`` -> same."""
 
     def __init__(
         self,
@@ -66,9 +67,38 @@ class Attention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = self.norm_qk(q, k)
         q, k = self.rotary(positions, q, k)
         out = attn.forward(q, k, v, self.layer_id, fb)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
+
+    def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A family's hook on ``q`` ``[tokens, heads, head_dim]`` and ``k`` before rotary;
+        none here."""
+        return q, k
+
+
+class QKNormAttention(Attention):
+    """Attention with an RMSNorm over each head of q and of k before rotary (Qwen3): one
+    ``head_dim`` weight each, shared by the heads, so every rank holds all of it."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer_id: int,
+        rotary: RotaryEmbedding,
+        method: LinearMethod | None = None,
+        tp: TPGroup | None = None,
+    ) -> None:
+        super().__init__(config, layer_id, rotary, method, tp)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+
+    def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # rows of head_dim: the norm kernels take [rows, width]
+        q_normed: torch.Tensor = self.q_norm(q.reshape(-1, self.head_dim))  # type: ignore[assignment]
+        k_normed: torch.Tensor = self.k_norm(k.reshape(-1, self.head_dim))  # type: ignore[assignment]
+        return q_normed.view(q.shape), k_normed.view(k.shape)
 
 
 class GatedMLP(nn.Module):
@@ -90,7 +120,8 @@ class GatedMLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm attention and MLP, each with a residual around it. The residual travels
     beside the hidden state: ``forward`` returns ``(mlp_out, residual)``, and the next
-    layer's (or the final) norm adds them (fused into the RMSNorm kernel)."""
+    layer's (or the final) norm adds them (fused into the RMSNorm kernel). ``attention``
+    is the family's :class:`Attention` class."""
 
     def __init__(
         self,
@@ -99,9 +130,10 @@ class DecoderLayer(nn.Module):
         rotary: RotaryEmbedding,
         method: LinearMethod | None = None,
         tp: TPGroup | None = None,
+        attention: type[Attention] = Attention,
     ) -> None:
         super().__init__()
-        self.self_attn = Attention(config, layer_id, rotary, method, tp)
+        self.self_attn = attention(config, layer_id, rotary, method, tp)
         self.mlp = GatedMLP(config, method, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
