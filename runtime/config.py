@@ -218,7 +218,8 @@ class EngineConfig:
         chunk = self.chunked_prefill_size or (8192 if on_cuda else 2048)
         mixed_chunk = self.mixed_chunk_size or (max(chunk, 1) if on_cuda else 96)
         # every rank of every data-parallel group is a process with its own threads
-        threads = self.cpu_threads or max(1, _usable_cores() // (self.tp_size * self.dp_size))
+        ranks = max(1, self.tp_size * self.dp_size)  # bad sizes are refused at launch
+        threads = self.cpu_threads or max(1, _usable_cores() // ranks)
         backend = self.attention_backend
         if backend == "auto":
             backend = "triton" if on_cuda else _cpu_backend()

@@ -158,6 +158,8 @@ def test_killed_rank_ends_the_server(tiny_llama, model_path, tmp_path):
             "the host tier is not built for tensor or data parallelism",
         ),
         (["--tp-size", "3", "--device", "cuda"], "needs 3 GPUs"),
+        (["--dp-size", "2", "--role", "prefill"], "prefill/decode with tensor or data parallelism"),
+        (["--dp-size", "0"], "--dp-size must be >= 1"),
     ],
 )
 def test_refused_before_start(model_path, flags, message):
