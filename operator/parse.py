@@ -15,6 +15,7 @@ from kvflow import contract
 
 from .paths import OPERATOR_ENV, OPERATOR_VOLUMES
 from .quantity import QuantityError, parse_quantity
+from .roles import uses_hicache
 from .spec import (
     DEFAULT_ROUTER_IMAGE,
     DEFAULT_RUNTIME_IMAGE,
@@ -271,6 +272,29 @@ def _check_ports(md: ModelDeployment) -> None:
                 bound[port] = field_path
 
 
+def _check_parallelism(md: ModelDeployment) -> None:
+    """Several GPUs per pod (tensor/data parallelism) only where the runtime runs them: not
+    in prefill/decode roles, nor with the HiCache host tier (docs/parallelism.md)."""
+    for worker in md.workers:
+        if worker.gpus <= 1:
+            continue
+        field_path = f"spec.{worker.role}.gpus"
+        if md.disaggregated:
+            raise SpecError(
+                field_path,
+                f"{worker.gpus} GPUs: the runtime does not run prefill/decode roles with tensor "
+                "or data parallelism yet (docs/parallelism.md); use gpus <= 1 in disaggregated "
+                "mode, or unified mode without HiCache for several GPUs per pod",
+            )
+        if uses_hicache(md, worker):
+            raise SpecError(
+                field_path,
+                f"{worker.gpus} GPUs with HiCache (spec.hiCache.hostMemory): the runtime's "
+                "host-memory tier is not built for tensor or data parallelism yet "
+                "(docs/parallelism.md); use gpus <= 1, or drop spec.hiCache for several GPUs",
+            )
+
+
 def parse_model_deployment(body: Mapping[str, Any]) -> ModelDeployment:
     """Read a ModelDeployment resource body; raises :class:`SpecError` naming the field."""
     meta = body.get("metadata") or {}
@@ -331,4 +355,5 @@ def parse_model_deployment(body: Mapping[str, Any]) -> ModelDeployment:
     if store is not None:
         store.check()
     _check_ports(md)
+    _check_parallelism(md)
     return md

@@ -18,6 +18,7 @@ SPECS = {
     "hicache-file": Path(__file__).parent / "specs" / "hicache-file.yaml",
     "disaggregated-pvc": Path(__file__).parent / "specs" / "disaggregated-pvc.yaml",
     "host-network": Path(__file__).parent / "specs" / "host-network.yaml",
+    "unified-tp": Path(__file__).parent / "specs" / "unified-tp.yaml",
 }
 
 

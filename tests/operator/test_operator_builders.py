@@ -123,10 +123,10 @@ def test_memory_requests_include_hicache_tiers() -> None:
         resources = pods[f"smollm2-pd-{role}"]["containers"][0]["resources"]
         assert parse_quantity(resources["requests"]["memory"]) == expected
     # GPUs are requested and limited alike.
-    resources = pod_specs(children_of("disaggregated-pvc"))["llama-pd-prefill"]["containers"][0][
+    resources = pod_specs(children_of("unified-tp"))["llama-tp-unified"]["containers"][0][
         "resources"
     ]
-    assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == "2"
+    assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == "4"
     # 24Gi + 16Gi host tier; the 32Gi limit grows by the same 16Gi. A file store lends no memory.
     resources = pod_specs(children_of("hicache-file"))["llama-files-unified"]["containers"][0][
         "resources"

@@ -73,12 +73,9 @@ def test_crd_keeps_rendered_flags_out_of_extra_args() -> None:
     assert listed == rendered | set(contract.SERVE_FLAG_ALIASES)
 
 
-def _role_argv(gpus: int, tp: int | None = None, mode: str = "unified") -> list[str]:
+def _role_argv(gpus: int, tp: int | None = None) -> list[str]:
     body = load_model_deployment(SPECS["unified-embedded"])
     role = {"gpus": gpus} if tp is None else {"gpus": gpus, "tensorParallelSize": tp}
-    if mode == "disaggregated":
-        body["spec"] = {"mode": mode, "prefill": role, "decode": role}
-        return _argv_by_role(body)["prefill"]
     body["spec"]["unified"] = {**body["spec"]["unified"], **role}
     return _argv_by_role(body)["unified"]
 
@@ -98,9 +95,8 @@ def _role_argv(gpus: int, tp: int | None = None, mode: str = "unified") -> list[
 def test_gpus_become_tp_and_dp_sizes(
     gpus: int, tp: int | None, tp_flag: str | None, dp_flag: str | None
 ) -> None:
-    for mode in ("unified", "disaggregated"):
-        argv = _role_argv(gpus, tp, mode)
-        assert (_flag(argv, "--tp-size"), _flag(argv, "--dp-size")) == (tp_flag, dp_flag), mode
+    argv = _role_argv(gpus, tp)
+    assert (_flag(argv, "--tp-size"), _flag(argv, "--dp-size")) == (tp_flag, dp_flag)
 
 
 def test_rendered_parallel_sizes_parse() -> None:
@@ -114,3 +110,61 @@ def test_rendered_parallel_sizes_parse() -> None:
 def test_tensor_parallel_size_must_divide_gpus(gpus: int, tp: int) -> None:
     with pytest.raises(SpecError, match=r"spec\.unified\.tensorParallelSize"):
         _role_argv(gpus, tp)
+
+
+def _disaggregated(prefill_gpus: int, decode_gpus: int, **spec: Any) -> dict[str, Any]:
+    body = load_model_deployment(SPECS["unified-embedded"])
+    body["spec"] = {
+        "mode": "disaggregated",
+        "prefill": {"gpus": prefill_gpus},
+        "decode": {"gpus": decode_gpus},
+        **spec,
+    }
+    return body
+
+
+@pytest.mark.parametrize(
+    ("prefill", "decode", "field"),
+    [(2, 1, "spec.prefill.gpus"), (1, 4, "spec.decode.gpus"), (0, 2, "spec.decode.gpus")],
+)
+def test_several_gpus_in_a_disaggregated_role_are_refused(
+    prefill: int, decode: int, field: str
+) -> None:
+    """The runtime refuses --tp-size/--dp-size above 1 with --role prefill|decode, so the
+    pods would crash-loop: the parser (admission's twin, and ``kvflow up``'s) says so."""
+    with pytest.raises(SpecError, match="tensor or data parallelism") as refused:
+        parse_model_deployment(_disaggregated(prefill, decode))
+    assert refused.value.field_path == field
+    parse_model_deployment(_disaggregated(1, 1))  # one GPU per pod runs
+
+
+def test_several_gpus_with_hicache_are_refused() -> None:
+    """The host-memory tier is not built for TP/DP: unified workers with HiCache get one GPU;
+    decode keeps no HiCache, but a disaggregated decode is refused on its own."""
+    body = load_model_deployment(SPECS["unified-embedded"])
+    body["spec"]["unified"] = {**body["spec"]["unified"], "gpus": 2}
+    body["spec"]["hiCache"] = {"hostMemory": "1Gi"}
+    with pytest.raises(SpecError, match="HiCache") as refused:
+        parse_model_deployment(body)
+    assert refused.value.field_path == "spec.unified.gpus"
+    body["spec"]["hiCache"] = {"hostMemory": "0"}  # off: several GPUs run
+    assert parse_model_deployment(body).workers[0].gpus == 2
+    with pytest.raises(SpecError, match="tensor or data parallelism") as refused:
+        parse_model_deployment(_disaggregated(2, 1, hiCache={"hostMemory": "1Gi"}))
+    assert refused.value.field_path == "spec.prefill.gpus"
+
+
+def test_crd_carries_the_parallelism_refusals() -> None:
+    """The spec-level CEL rules that match the parser's refusals, one per role field."""
+    rules = crd_schema()["properties"]["spec"]["x-kubernetes-validations"]
+    by_field = {r["fieldPath"]: r for r in rules if r.get("fieldPath", "").endswith(".gpus")}
+    assert set(by_field) == {".prefill.gpus", ".decode.gpus", ".unified.gpus"}
+    for role in ("prefill", "decode"):
+        rule = by_field[f".{role}.gpus"]
+        assert "self.mode != 'disaggregated'" in rule["rule"]
+        assert f"self.{role}.gpus <= 1" in rule["rule"]
+    unified = by_field[".unified.gpus"]
+    assert "self.unified.gpus <= 1" in unified["rule"] and "hiCache.hostMemory" in unified["rule"]
+    for rule in by_field.values():
+        assert rule["reason"] == "FieldValueForbidden"
+        assert "docs/parallelism.md" in rule["message"]
