@@ -8,6 +8,6 @@ A family is one module here (``llama.py``, ``qwen3.py``): a
 from __future__ import annotations
 
 from kvflow.runtime.models.embedded import EMBEDDED_MODEL_NAME, embedded_model_path
-from kvflow.runtime.models.registry import MODELS
+from kvflow.runtime.models.registry import MODELS, ROPE_TYPES, check_supported
 
-__all__ = ["EMBEDDED_MODEL_NAME", "MODELS", "embedded_model_path"]
+__all__ = ["EMBEDDED_MODEL_NAME", "MODELS", "ROPE_TYPES", "check_supported", "embedded_model_path"]
