@@ -205,6 +205,21 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("prefill in unified mode", {"spec": {"prefill": {"replicas": 1}}}, "spec.mode: Forbidden"),
     (
+        "disaggregated decode with 2 GPUs",
+        {"spec": {"mode": "disaggregated", "unified": None, "prefill": {}, "decode": {"gpus": 2}}},
+        "spec.decode.gpus: Forbidden",
+    ),
+    (
+        "a HiCache shared store with 2 unified GPUs",
+        {
+            "spec": {
+                "unified": {"gpus": 2},
+                "hiCache": {"hostMemory": "1Gi", "sharedStore": {"type": "file", "size": "1Gi"}},
+            }
+        },
+        "spec.unified.gpus: Forbidden",
+    ),
+    (
         "autoscaling min above max",
         {"spec": {"unified": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}}},
         "spec.unified.autoscaling.minReplicas",

@@ -138,16 +138,19 @@ def test_several_gpus_in_a_disaggregated_role_are_refused(
     parse_model_deployment(_disaggregated(1, 1))  # one GPU per pod runs
 
 
-def test_several_gpus_with_hicache_are_refused() -> None:
-    """The host-memory tier is not built for TP/DP: unified workers with HiCache get one GPU;
-    decode keeps no HiCache, but a disaggregated decode is refused on its own."""
+def test_several_gpus_with_a_shared_store_are_refused() -> None:
+    """HiCache's storage tier is not built for TP/DP (its host tier is): unified workers with
+    a shared store get one GPU; a disaggregated decode is refused on its own."""
     body = load_model_deployment(SPECS["unified-embedded"])
     body["spec"]["unified"] = {**body["spec"]["unified"], "gpus": 2}
-    body["spec"]["hiCache"] = {"hostMemory": "1Gi"}
-    with pytest.raises(SpecError, match="HiCache") as refused:
+    body["spec"]["hiCache"] = {
+        "hostMemory": "1Gi",
+        "sharedStore": {"type": "file", "size": "10Gi"},
+    }
+    with pytest.raises(SpecError, match="shared store") as refused:
         parse_model_deployment(body)
     assert refused.value.field_path == "spec.unified.gpus"
-    body["spec"]["hiCache"] = {"hostMemory": "0"}  # off: several GPUs run
+    body["spec"]["hiCache"] = {"hostMemory": "1Gi"}  # the host tier alone runs with TP
     assert parse_model_deployment(body).workers[0].gpus == 2
     with pytest.raises(SpecError, match="tensor or data parallelism") as refused:
         parse_model_deployment(_disaggregated(2, 1, hiCache={"hostMemory": "1Gi"}))
@@ -164,7 +167,8 @@ def test_crd_carries_the_parallelism_refusals() -> None:
         assert "self.mode != 'disaggregated'" in rule["rule"]
         assert f"self.{role}.gpus <= 1" in rule["rule"]
     unified = by_field[".unified.gpus"]
-    assert "self.unified.gpus <= 1" in unified["rule"] and "hiCache.hostMemory" in unified["rule"]
+    assert "self.unified.gpus <= 1" in unified["rule"]
+    assert "hiCache.sharedStore.type != 'none'" in unified["rule"]
     for rule in by_field.values():
         assert rule["reason"] == "FieldValueForbidden"
         assert "docs/parallelism.md" in rule["message"]

@@ -60,6 +60,7 @@ def _hf_greedy(hf: torch.nn.Module, prompts: list[list[int]]) -> list[list[int]]
         for ids in prompts:
             full = hf.generate(
                 torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),  # id 0 is no pad
                 max_new_tokens=MAX_NEW,
                 do_sample=False,
                 eos_token_id=2,

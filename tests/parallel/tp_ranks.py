@@ -39,6 +39,7 @@ def _rank(
             "retractions": engine.scheduler.num_retractions,
             "memory_free": engine.is_memory_free(),
             "kv_heads": engine.runner.heads.num_kv_heads,
+            "host_hit_tokens": engine.scheduler.kv.hit_tokens.host,
         }
         results.put((rank, report))
         dist.destroy_process_group()

@@ -1,0 +1,40 @@
+"""HiCache's host tier under tensor parallelism: each rank keeps its KV heads' pages in its
+own host pool and takes the same tier decisions, so greedy output at TP=2 equals TP=1 and
+transformers while prompts are evicted to host and loaded back."""
+
+from __future__ import annotations
+
+from test_tp_engine import MAX_NEW, _build, _hf_greedy
+from tp_ranks import run_ranks
+
+
+def _prompt_sets() -> tuple[list[list[int]], list[list[int]]]:
+    import torch
+
+    g = torch.Generator().manual_seed(7)
+    first = [torch.randint(0, 500, (n,), generator=g).tolist() for n in (60, 45, 52)]
+    second = [torch.randint(0, 500, (n,), generator=g).tolist() for n in (58, 40, 50)]
+    return first, second
+
+
+def test_host_tier_tp2_equals_tp1_and_transformers(tmp_path):
+    hf = _build(tmp_path, "llama")
+    first, second = _prompt_sets()
+    greedy = {"temperature": 0, "max_new_tokens": MAX_NEW}
+    # first set, a second set that pushes it off the device, the first set again (host hits)
+    calls = [{"input_ids": ids, "sampling_params": greedy} for ids in (first, second, first)]
+    engine = {
+        "max_total_tokens": 300,
+        "hicache_host_memory_gb": 0.002,
+        "dtype": "float32",
+        "skip_tokenizer_init": True,
+    }
+    expected = [_hf_greedy(hf, first), _hf_greedy(hf, second), _hf_greedy(hf, first)]
+    one = run_ranks(1, str(tmp_path), calls, **engine)[0]
+    two = run_ranks(2, str(tmp_path), calls, **engine)
+    assert one["outputs"] == expected
+    for report in two:
+        assert report["outputs"] == expected
+        assert report["memory_free"]
+    assert two[0]["host_hit_tokens"] > 0, "the third round must load prompts back from host"
+    assert two[0]["host_hit_tokens"] == two[1]["host_hit_tokens"]
