@@ -22,6 +22,8 @@ from typing import Any
 
 import uvicorn
 
+from kvflow.runtime.config import ModelConfig
+from kvflow.runtime.models import check_supported
 from kvflow.runtime.models.loader import resolve_model_path
 from kvflow.runtime.server.args import ServerArgs
 from kvflow.runtime.server.detokenizer_process import run_detokenizer_process
@@ -203,7 +205,8 @@ def launch_server(args: ServerArgs) -> int:
     # Resolve (and, for the embedded model, convert) once here, before children race on it.
     model_path = resolve_model_path(engine.model_path, engine.load_format)
     args = dataclasses.replace(args, engine=dataclasses.replace(engine, model_path=str(model_path)))
-    try:
+    try:  # what the checkpoint and the parallel settings ask for, before any process starts
+        check_supported(ModelConfig.from_path(model_path), args.engine.context_length)
         check_parallel(args.engine, args.role, model_path)
     except ValueError as err:
         logger.error("start-up refused: %s", err)

@@ -107,3 +107,29 @@ def test_yarn_context_is_original_times_factor():
     config = _config(architectures=["Qwen2ForCausalLM"], rope_scaling=rope)
     assert config.max_position_embeddings == 131072
     check_supported(config, context_length=131072)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"architectures": ["FooForCausalLM"]}, "model architecture 'FooForCausalLM'"),
+        ({"sliding_window": 4096, "architectures": ["MistralForCausalLM"]}, "sliding"),
+    ],
+)
+def test_serve_refuses_before_start(tmp_path, raw, message):
+    """``kvflow serve`` on such a checkpoint: one line, exit 2, no process started."""
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, **raw}))
+    flags = ["--model-path", str(tmp_path), "--load-format", "dummy", "--skip-tokenizer-init"]
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "kvflow", "serve", *flags, "--port", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
