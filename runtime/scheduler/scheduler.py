@@ -77,11 +77,15 @@ class Scheduler:
         *,
         park_finished: bool = False,
         lockstep: Lockstep | None = None,
+        isolate_failures: bool = True,
     ) -> None:
         self.config = config
         self.runner = runner
         # Under tensor parallelism, the clock and async events every rank agrees on.
         self.lockstep = lockstep or Lockstep()
+        # A failed step aborts its batch and the scheduler goes on; off, it raises (a rank
+        # of a tensor-parallel group cannot go on alone: the others did not fail with it).
+        self.isolate_failures = isolate_failures
         self.cache = make_prefix_cache(config, runner)
         self.kv = KVManager(runner.req_to_token, runner.allocator, self.cache)
         self.waiting: list[Req] = []
@@ -195,7 +199,8 @@ class Scheduler:
 
         A step that raises does not take the scheduler down: the requests of the failed
         batch end with an ``abort`` naming the error, their KV (taken slots included) is
-        freed, and every other request goes on (see :meth:`_fail_batch`).
+        freed, and every other request goes on (see :meth:`_fail_batch`); with
+        ``isolate_failures`` off, the error propagates.
         """
         self._batch = []
         refused = self._poll_grammars()
@@ -203,6 +208,8 @@ class Scheduler:
         try:
             return refused + self._step()
         except Exception as err:
+            if not self.isolate_failures:
+                raise
             logger.exception("a step failed; aborting its %d request(s)", len(self._batch))
             return refused + self._fail_batch(err)
 

@@ -112,7 +112,12 @@ class SchedulerLoop:
         self.io = SchedulerIO(paths.scheduler_inbox(place.dp_rank), paths, tp, lockstep)
         self.runner = ModelRunner(engine, tp)
         self.scheduler = Scheduler(
-            engine, self.runner, park_finished=role_cls.parks_finished, lockstep=lockstep
+            engine,
+            self.runner,
+            park_finished=role_cls.parks_finished,
+            lockstep=lockstep,
+            # a rank whose step fails ends the server: its group can no longer agree
+            isolate_failures=tp is None,
         )
         self.role = make_role(args.role, SchedulerPort(self.scheduler), args.kv_transfer)
         # Stop strings are matched on text, so the scheduler decodes the requests that have them.
@@ -267,4 +272,8 @@ def run_scheduler_process(args: ServerArgs, paths: IpcPaths, place: RankPlace, r
     # the first group's rank 0 speaks for the server (every group loads the same model)
     first = loop.io.leader and place.dp_rank == 0
     ready.send(("ready", loop.ready_info() if first else {}))
-    loop.run_forever()
+    try:
+        loop.run_forever()
+    except Exception:  # only without isolation: a tensor-parallel rank's failed step
+        logger.critical("a step failed on this rank; its group cannot go on: exiting")
+        raise

@@ -163,3 +163,28 @@ def test_tiny_temperature_is_greedy(engine):
 def test_out_of_range_sampling_values_are_refused(params, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams.from_dict(params)
+
+
+def test_without_isolation_a_failing_step_raises(model_path, monkeypatch):
+    """A tensor-parallel rank's scheduler (``isolate_failures`` off) does not abort the
+    batch and go on alone: the error propagates, and the rank's process ends the server."""
+    from kvflow.runtime.engine import Engine
+
+    engine = Engine(str(model_path), max_total_tokens=2000)
+    engine.scheduler.isolate_failures = False
+
+    def broken(fb):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(engine.runner, "forward", broken)
+    engine.scheduler.add_request(
+        engine.reqs.make(
+            GenerateRequest(
+                rid="raise-0",
+                input_ids=engine.encode(PROMPT),
+                sampling=SamplingParams(temperature=0, max_new_tokens=4),
+            )
+        )
+    )
+    with pytest.raises(RuntimeError, match="injected"):
+        engine.scheduler.step()
