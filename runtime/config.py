@@ -42,8 +42,9 @@ def _sliding_window(raw: dict[str, Any]) -> int | None:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The shape of a decoder of the supported families (Llama, Qwen2, Qwen3, Mistral);
-    :func:`kvflow.runtime.models.check_supported` says whether this runtime can serve it."""
+    """The shape of a decoder of the supported families (Llama, Qwen2, Qwen3, Mistral,
+    Mixtral, Qwen3-MoE); :func:`kvflow.runtime.models.check_supported` says whether this
+    runtime can serve it."""
 
     architecture: str
     vocab_size: int
@@ -64,6 +65,23 @@ class ModelConfig:
     # Attention window of a checkpoint that slides it (Mistral v0.1; Qwen2/3 only with
     # use_sliding_window); None: full attention. Read to refuse it, not implemented.
     sliding_window: int | None = None
+    # Mixture of experts (Mixtral, Qwen3-MoE); num_experts 0: a dense model.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # each expert's width (Mixtral: intermediate_size)
+    norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum to 1
+    # Qwen-MoE: layers (1-based) at multiples of decoder_sparse_step are sparse, except
+    # mlp_only_layers (0-based), which keep a dense MLP of intermediate_size.
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    def is_sparse_layer(self, layer_id: int) -> bool:
+        """Whether layer ``layer_id`` has a mixture of experts (transformers' rule)."""
+        return (
+            self.num_experts > 0
+            and layer_id not in self.mlp_only_layers
+            and (layer_id + 1) % self.decoder_sparse_step == 0
+        )
 
     @property
     def rope_type(self) -> str:
@@ -116,6 +134,14 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
             sliding_window=_sliding_window(raw),
+            # transformers >= 5 saves Qwen3-MoE's num_experts as num_local_experts
+            num_experts=raw.get("num_local_experts") or raw.get("num_experts") or 0,
+            num_experts_per_tok=raw.get("num_experts_per_tok") or 0,
+            moe_intermediate_size=raw.get("moe_intermediate_size") or raw["intermediate_size"],
+            # Mixtral always renormalises; Qwen-MoE configs say (transformers' default: no)
+            norm_topk_prob=bool(raw.get("norm_topk_prob", arch.startswith("Mixtral"))),
+            decoder_sparse_step=raw.get("decoder_sparse_step") or 1,
+            mlp_only_layers=tuple(raw.get("mlp_only_layers") or ()),
         )
 
     @classmethod

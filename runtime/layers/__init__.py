@@ -10,6 +10,14 @@ from kvflow.runtime.layers.linear import (
     RowParallelLinear,
 )
 from kvflow.runtime.layers.matmul import PackedWeight, matmul_weight, pack_weight
+from kvflow.runtime.layers.moe import (
+    ExpertWeights,
+    SparseMoE,
+    TopK,
+    dense_experts_ref,
+    fused_experts_ref,
+    select_experts,
+)
 from kvflow.runtime.layers.norm import RMSNorm
 from kvflow.runtime.layers.quantization import (
     LINEAR_METHODS,
@@ -21,6 +29,7 @@ from kvflow.runtime.layers.vocab import ParallelLMHead, VocabParallelEmbedding, 
 
 __all__ = [
     "LINEAR_METHODS",
+    "ExpertWeights",
     "GateUpLinear",
     "LinearBase",
     "LinearMethod",
@@ -32,10 +41,15 @@ __all__ = [
     "ReplicatedLinear",
     "RotaryEmbedding",
     "RowParallelLinear",
+    "SparseMoE",
+    "TopK",
     "UnquantizedLinearMethod",
     "VocabParallelEmbedding",
+    "dense_experts_ref",
+    "fused_experts_ref",
     "gather_logits",
     "matmul_weight",
     "pack_weight",
+    "select_experts",
     "silu_and_mul",
 ]

@@ -1,4 +1,5 @@
-"""Decoder blocks shared by the model families: attention, gated MLP, decoder layer.
+"""Decoder blocks shared by the model families: attention, gated MLP (or a mixture of
+experts), decoder layer.
 
 Each takes the model's :class:`~kvflow.runtime.layers.LinearMethod`, so a weight format
 reaches every projection without a family knowing about it, and the tensor-parallel group
@@ -22,9 +23,10 @@ from kvflow.runtime.layers import (
     RMSNorm,
     RotaryEmbedding,
     RowParallelLinear,
+    SparseMoE,
 )
 
-__all__ = ["Attention", "DecoderLayer", "GatedMLP", "QKNormAttention"]
+__all__ = ["Attention", "DecoderLayer", "GatedMLP", "QKNormAttention", "layer_mlp"]
 
 
 class Attention(nn.Module):
@@ -117,11 +119,30 @@ class GatedMLP(nn.Module):
         return self.down_proj(self.gate_up_proj.silu_mul(hidden))
 
 
+def layer_mlp(
+    config: ModelConfig, layer_id: int, method: LinearMethod | None, tp: TPGroup | None
+) -> nn.Module:
+    """A mixture-of-experts family's MLP of layer ``layer_id``: :class:`SparseMoE` where
+    :meth:`ModelConfig.is_sparse_layer`, else a :class:`GatedMLP`. The experts take no
+    ``method`` (no quantized experts yet); the dense layers do."""
+    if not config.is_sparse_layer(layer_id):
+        return GatedMLP(config, method, tp)
+    return SparseMoE(
+        config.num_experts,
+        config.num_experts_per_tok,
+        config.hidden_size,
+        config.moe_intermediate_size,
+        config.norm_topk_prob,
+        tp,
+    )
+
+
 class DecoderLayer(nn.Module):
     """Pre-norm attention and MLP, each with a residual around it. The residual travels
     beside the hidden state: ``forward`` returns ``(mlp_out, residual)``, and the next
     layer's (or the final) norm adds them (fused into the RMSNorm kernel). ``attention``
-    is the family's :class:`Attention` class."""
+    is the family's :class:`Attention` class, ``mlp`` its MLP module (default a
+    :class:`GatedMLP`)."""
 
     def __init__(
         self,
@@ -131,10 +152,11 @@ class DecoderLayer(nn.Module):
         method: LinearMethod | None = None,
         tp: TPGroup | None = None,
         attention: type[Attention] = Attention,
+        mlp: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.self_attn = attention(config, layer_id, rotary, method, tp)
-        self.mlp = GatedMLP(config, method, tp)
+        self.mlp = mlp if mlp is not None else GatedMLP(config, method, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

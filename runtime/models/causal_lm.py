@@ -3,6 +3,7 @@ loading of Hugging Face-named tensors into merged projections."""
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import ClassVar
@@ -15,6 +16,7 @@ from kvflow.runtime.config import ModelConfig
 from kvflow.runtime.distributed import TPGroup
 from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.layers import (
+    ExpertWeights,
     LinearBase,
     LinearMethod,
     PackedWeight,
@@ -28,6 +30,9 @@ from kvflow.runtime.layers import (
 )
 
 __all__ = ["CausalLM"]
+
+ShardId = int | str | tuple[int, int] | None
+_EXPERT = re.compile(r"\.experts\.(\d+)\.(\w+)\.weight$")
 
 
 class CausalLM(nn.Module, ABC):
@@ -43,6 +48,11 @@ class CausalLM(nn.Module, ABC):
 
     # checkpoint name part -> (our name part, shard id of the merged projection)
     stacked_params: ClassVar[dict[str, tuple[str, int | str]]] = {}
+    # checkpoint name part -> ours, applied first (Mixtral's block_sparse_moe is our mlp)
+    renamed_parts: ClassVar[dict[str, str]] = {}
+    # an expert's checkpoint tensor ``experts.{e}.<name>.weight`` -> (our stacked
+    # ExpertWeights, part): Mixtral's w1 -> ("w13", 0), filling shard (e, 0) of experts.w13
+    expert_params: ClassVar[dict[str, tuple[str, int]]] = {}
 
     def __init__(
         self,
@@ -109,18 +119,14 @@ class CausalLM(nn.Module, ABC):
         raises if a tensor has no parameter or a parameter (or shard) gets no tensor."""
         params = dict(self.named_parameters())
         modules = dict(self.named_modules())
-        loaded: set[tuple[str, int | str | None]] = set()
+        loaded: set[tuple[str, ShardId]] = set()
         for hf_name, tensor in weights:
             name = hf_name.removeprefix("model.")
             if "rotary_emb" in name:
                 continue
             if name == "lm_head.weight" and self.lm_head is None:
                 continue  # tied: the embedding is the head
-            shard_id: int | str | None = None
-            for part, (ours, shard) in self.stacked_params.items():
-                if f".{part}." in name:
-                    name, shard_id = name.replace(part, ours), shard
-                    break
+            name, shard_id = self._param_name(name)
             if name not in params:
                 raise KeyError(f"checkpoint tensor {hf_name!r} has no matching parameter")
             owner = modules[name.rpartition(".")[0]]
@@ -134,11 +140,25 @@ class CausalLM(nn.Module, ABC):
         if missing:
             raise KeyError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
 
-    def _expected(self) -> set[tuple[str, int | str | None]]:
+    def _param_name(self, name: str) -> tuple[str, ShardId]:
+        """Our parameter and shard id for a checkpoint tensor (``model.`` removed)."""
+        for part, ours in self.renamed_parts.items():
+            name = name.replace(f".{part}.", f".{ours}.")
+        expert = _EXPERT.search(name)
+        if expert and expert[2] in self.expert_params:
+            ours, index = self.expert_params[expert[2]]
+            return f"{name[: expert.start()]}.experts.{ours}.weight", (int(expert[1]), index)
+        for part, (ours, shard) in self.stacked_params.items():
+            if f".{part}." in name:
+                return name.replace(part, ours), shard
+        return name, None
+
+    def _expected(self) -> set[tuple[str, ShardId]]:
         """(parameter, shard id) pairs a checkpoint fills."""
-        expected: set[tuple[str, int | str | None]] = set()
+        expected: set[tuple[str, ShardId]] = set()
         for prefix, module in self.named_modules():
-            shards = module.shard_ids if isinstance(module, LinearBase) else (None,)
+            sharded = isinstance(module, (LinearBase, ExpertWeights))
+            shards: tuple[ShardId, ...] = module.shard_ids if sharded else (None,)
             for name, _ in module.named_parameters(prefix=prefix, recurse=False):
                 expected.update((name, shard) for shard in shards)
         return expected

@@ -18,6 +18,8 @@ MODELS: Registry[CausalLM] = Registry("model architecture")
 for _arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"):
     MODELS.register(_arch, "kvflow.runtime.models.llama:LlamaForCausalLM")
 MODELS.register("Qwen3ForCausalLM", "kvflow.runtime.models.qwen3:Qwen3ForCausalLM")
+MODELS.register("MixtralForCausalLM", "kvflow.runtime.models.mixtral:MixtralForCausalLM")
+MODELS.register("Qwen3MoeForCausalLM", "kvflow.runtime.models.qwen3_moe:Qwen3MoeForCausalLM")
 
 # rope_type values kvflow.runtime.layers.RotaryEmbedding builds (tests keep them in step)
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import TOPICS, turn
 from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import TOPICS, turn
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
 sys.path.insert(0, str(Path(__file__).parents[1] / "hicache_storage"))

@@ -154,8 +154,10 @@ def test_killed_rank_ends_the_server(tiny_llama, model_path, tmp_path):
         (["--tp-size", "2"], "--tp-size 2 does not divide this model's 9 attention heads"),
         (["--tp-size", "3", "--role", "prefill"], "prefill/decode with tensor or data parallelism"),
         (
-            ["--tp-size", "3", "--hicache-host-memory-gb", "1", "--hicache-storage", "file"]
-            + ["--hicache-storage-path", "/nonexistent"],
+            [
+                *("--tp-size", "3", "--hicache-host-memory-gb", "1"),
+                *("--hicache-storage", "file", "--hicache-storage-path", "/nonexistent"),
+            ],
             "the storage tier is not built for tensor or data parallelism",
         ),
         (["--tp-size", "3", "--device", "cuda"], "needs 3 GPUs"),
