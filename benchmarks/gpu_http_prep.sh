@@ -2,8 +2,9 @@
 # Prepares, on the dev machine, what benchmarks/gpu_http_run.sh needs on the GPU machine
 # (nothing can be downloaded there). All of it is gitignored (.whl/ by .gitignore,
 # .bench_http/ by .git/info/exclude) and travels with the device tool's `carry`:
+#   .whl/grammar/*.whl      cp312 wheels of pydantic and xgrammar (with their needs)
 #   .whl/http/*.whl         cp312 wheels of the server's and bench_serving's packages the
-#                           GPU machine lacks (.whl/grammar holds pydantic and xgrammar)
+#                           GPU machine lacks
 #   .bench_http/tokenizer/  the embedded model's (SmolLM2) tokenizer, its 49,152 ids padded
 #                           with added tokens <|padN|> up to Llama-3.1-8B's 128,256 ids, so
 #                           every id the random-weight model samples decodes to text (else
@@ -24,7 +25,12 @@ for p in manylinux_2_17 manylinux2014 manylinux1 manylinux_2_24 manylinux_2_26 m
   manylinux_2_28 manylinux_2_31 manylinux_2_34; do
   PLATFORMS+=(--platform "${p}_x86_64")
 done
-mkdir -p .whl/http .bench_http/tokenizer .bench_http/sglang
+mkdir -p .whl/grammar .whl/http .bench_http/tokenizer .bench_http/sglang
+# structured output and the server's request models (xgrammar imports apache-tvm-ffi)
+"$PIP" download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  "${PLATFORMS[@]}" -d .whl/grammar \
+  pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
+  annotated-doc==0.0.7 xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2
 "$PIP" download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   "${PLATFORMS[@]}" -d .whl/http \
   fastapi==0.165.0 opentelemetry-api==1.45.2 starlette==1.10.0 uvicorn==0.54.0 pyzmq==27.3.0 \

@@ -1,5 +1,6 @@
-"""Runs one engine per tensor-parallel rank in spawned processes (gloo on CPU) and returns
-rank 0's results: the ranks make the same calls, as the server's ranks do."""
+"""Runs one engine per tensor-parallel rank in spawned processes (gloo on CPU, NCCL with
+one GPU per rank on CUDA) and returns every rank's results: the ranks make the same calls,
+as the server's ranks do."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def _rank(
     engine_kwargs: dict[str, Any],
     calls: list[dict[str, Any]],
     results: Any,
+    device: str,
 ) -> None:
     import torch.distributed as dist
 
@@ -31,8 +33,9 @@ def _rank(
     from kvflow.runtime.engine import Engine
 
     try:
-        group = init_tp_group(rank, size, init_addr, "cpu", timeout_s=RANK_TIMEOUT_S)
-        engine = Engine(model_path, tp=group, tp_size=size, **engine_kwargs)
+        where = f"cuda:{rank}" if device == "cuda" else "cpu"
+        group = init_tp_group(rank, size, init_addr, where, timeout_s=RANK_TIMEOUT_S)
+        engine = Engine(model_path, tp=group, tp_size=size, device=where, **engine_kwargs)
         outputs = [[r.output_ids for r in engine.generate(**call)] for call in calls]
         report = {
             "outputs": outputs,
@@ -49,16 +52,21 @@ def _rank(
 
 
 def run_ranks(
-    size: int, model_path: str, calls: list[dict[str, Any]], **engine_kwargs: Any
+    size: int,
+    model_path: str,
+    calls: list[dict[str, Any]],
+    device: str = "cpu",
+    **engine_kwargs: Any,
 ) -> list[dict[str, Any]]:
-    """Every rank's report (``outputs``: per call, each sequence's output ids), rank order."""
+    """Every rank's report (``outputs``: per call, each sequence's output ids), rank order.
+    ``device`` "cuda": rank ``r`` runs on GPU ``r``."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     init_addr = f"127.0.0.1:{_free_port()}"
     procs = [
         ctx.Process(
             target=_rank,
-            args=(rank, size, init_addr, model_path, engine_kwargs, calls, results),
+            args=(rank, size, init_addr, model_path, engine_kwargs, calls, results, device),
         )
         for rank in range(size)
     ]
