@@ -53,8 +53,8 @@ bench-cpu-kernels: $(STAMP) ## native CPU kernels vs torch and oneDNN, engine on
 	$(PY) benchmarks/bench_cpu_kernels.py --out benchmarks/results/cpu-kernels.md
 
 .PHONY: bench-tp
-bench-tp: $(STAMP) ## tensor parallelism on CPU: decode-step cost of --tp-size 2 vs 1 (benchmarks/results/tp.md)
-	$(PY) -P benchmarks/bench_tp.py --out benchmarks/results/tp.md
+bench-tp: $(STAMP) ## tensor parallelism on CPU: decode-step cost of --tp-size 2 vs 1 (benchmarks/results/tp-cpu.md)
+	$(PY) -P benchmarks/bench_tp.py --out benchmarks/results/tp-cpu.md
 
 .PHONY: bench-gpu
 bench-gpu: $(STAMP) ## GPU benchmarks with Llama-3.1-8B shapes (needs CUDA; see benchmarks/results/gpu.md)

@@ -8,7 +8,7 @@ decode step of the whole batch. Rank 0's figure is reported (every rank runs the
 steps). On a 2-core machine this measures what the all-reduces and the split cost when
 each rank has one core; it is not a speed claim: the GPU run is where TP buys speed.
 
-    python -P benchmarks/bench_tp.py --out benchmarks/results/tp.md
+    python -P benchmarks/bench_tp.py --out benchmarks/results/tp-cpu.md
 """
 
 from __future__ import annotations

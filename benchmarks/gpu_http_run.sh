@@ -14,8 +14,8 @@
 #   STEPS="online offline" OFFLINE_PARTS=online bash ...  # bench_gpu.py's online replay offline
 #   bash benchmarks/gpu_http_run.sh tests    # pytest -m gpu tests/gpu tests/kernels
 #   MODEL=llama-3.1-70b TP=4 bash benchmarks/gpu_http_run.sh http   # tensor parallel, 4 GPUs
-#   MODEL=llama-3.1-8b TP=2 bash benchmarks/gpu_http_run.sh http    # (not yet run: no
-#       several-GPU machine has been lent; see benchmarks/results/tp.md)
+#   MODEL=llama-3.1-8b TP=2 bash benchmarks/gpu_http_run.sh http    # (run on 4 H200s:
+#       benchmarks/results/tp.md)
 #   TESTS="tests/kernels/x.py ..." bash benchmarks/gpu_http_run.sh smoke
 #       those tests, then the server and a small bench_serving run (32 prompts, input <= 1024,
 #       output <= 128, CUDA graphs up to batch 32): checks the chain works

@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -131,6 +132,13 @@ def test_killed_rank_ends_the_server(tiny_llama, model_path, tmp_path):
         c for c in psutil.Process(proc.proc.pid).children() if "spawn_main" in " ".join(c.cmdline())
     ]
     rank1 = sorted(spawned, key=lambda c: c.create_time())[1]
+    events: list[str] = []
+    stream = threading.Thread(target=_stream_events, args=(proc.url, events), daemon=True)
+    stream.start()
+    deadline = time.monotonic() + 30
+    while len(events) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(events) >= 3, f"no stream before the kill: {events}"
     killed_at = time.monotonic()
     rank1.send_signal(signal.SIGKILL)
     try:
@@ -141,11 +149,31 @@ def test_killed_rank_ends_the_server(tiny_llama, model_path, tmp_path):
     assert code != 0
     assert time.monotonic() - killed_at < 5
     assert "scheduler-tp1 was killed by SIGKILL" in proc.log.read_text()
+    stream.join(5)
+    # the stream in flight ends with an error event (then [DONE]), never as if complete
+    assert not stream.is_alive() and events[-2:][0].startswith('data: {"error"'), events[-3:]
+    assert sum(e.startswith('data: {"error"') for e in events) == 1
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in family):
         time.sleep(0.1)
     left = [p for p in family if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
     assert not left, f"processes left behind: {left}"
+
+
+def _stream_events(url: str, events: list[str]) -> None:
+    """A long greedy stream of /generate; its SSE data lines, in order, into ``events``."""
+    body = {
+        "input_ids": [5, 6, 7],
+        "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True, "temperature": 0},
+        "stream": True,
+    }
+    try:
+        with httpx.stream("POST", f"{url}/generate", json=body, timeout=30) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("data:"):
+                    events.append(line)
+    except httpx.HTTPError as err:
+        events.append(f"transport error: {err!r}")
 
 
 @pytest.mark.parametrize(
