@@ -17,6 +17,7 @@ from kvflow.kernels.decode_attention import (
     default_num_kv_splits,
 )
 from kvflow.kernels.extend_attention import extend_attention_fwd, extend_attention_ref
+from kvflow.kernels.fused_moe import fused_moe, fused_moe_ref, moe_align_block_size
 from kvflow.kernels.gemv import gemv, gemv_ref
 from kvflow.kernels.kv_store import store_kv_cache, store_kv_cache_ref
 from kvflow.kernels.rmsnorm import rmsnorm, rmsnorm_ref
@@ -34,8 +35,11 @@ __all__ = [
     "default_num_kv_splits",
     "extend_attention_fwd",
     "extend_attention_ref",
+    "fused_moe",
+    "fused_moe_ref",
     "gemv",
     "gemv_ref",
+    "moe_align_block_size",
     "rmsnorm",
     "rmsnorm_ref",
     "rope_inv_freq",

@@ -14,7 +14,6 @@ from kvflow.runtime.layers.moe import (
     ExpertWeights,
     SparseMoE,
     TopK,
-    dense_experts_ref,
     fused_experts_ref,
     select_experts,
 )
@@ -45,7 +44,6 @@ __all__ = [
     "TopK",
     "UnquantizedLinearMethod",
     "VocabParallelEmbedding",
-    "dense_experts_ref",
     "fused_experts_ref",
     "gather_logits",
     "matmul_weight",

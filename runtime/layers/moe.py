@@ -7,9 +7,9 @@ intermediate]``, filled from a checkpoint's per-expert tensors by
 expert's intermediate width (rows of gate and up, columns of down) and the block
 all-reduces its output once, as the dense MLP does; no expert parallelism.
 
-Only the reference path exists (torch ops, on CPU and CUDA alike): tokens grouped by
-expert, one gate-up and down matmul per expert that has any. There is no fused kernel
-yet, so on a GPU it runs, slowly.
+On CUDA the experts run as :func:`kvflow.kernels.fused_moe` (pairs sorted by expert, two
+grouped GEMMs in Triton, capturable in a CUDA graph); on CPU as :func:`fused_experts_ref`
+(tokens grouped by expert, one gate-up and down matmul per expert that has any).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ __all__ = [
     "ExpertWeights",
     "SparseMoE",
     "TopK",
-    "dense_experts_ref",
     "fused_experts_ref",
     "select_experts",
 ]
@@ -64,7 +63,7 @@ def fused_experts_ref(
 
     The (token, expert) pairs are sorted by expert, each expert with pairs runs once on its
     tokens, and ``index_add_`` sums the weighted rows back in expert order. That needs the
-    per-expert counts on the host (a sync): see :func:`dense_experts_ref`.
+    per-expert counts on the host (a sync), which is why CUDA runs the fused kernel.
     """
     out = torch.zeros_like(hidden)
     num_experts, top_k = w13.shape[0], topk.ids.shape[1]
@@ -81,21 +80,6 @@ def fused_experts_ref(
         tokens = pairs // top_k
         y = _expert_mlp(hidden[tokens], w13[expert], w2[expert])
         out.index_add_(0, tokens, y * flat_weights[pairs, None].to(y.dtype))
-    return out
-
-
-def dense_experts_ref(
-    hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk: TopK
-) -> torch.Tensor:
-    """:func:`fused_experts_ref` without host syncs, for CUDA graph capture: every expert
-    runs on every token, weighted by zero where it was not chosen (``num_experts / top_k``
-    times the work; captured graphs are decode batches, a few tokens each)."""
-    out = torch.zeros_like(hidden)
-    dense = torch.zeros(hidden.shape[0], w13.shape[0], device=hidden.device)
-    dense.scatter_(1, topk.ids, topk.weights)
-    for expert in range(w13.shape[0]):
-        y = _expert_mlp(hidden, w13[expert], w2[expert])
-        out += y * dense[:, expert, None].to(y.dtype)
     return out
 
 
@@ -157,9 +141,9 @@ class Experts(nn.Module):
 
 
 class SparseMoE(nn.Module):
-    """``gate`` (the router, replicated and unquantized) -> :func:`select_experts` ->
-    :func:`fused_experts_ref` (:func:`dense_experts_ref` while a CUDA graph is captured) ->
-    one all-reduce under ``tp``: ``[tokens, hidden]`` -> same."""
+    """``gate`` (the router, replicated and unquantized) -> :func:`select_experts` -> the
+    experts (the fused kernel on CUDA, :func:`fused_experts_ref` on CPU) -> one all-reduce
+    under ``tp``: ``[tokens, hidden]`` -> same."""
 
     def __init__(
         self,
@@ -177,7 +161,11 @@ class SparseMoE(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         topk = select_experts(self.gate(hidden), self.top_k, self.renormalize)
-        capturing = hidden.is_cuda and torch.cuda.is_current_stream_capturing()
-        experts = dense_experts_ref if capturing else fused_experts_ref
-        out = experts(hidden, self.experts.w13.weight, self.experts.w2.weight, topk)
+        w13, w2 = self.experts.w13.weight, self.experts.w2.weight
+        if hidden.is_cuda:  # the fused Triton kernel: no host sync, so CUDA graphs capture it
+            from kvflow.kernels import fused_moe
+
+            out = fused_moe(hidden, w13, w2, topk.weights, topk.ids)
+        else:
+            out = fused_experts_ref(hidden, w13, w2, topk)
         return out if self.tp is None else self.tp.all_reduce(out)

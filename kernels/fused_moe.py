@@ -1,0 +1,188 @@
+"""Fused mixture-of-experts: each token's ``top_k`` SwiGLU experts as two grouped GEMMs.
+
+The shape of SGLang's ``fused_moe_triton`` (after vLLM's): the (token, expert) pairs are
+sorted by expert and each expert's run padded to a multiple of ``BLOCK_M``
+(:func:`moe_align_block_size`), so every block of ``BLOCK_M`` sorted pairs belongs to one
+expert; one Triton program multiplies such a block of rows by a ``BLOCK_N`` slice of that
+expert's weight. Two launches do a layer::
+
+    hidden [T, H] --gather rows, x w13[e].T--> [T * top_k, 2I] --silu_and_mul--> [T * top_k, I]
+        --x w2[e].T, times the pair's routing weight--> [T * top_k, H] --sum over k--> [T, H]
+
+Nothing here reads a device value on the host, so a CUDA graph captures it whatever the
+routing of the captured batch. Weights are ``[E, N, K]`` (rows contiguous, as the model
+stacks them: ``w13`` ``[E, 2I, H]``, ``w2`` ``[E, H, I]``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from kvflow.kernels._launch import dot_precision, is_interpreted
+
+__all__ = ["AlignedPairs", "fused_moe", "fused_moe_ref", "moe_align_block_size"]
+
+
+class AlignedPairs(NamedTuple):
+    """Pairs sorted by expert, each expert's run padded to a multiple of ``block_m``.
+
+    ``sorted_ids`` ``[capacity]`` int32: pair indices (``token * top_k + k``), padding slots
+    hold ``num_pairs``; ``expert_ids`` ``[capacity // block_m]`` int32: the expert of each
+    block; ``num_padded`` ``[1]`` int32: the used length (blocks past it are skipped)."""
+
+    sorted_ids: torch.Tensor
+    expert_ids: torch.Tensor
+    num_padded: torch.Tensor
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int) -> AlignedPairs:
+    """Sort the pairs of ``topk_ids`` ``[T, top_k]`` by expert (stable: token order within
+    an expert) into runs padded to ``block_m``; torch ops only, no host sync."""
+    device = topk_ids.device
+    flat = topk_ids.flatten().to(torch.int64)
+    num_pairs = flat.numel()
+    capacity = num_pairs + num_experts * (block_m - 1)
+    capacity = triton.cdiv(capacity, block_m) * block_m
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    run_end = padded.cumsum(0)
+    run_start = run_end - padded
+    order = torch.argsort(flat, stable=True)
+    experts_sorted = flat[order]
+    first_of_expert = counts.cumsum(0) - counts  # unpadded position of each run's first pair
+    rank = torch.arange(num_pairs, device=device) - first_of_expert[experts_sorted]
+    sorted_ids = torch.full((capacity,), num_pairs, dtype=torch.int32, device=device)
+    sorted_ids[run_start[experts_sorted] + rank] = order.to(torch.int32)
+    block_starts = torch.arange(0, capacity, block_m, device=device)
+    expert_ids = torch.searchsorted(run_end, block_starts, right=True)
+    expert_ids = expert_ids.clamp_(max=num_experts - 1).to(torch.int32)
+    num_padded = run_end[-1:].to(torch.int32)
+    return AlignedPairs(sorted_ids, expert_ids, num_padded)
+
+
+@triton.jit
+def _grouped_gemm_kernel(
+    a_ptr, w_ptr, c_ptr, weights_ptr,
+    sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
+    N, K, num_pairs, a_rows_per_pair,
+    stride_am, stride_we, stride_wn, stride_cm,
+    MUL_WEIGHT: tl.constexpr, UPCAST_DOT: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """``c[pair, n] = a[row(pair)] . w[expert, n]`` (times ``weights[pair]``) for one block
+    of ``BLOCK_M`` sorted pairs and ``BLOCK_N`` output columns; ``row(pair)`` is
+    ``pair // a_rows_per_pair`` (the token, for the first GEMM) or the pair itself."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(sorted_ids_ptr + offs_m)
+    valid = pairs < num_pairs
+    rows = (pairs // a_rows_per_pair).to(tl.int64)
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
+    w_ptrs = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for start_k in range(0, K, BLOCK_K):
+        mask_k = start_k + offs_k < K
+        a = tl.load(a_ptrs, mask=valid[:, None] & mask_k[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        if UPCAST_DOT:  # NOTE: Triton's CPU interpreter has no bf16 dot
+            a = a.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(a, w, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if MUL_WEIGHT:
+        routed = tl.load(weights_ptr + pairs, mask=valid, other=0.0)
+        acc = acc * routed[:, None]
+    c_ptrs = c_ptr + pairs[:, None].to(tl.int64) * stride_cm + offs_n[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
+
+
+def _block_m(num_pairs: int, num_experts: int) -> int:
+    """Rows per block: small when each expert gets few pairs (decode), larger for prefill."""
+    per_expert = num_pairs / max(num_experts, 1)
+    return 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
+
+
+def _grouped_gemm(
+    a: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    aligned: AlignedPairs,
+    block_m: int,
+    num_pairs: int,
+    a_rows_per_pair: int,
+    routed: torch.Tensor | None,
+) -> None:
+    n, k = weight.shape[1], weight.shape[2]
+    block_n, block_k = 64, 64 if k >= 64 else 32
+    interpreted = is_interpreted(_grouped_gemm_kernel)
+    grid = (aligned.expert_ids.numel(), triton.cdiv(n, block_n))
+    _grouped_gemm_kernel[grid](
+        a, weight, out, routed if routed is not None else out,
+        aligned.sorted_ids, aligned.expert_ids, aligned.num_padded,
+        n, k, num_pairs, a_rows_per_pair,
+        a.stride(0), weight.stride(0), weight.stride(1), out.stride(0),
+        MUL_WEIGHT=routed is not None, UPCAST_DOT=interpreted,
+        PRECISION="ieee" if interpreted else dot_precision(a.dtype),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, num_stages=3,
+    )  # fmt: skip
+
+
+def fused_moe(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """``sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(hidden[t])``, the expert being
+    ``w2[e] @ silu_and_mul(w13[e] @ x)``: ``hidden`` ``[T, H]`` -> ``[T, H]`` in its dtype.
+    ``w13`` ``[E, 2I, H]`` (gate rows, then up), ``w2`` ``[E, H, I]``, both contiguous."""
+    from kvflow.kernels.activation import silu_and_mul
+
+    tokens, hidden_size = hidden.shape
+    num_experts, two_inter, _ = w13.shape
+    top_k = topk_ids.shape[1]
+    num_pairs = tokens * top_k
+    if num_pairs == 0:
+        return torch.zeros_like(hidden)
+    block_m = _block_m(num_pairs, num_experts)
+    aligned = moe_align_block_size(topk_ids, block_m, num_experts)
+    gate_up = torch.empty((num_pairs, two_inter), dtype=hidden.dtype, device=hidden.device)
+    _grouped_gemm(hidden, w13, gate_up, aligned, block_m, num_pairs, top_k, None)
+    act = silu_and_mul(gate_up)
+    down = torch.empty((num_pairs, hidden_size), dtype=hidden.dtype, device=hidden.device)
+    routed = topk_weights.to(torch.float32).flatten().contiguous()
+    _grouped_gemm(act, w2, down, aligned, block_m, num_pairs, 1, routed)
+    return down.view(tokens, top_k, hidden_size).sum(dim=1)
+
+
+def fused_moe_ref(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """Pure-torch :func:`fused_moe`, one token and expert at a time (for tests), in fp32."""
+    out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+    for t in range(hidden.shape[0]):
+        x = hidden[t].float()
+        for k in range(topk_ids.shape[1]):
+            e = int(topk_ids[t, k])
+            gate, up = (w13[e].float() @ x).chunk(2)
+            act = torch.nn.functional.silu(gate) * up
+            out[t] += topk_weights[t, k].float() * (w2[e].float() @ act)
+    return out.to(hidden.dtype)
