@@ -135,6 +135,10 @@ def _killed_rank_ends_the_server(checkpoint: Path, tp: int, log: Path) -> None:
                     if line.startswith("data:"):
                         seen["chunks"] = int(seen["chunks"]) + 1  # type: ignore[call-overload]
                         seen["last"] = line
+                        if line.startswith('data: {"error"'):
+                            seen["errors"] = int(seen["errors"]) + 1  # type: ignore[call-overload]
+                        elif line != "data: [DONE]":
+                            seen["last_event"] = line[-300:]  # its meta_info: finish_reason
         except httpx.HTTPError as err:
             seen["error"] = repr(err)
         seen["ended_at"] = time.monotonic()
