@@ -56,11 +56,33 @@ def random_ids(rng: random.Random, n: int, vocab: int) -> list[int]:
     return [rng.randrange(1000, vocab - 1000) for _ in range(n)]
 
 
-def bench_decode(batch_sizes=(1, 8, 32, 64, 128), context=1024, steps=30) -> list[dict]:
+def admit_decode_batch(engine, bs: int, context: int, steps: int, rng: random.Random) -> list:
+    """``bs`` requests of ``context`` random tokens prefilled into ``engine``'s scheduler
+    and decoding (three warm steps taken), room for ``2 * steps`` more tokens each."""
     from kvflow.runtime.sampling import SamplingParams
     from kvflow.runtime.scheduler import Req
     from kvflow.runtime.wire import GenerateRequest
 
+    sched, vocab = engine.scheduler, engine.runner.model_config.vocab_size
+    params = SamplingParams(temperature=0, max_new_tokens=2 * steps + 10, ignore_eos=True)
+    reqs = [
+        Req(
+            GenerateRequest(
+                rid=f"d{bs}-{i}", input_ids=random_ids(rng, context, vocab), sampling=params
+            )
+        )
+        for i in range(bs)
+    ]
+    for req in reqs:
+        sched.add_request(req)
+    while sched.waiting or sched.chunked:
+        sched.step()
+    for _ in range(3):
+        sched.step()  # warm decode
+    return reqs
+
+
+def bench_decode(batch_sizes=(1, 8, 32, 64, 128), context=1024, steps=30) -> list[dict]:
     engine = make_engine(
         max_running_requests=max(batch_sizes),
         cuda_graph_max_bs=max(batch_sizes),
@@ -73,23 +95,7 @@ def bench_decode(batch_sizes=(1, 8, 32, 64, 128), context=1024, steps=30) -> lis
     rng = random.Random(0)
     rows = []
     for bs in batch_sizes:
-        params = SamplingParams(temperature=0, max_new_tokens=2 * steps + 10, ignore_eos=True)
-        reqs = [
-            Req(
-                GenerateRequest(
-                    rid=f"d{bs}-{i}",
-                    input_ids=random_ids(rng, context, mc.vocab_size),
-                    sampling=params,
-                )
-            )
-            for i in range(bs)
-        ]
-        for req in reqs:
-            sched.add_request(req)
-        while sched.waiting or sched.chunked:
-            sched.step()
-        for _ in range(3):
-            sched.step()  # warm decode
+        reqs = admit_decode_batch(engine, bs, context, steps, rng)
 
         def time_steps() -> float:
             torch.cuda.synchronize()

@@ -18,9 +18,12 @@ import json
 import multiprocessing as mp
 import random
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))  # bench_gpu beside this file (-P omits it)
 
 PEAK_BW = {"H100": 3.35e12, "H200": 4.8e12}
 
@@ -44,35 +47,16 @@ def _time_cuda(fn: Any, iters: int) -> float:
 
 
 def _decode_rows(engine: Any, batch_sizes: list[int], context: int, steps: int) -> list[dict]:
-    from kvflow.runtime.sampling import SamplingParams
-    from kvflow.runtime.scheduler import Req
-    from kvflow.runtime.wire import GenerateRequest
+    from bench_gpu import admit_decode_batch
 
-    sched, mc = engine.scheduler, engine.runner.model_config
     rng = random.Random(0)
     rows = []
     for bs in batch_sizes:
-        params = SamplingParams(temperature=0, max_new_tokens=2 * steps + 10, ignore_eos=True)
-        reqs = [
-            Req(
-                GenerateRequest(
-                    rid=f"d{bs}-{i}",
-                    input_ids=[rng.randrange(1000, mc.vocab_size - 1000) for _ in range(context)],
-                    sampling=params,
-                )
-            )
-            for i in range(bs)
-        ]
-        for req in reqs:
-            sched.add_request(req)
-        while sched.waiting or sched.chunked:
-            sched.step()
-        for _ in range(3):
-            sched.step()
-        step_s = _time_cuda(sched.step, steps)
+        reqs = admit_decode_batch(engine, bs, context, steps, rng)
+        step_s = _time_cuda(engine.scheduler.step, steps)
         rows.append({"batch": bs, "step_ms": step_s * 1e3, "tokens_per_s": bs / step_s})
         for req in reqs:
-            sched.abort_request(req.rid)
+            engine.scheduler.abort_request(req.rid)
         assert engine.is_memory_free()
     return rows
 

@@ -8,18 +8,24 @@ onto them.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from torch import nn
 
 from kvflow.runtime.distributed import TPGroup
 from kvflow.runtime.layers import LinearMethod, RotaryEmbedding
-from kvflow.runtime.models.blocks import DecoderLayer
+from kvflow.runtime.models.blocks import Attention, DecoderLayer, layer_mlp
 from kvflow.runtime.models.causal_lm import CausalLM
 
 __all__ = ["LlamaForCausalLM"]
 
 
 class LlamaForCausalLM(CausalLM):
-    """Pre-norm decoder layers of attention and gated MLP; tied or untied LM head."""
+    """Pre-norm decoder layers of attention and gated MLP (a mixture of experts in the
+    layers a MoE config makes sparse); tied or untied LM head. A family of this shape
+    names its ``attention`` class."""
+
+    attention: ClassVar[type[Attention]] = Attention
 
     stacked_params = {
         "q_proj": ("qkv_proj", "q"),
@@ -36,4 +42,7 @@ class LlamaForCausalLM(CausalLM):
         method: LinearMethod | None,
         tp: TPGroup | None,
     ) -> nn.Module:
-        return DecoderLayer(self.config, layer_id, rotary, method, tp)
+        mlp = layer_mlp(self.config, layer_id, method, tp)
+        return DecoderLayer(
+            self.config, layer_id, rotary, method, tp, attention=self.attention, mlp=mlp
+        )

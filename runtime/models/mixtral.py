@@ -1,13 +1,9 @@
 """Mixtral: Llama's attention, and a mixture of experts in place of every layer's MLP
-(softmax over the experts, top-k, weights renormalised to sum to 1)."""
+(softmax over the experts, top-k, weights renormalised to sum to 1); the layers come from
+:class:`LlamaForCausalLM`, which puts experts where the config has them."""
 
 from __future__ import annotations
 
-from torch import nn
-
-from kvflow.runtime.distributed import TPGroup
-from kvflow.runtime.layers import LinearMethod, RotaryEmbedding
-from kvflow.runtime.models.blocks import DecoderLayer, layer_mlp
 from kvflow.runtime.models.llama import LlamaForCausalLM
 
 __all__ = ["MixtralForCausalLM"]
@@ -19,13 +15,3 @@ class MixtralForCausalLM(LlamaForCausalLM):
 
     renamed_parts = {"block_sparse_moe": "mlp"}
     expert_params = {"w1": ("w13", 0), "w3": ("w13", 1), "w2": ("w2", 0)}
-
-    def build_layer(
-        self,
-        layer_id: int,
-        rotary: RotaryEmbedding,
-        method: LinearMethod | None,
-        tp: TPGroup | None,
-    ) -> nn.Module:
-        mlp = layer_mlp(self.config, layer_id, method, tp)
-        return DecoderLayer(self.config, layer_id, rotary, method, tp, mlp=mlp)

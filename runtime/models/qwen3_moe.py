@@ -4,11 +4,6 @@ the others); ``norm_topk_prob`` says whether the top-k weights are renormalised.
 
 from __future__ import annotations
 
-from torch import nn
-
-from kvflow.runtime.distributed import TPGroup
-from kvflow.runtime.layers import LinearMethod, RotaryEmbedding
-from kvflow.runtime.models.blocks import DecoderLayer, QKNormAttention, layer_mlp
 from kvflow.runtime.models.qwen3 import Qwen3ForCausalLM
 
 __all__ = ["Qwen3MoeForCausalLM"]
@@ -19,15 +14,3 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     expert's weights; a dense layer's ``mlp`` is named as in Qwen3."""
 
     expert_params = {"gate_proj": ("w13", 0), "up_proj": ("w13", 1), "down_proj": ("w2", 0)}
-
-    def build_layer(
-        self,
-        layer_id: int,
-        rotary: RotaryEmbedding,
-        method: LinearMethod | None,
-        tp: TPGroup | None,
-    ) -> nn.Module:
-        mlp = layer_mlp(self.config, layer_id, method, tp)
-        return DecoderLayer(
-            self.config, layer_id, rotary, method, tp, attention=QKNormAttention, mlp=mlp
-        )
