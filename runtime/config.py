@@ -177,6 +177,9 @@ class EngineConfig:
     # A folder holding the tokenizer (SGLang's --tokenizer-path); None: the model's folder.
     # Needed for text with dummy weights from a shipped config, which has no tokenizer.
     tokenizer_path: str | None = None
+    # SGLang's --is-embedding: requests are embedded (the prompt's pooled, normalised
+    # hidden state, kvflow.runtime.pooling), never generated for.
+    is_embedding: bool = False
 
     # KV memory
     page_size: int = 0  # 0: auto (1 on CPU, 16 on CUDA)

@@ -68,7 +68,11 @@ class Engine:
         )
         self.tokenizer = None if folder is None else load_tokenizer(folder)
         self.reqs = ReqFactory(
-            self.config, self.runner.model_config, self.tokenizer, self.runner.device
+            self.config,
+            self.runner.model_config,
+            self.tokenizer,
+            self.runner.device,
+            self.runner.pooling,
         )
         self._rids = itertools.count()
 
@@ -99,6 +103,28 @@ class Engine:
         if single and params_list[0].n == 1:
             return flat[0]
         return flat
+
+    def embed(self, input_ids: Sequence[Sequence[int]]) -> list[list[float]]:
+        """The embedding of each prompt, batched (an engine built with ``is_embedding``):
+        its pooled, L2-normalised final hidden state (:mod:`kvflow.runtime.pooling`)."""
+        reqs = [
+            self._req(
+                GenerateRequest(
+                    input_ids=list(ids), sampling=SamplingParams().prefill_only(), embed=True
+                )
+            )
+            for ids in input_ids
+        ]
+        for req in reqs:
+            self.scheduler.add_request(req)
+        embeddings: dict[str, list[float]] = {}
+        while len(embeddings) < len(reqs):
+            for out in self.scheduler.step():
+                if out.finish_reason is not None:
+                    if out.embedding is None:
+                        raise RuntimeError(f"embedding failed: {out.finish_reason.message}")
+                    embeddings[out.rid] = out.embedding
+        return [embeddings[req.rid] for req in reqs]
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:

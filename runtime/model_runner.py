@@ -13,6 +13,7 @@ from kvflow.runtime.distributed import ShardedHeads, TPGroup, check_tensor_paral
 from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.mem import KVPool, ReqToTokenPool, TokenToKVPoolAllocator
 from kvflow.runtime.models.loader import load_model, resolve_model_path
+from kvflow.runtime.pooling import PoolingType, pooling_of
 from kvflow.runtime.sampling import Sampler
 
 __all__ = ["ModelRunner"]
@@ -64,6 +65,11 @@ class ModelRunner:
             _set_cpu_threads(config.cpu_threads)
         self.model_path = resolve_model_path(config.model_path, config.load_format)
         self.model_config = ModelConfig.from_path(self.model_path)
+        # an embedding server's pooling, from the model folder (None: a generation server)
+        self.pooling: PoolingType | None = None
+        if config.is_embedding:
+            folder = self.model_path if self.model_path.is_dir() else self.model_path.parent
+            self.pooling = pooling_of(folder)
         mc = self.model_config
         check_tensor_parallel(mc, config.tp_size)
         self.heads = ShardedHeads.of(
@@ -152,6 +158,14 @@ class ModelRunner:
         so that :meth:`forward` on it only launches the graph. A no-op without graphs."""
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
             self.graph_runner.stage(fb)
+
+    @torch.inference_mode()
+    def forward_hidden(self, fb: ForwardBatch) -> torch.Tensor:
+        """An extend batch's final-norm hidden states of every new token, ``[N, hidden]``
+        (embeddings pool them; no logits)."""
+        assert not fb.is_decode, "embeddings run prefill steps only"
+        self.attn.init_forward_metadata(fb)
+        return self.model(fb, self.attn)
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:

@@ -7,7 +7,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TokenBytes", "apply_chat_template", "load_tokenizer", "tokenizer_folder"]
+__all__ = [
+    "TokenBytes",
+    "apply_chat_template",
+    "load_chat_template",
+    "load_tokenizer",
+    "tokenizer_folder",
+]
 
 
 def tokenizer_folder(
@@ -27,6 +33,12 @@ def load_tokenizer(model_path: Path) -> Any:
 
     folder = model_path if model_path.is_dir() else model_path.parent
     return AutoTokenizer.from_pretrained(str(folder))
+
+
+def load_chat_template(path: str) -> str:
+    """A ``--chat-template`` Jinja file's template, read as SGLang reads it (outer newlines
+    stripped, a literal ``\\n`` taken as a newline)."""
+    return Path(path).expanduser().read_text().strip("\n").replace("\\n", "\n")
 
 
 def apply_chat_template(

@@ -61,6 +61,8 @@ class Req:
         self.grammar: Any = None
         # Prompt logprobs (kvflow.runtime.scheduler.input_logprobs), set by ReqFactory.
         self.input_logprobs: Any = None
+        # An embedding request's pooling (kvflow.runtime.pooling.Pool), set by ReqFactory.
+        self.pool: Any = None
         # Sampled requests draw output token i from a generator seeded by (seed, i): the
         # draws do not depend on which process samples which token (a PD pair's prefill
         # draws the first, its decode the rest), nor on retraction and recomputation.
@@ -110,10 +112,13 @@ class Req:
 
     def reusable_ids(self) -> list[int]:
         """The tokens whose KV may come from the prefix cache: all but the last (it must
-        run to produce logits), fewer when prompt logprobs need positions computed."""
+        run to produce logits), fewer when prompt logprobs or a mean-pooled embedding need
+        positions computed."""
         limit = self.seq_len - 1
         if self.input_logprobs is not None:
             limit = self.input_logprobs.reuse_limit(self.seq_len)
+        if self.pool is not None:
+            limit = min(limit, self.pool.reuse_limit(self.seq_len))
         return self.all_token_ids()[:limit]
 
     def next_token_generator(self) -> torch.Generator | None:

@@ -9,6 +9,7 @@ from typing import Any
 from kvflow.runtime.config import EngineConfig, ModelConfig
 from kvflow.runtime.core import Req
 from kvflow.runtime.grammar import GrammarBackend, grammar_spec
+from kvflow.runtime.pooling import Pool, PoolingType
 from kvflow.runtime.scheduler.input_logprobs import InputLogprobs
 from kvflow.runtime.wire import GenerateRequest
 
@@ -24,12 +25,19 @@ def default_seed(engine_seed: int, rid: str) -> int:
 
 class ReqFactory:
     """Builds the scheduler's requests with the model's stop tokens, the tokenizer used for
-    stop strings, and the seed rule of :func:`default_seed`."""
+    stop strings, the seed rule of :func:`default_seed`, and ``pooling`` for embedding
+    requests (the model's, on an embedding server)."""
 
     def __init__(
-        self, config: EngineConfig, model_config: ModelConfig, tokenizer: Any, device: str
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        tokenizer: Any,
+        device: str,
+        pooling: PoolingType | None = None,
     ) -> None:
         self.config = config
+        self.pooling = pooling
         self.model_config = model_config
         self.tokenizer = tokenizer
         self.device = device
@@ -60,6 +68,10 @@ class ReqFactory:
             req.input_logprobs = InputLogprobs(
                 start, req.origin_input_ids, message.top_logprobs_num
             )
+        if message.embed:
+            if self.pooling is None:
+                raise ValueError("this server does not serve embeddings (--is-embedding)")
+            req.pool = Pool(self.pooling)
         spec = grammar_spec(message.sampling)
         if spec is not None:  # compiles on the backend's pool; the scheduler waits for it
             req.grammar = self.grammars.request(spec)

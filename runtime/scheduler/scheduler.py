@@ -123,6 +123,12 @@ class Scheduler:
         context_len = self.runner.context_len
         if not req.origin_input_ids:
             raise ValueError("the prompt is empty")
+        if (req.pool is not None) != self.config.is_embedding:
+            raise ValueError(
+                "an embedding server embeds only"
+                if self.config.is_embedding
+                else "this server does not serve embeddings (--is-embedding)"
+            )
         if len(req.origin_input_ids) + req.sampling.max_new_tokens > context_len:
             raise ValueError(
                 f"prompt ({len(req.origin_input_ids)} tokens) + max_new_tokens "
@@ -267,7 +273,7 @@ class Scheduler:
             self._drop_next()  # a prefill may be planned: its budget sees all free memory
         plan = self._plan_prefill()
         if plan:
-            return self._run_extend(plan)
+            return self._run_embed(plan) if self.config.is_embedding else self._run_extend(plan)
         if self.running:
             return self._run_decode()
         return []
@@ -403,6 +409,31 @@ class Scheduler:
             outputs += self._commit(sampled_reqs, pending.resolve())
         return outputs
 
+    def _run_embed(self, plan: list[tuple[Req, int]]) -> list[TokenOutput]:
+        """An embedding server's prefill step: each request pools the hidden states of its
+        new tokens and ends with its embedding once its prompt is done (nothing sampled;
+        its prompt's KV goes to the prefix cache like any finished request's)."""
+        reqs = self._batch = [req for req, _ in plan]
+        slots = [
+            self.runner.req_to_token.read(r.req_pool_idx, r.kv_len + n, r.kv_len) for r, n in plan
+        ]
+        fb = build_extend_batch(reqs, [n for _, n in plan], torch.cat(slots), self.runner.device)
+        hidden = self.runner.forward_hidden(fb)
+        self.forward_steps += 1
+        outputs, start = [], 0
+        for req, take in plan:
+            req.pool.add(hidden[start : start + take])
+            start += take
+            req.kv_len += take
+            if req.kv_len < req.seq_len:
+                self.cache.cache_unfinished_req(req)
+                self.chunked = req
+            else:
+                req.finished_reason = FinishReason("length")
+                self.cache.cache_finished_req(req)
+                outputs.append(self.make_output(req, []))
+        return outputs
+
     def _run_decode(self) -> list[TokenOutput]:
         built, self._next = self._next, None
         if built is not None and built.reqs == self.running:
@@ -536,4 +567,12 @@ class Scheduler:
             new_top_logprobs=[top] * len(new_ids) if req.return_logprob else [],
             input_logprobs=prompt[0] if prompt else None,
             input_top_logprobs=prompt[1] if prompt else None,
+            embedding=_embedding(req),
         )
+
+
+def _embedding(req: Req) -> list[float] | None:
+    """A finished embedding request's embedding (None for others and for aborted ones)."""
+    if req.pool is None or req.finished_reason != FinishReason("length"):
+        return None
+    return req.pool.result()

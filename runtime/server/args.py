@@ -79,6 +79,7 @@ class ServerArgs:
     log_level: str = "info"
     tool_call_parser: str | None = None  # reads tool calls out of chat answers (SGLang's names)
     reasoning_parser: str | None = None  # splits <think> reasoning from chat answers
+    chat_template: str | None = None  # a Jinja file that replaces the tokenizer's template
 
     @property
     def model_name(self) -> str:
@@ -211,6 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=REASONING_PARSERS.choices(),
         help="send a chat answer's <think>...</think> part as reasoning_content",
     )
+    add(
+        server,
+        "--chat-template",
+        metavar="FILE",
+        help="a Jinja chat template file used by chat completions instead of the "
+        "tokenizer's own (unset: the tokenizer's)",
+    )
     engine = parser.add_argument_group("engine")
     resolved_types = typing.get_type_hints(EngineConfig)
     for f in _engine_fields():
@@ -323,6 +331,32 @@ def _pair_trust(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> Pair
     return trust
 
 
+def _chat_template(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> str | None:
+    """The ``--chat-template`` file, checked: a readable Jinja file (SGLang's built-in
+    template names and JSON conversation templates are refused)."""
+    path = ns.chat_template
+    if path is None:
+        return None
+    if ns.skip_tokenizer_init:
+        parser.error("--chat-template needs the tokenizer: drop --skip-tokenizer-init")
+    if not os.path.isfile(os.path.expanduser(path)):
+        parser.error(
+            f"--chat-template {path}: no such file; kvflow takes a Jinja template file "
+            "(SGLang's built-in template names are not built)"
+        )
+    if path.endswith(".json"):
+        parser.error(
+            f"--chat-template {path}: SGLang's JSON conversation templates are not built; "
+            "give a Jinja template file"
+        )
+    return path
+
+
+def _check_embedding(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    if ns.is_embedding and ns.role != "unified":
+        parser.error("--is-embedding serves on the unified role only: drop --role")
+
+
 def parse_args(argv: list[str]) -> ServerArgs:
     parser = build_parser()
     ns = parser.parse_args(argv)
@@ -332,6 +366,7 @@ def parse_args(argv: list[str]) -> ServerArgs:
         if engine_kwargs[name] is None:
             del engine_kwargs[name]
     _check_hicache(parser, ns)
+    _check_embedding(parser, ns)
     if ns.max_running_requests is not None:
         engine_kwargs["max_running_requests"] = ns.max_running_requests
     else:
@@ -351,4 +386,5 @@ def parse_args(argv: list[str]) -> ServerArgs:
         log_level=ns.log_level,
         tool_call_parser=ns.tool_call_parser,
         reasoning_parser=ns.reasoning_parser,
+        chat_template=_chat_template(parser, ns),
     )

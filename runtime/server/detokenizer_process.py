@@ -55,6 +55,7 @@ class DetokenizerState:
                     out.new_top_logprobs,
                     out.input_logprobs,
                     out.input_top_logprobs,
+                    out.embedding,
                 )
             )
         return TextBatch(outputs)

@@ -29,6 +29,9 @@ ENGINE_FLAG_HELP: Mapping[str, str] = {
     "back (no text, chat or structured output)",
     "tokenizer_path": "a folder holding the tokenizer; unset: the model's folder (needed "
     "for text with dummy weights from a shipped config)",
+    "is_embedding": "serve embeddings (/v1/embeddings, /encode): each prompt's final-norm "
+    "hidden state pooled (last token, or the mean where the folder's sentence-transformers "
+    "config says) and L2-normalised; generation requests get 400",
     "page_size": "tokens per KV cache page; 0: auto (1 on CPU, 16 on CUDA)",
     "max_total_tokens": "KV cache pool size in tokens; unset: from --mem-fraction-static "
     "(CUDA) or --cpu-kv-cache-gb (CPU)",

@@ -20,9 +20,17 @@ from kvflow.runtime.server.generate_api import native_generate, prepare_native
 from kvflow.runtime.server.openai.chat import chat_completion, prepare_chat
 from kvflow.runtime.server.openai.common import sse
 from kvflow.runtime.server.openai.completions import completion, prepare_completion
+from kvflow.runtime.server.openai.embeddings import (
+    embedding_response,
+    encode_response,
+    prepare_embeddings,
+    prepare_encode,
+)
 from kvflow.runtime.server.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    EmbeddingRequest,
+    EncodeRequestBody,
     GenerateRequestBody,
 )
 from kvflow.runtime.server.tokenizer_manager import (
@@ -192,7 +200,9 @@ def create_app(tm: TokenizerManager) -> FastAPI:
         sampling = SamplingParams(
             max_new_tokens=1 if role == "prefill" else 2, temperature=0, ignore_eos=True
         )
-        probe = GenerateRequest(input_ids=[0], sampling=sampling, probe=True)
+        if tm.is_embedding:  # an embedding server's probe embeds a one-token prompt
+            sampling = sampling.prefill_only()
+        probe = GenerateRequest(input_ids=[0], sampling=sampling, probe=True, embed=tm.is_embedding)
         handles = await tm.generate([probe], INTERNAL_OWNER)
         try:
             async with asyncio.timeout(_HEALTH_GENERATE_TIMEOUT_S):
@@ -253,6 +263,20 @@ def create_app(tm: TokenizerManager) -> FastAPI:
         handles = await tm.generate(inputs, credential_of(request, api_key))
         return await _respond(request, handles, native_generate(tm, body, single, inputs, handles))
 
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
+        tm.check_accepting()
+        inputs = prepare_embeddings(tm, body)
+        handles = await tm.generate(inputs, credential_of(request, api_key))
+        return await _respond(request, handles, embedding_response(tm, body, handles))
+
+    @app.api_route("/encode", methods=["POST", "PUT"])
+    async def encode(body: EncodeRequestBody, request: Request) -> Response:
+        tm.check_accepting()
+        inputs = prepare_encode(tm, body)
+        handles = await tm.generate(inputs, credential_of(request, api_key))
+        return await _respond(request, handles, encode_response(body, handles))
+
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
         """SGLang's body ``{"rid": ...}``; only the credential that started ``rid`` may
@@ -281,7 +305,7 @@ def create_app(tm: TokenizerManager) -> FastAPI:
         return {
             "model_path": tm.info.get("model_path"),
             "tokenizer_path": tm.info.get("tokenizer_path"),
-            "is_generation": True,
+            "is_generation": not tm.is_embedding,
             "preferred_sampling_params": None,
             "weight_version": "default",
             "has_image_understanding": False,

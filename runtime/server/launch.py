@@ -33,7 +33,7 @@ from kvflow.runtime.server.lifeline import run_tied_to_parent
 from kvflow.runtime.server.parallel import check_parallel, rank_places
 from kvflow.runtime.server.scheduler_process import run_scheduler_process
 from kvflow.runtime.server.tokenizer_manager import TokenizerManager
-from kvflow.runtime.tokenizer import load_tokenizer, tokenizer_folder
+from kvflow.runtime.tokenizer import load_chat_template, load_tokenizer, tokenizer_folder
 
 __all__ = ["launch_server"]
 logger = logging.getLogger("kvflow.server")
@@ -219,6 +219,8 @@ def launch_server(args: ServerArgs) -> int:
             args.engine.tokenizer_path, args.engine.skip_tokenizer_init, model_path
         )
         tokenizer = None if folder is None else load_tokenizer(folder)
+        if tokenizer is not None and args.chat_template:  # SGLang's: replaces the tokenizer's
+            tokenizer.chat_template = load_chat_template(args.chat_template)
         tm = TokenizerManager(args, paths, info, tokenizer)
         return asyncio.run(_serve(args, tm, procs))
     except StartupError as err:

@@ -125,7 +125,13 @@ class SchedulerLoop:
             engine.tokenizer_path, engine.skip_tokenizer_init, self.runner.model_path
         )
         tokenizer = None if self.tokenizer_folder is None else load_tokenizer(self.tokenizer_folder)
-        self.reqs = ReqFactory(args.engine, self.runner.model_config, tokenizer, self.runner.device)
+        self.reqs = ReqFactory(
+            args.engine,
+            self.runner.model_config,
+            tokenizer,
+            self.runner.device,
+            self.runner.pooling,
+        )
         self.watchdog = Watchdog(args.watchdog_timeout)
         self._last_stats = 0.0
 
@@ -144,6 +150,8 @@ class SchedulerLoop:
             "dtype": str(self.runner.dtype).removeprefix("torch."),
             "role": self.args.role,
             "tp_size": self.runner.config.tp_size,
+            "is_embedding": self.runner.pooling is not None,
+            "pooling": None if self.runner.pooling is None else self.runner.pooling.value,
             **self.role.info(),
         }
 

@@ -99,12 +99,14 @@ SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
         "kvflow loads transformers' AutoTokenizer (the fast tokenizer where there is one)",
         accepts=("auto",),
     ),
-    "--chat-template": Refuse(
-        "kvflow renders the tokenizer's own chat template: give --tokenizer-path a folder "
-        "whose tokenizer carries the template you want"
+    "--chat-template": Same(
+        "a Jinja template file; SGLang's built-in template names and JSON templates are refused"
     ),
     "--json-model-override-args": Refuse("edit the model folder's config.json instead"),
-    "--is-embedding": Refuse("kvflow serves generation models only", nargs=0),
+    "--is-embedding": Same(
+        "decoder families only; last-token or mean pooling (the folder's sentence-transformers "
+        "config), L2-normalised; /v1/embeddings and /encode"
+    ),
     # data types and quantization
     "--dtype": Same("auto: float32 on CPU, the checkpoint's dtype on CUDA"),
     "--quantization": Refuse("kvflow loads unquantized checkpoints (--dtype float16|bfloat16)"),

@@ -50,6 +50,14 @@ INTERNAL_OWNER = "internal"
 # NOTE: 499 (nginx's "client closed request", gRPC's CANCELLED): a 4xx, so no router
 # retries a request its client cancelled.
 CLIENT_ABORT_STATUS = 499
+_EMBEDDING_ONLY = (
+    "this server serves embeddings (started with --is-embedding): use /v1/embeddings or "
+    "/encode; generation needs a server started without it"
+)
+_NO_EMBEDDING = (
+    "this server serves generation, not embeddings: start it with --is-embedding "
+    "to serve /v1/embeddings and /encode"
+)
 
 
 @dataclass
@@ -74,6 +82,7 @@ class TokenizerManager:
         self.context_len: int = info["context_len"]
         self.vocab_size: int = info["vocab_size"]
         self.max_total_tokens: int = info["max_total_tokens"]
+        self.is_embedding = args.engine.is_embedding
         self._sync_ctx = zmq.Context()
         self._async_ctx = zmq.asyncio.Context()
         engine = args.engine
@@ -181,6 +190,12 @@ class TokenizerManager:
     def chat_ids(self, messages: list[dict[str, Any]], **template_kwargs: Any) -> list[int]:
         if self.tokenizer is None:
             raise RequestError(400, "this server skips tokenizer init: chat needs a tokenizer")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise RequestError(
+                400,
+                "this model's tokenizer has no chat template: start the server with "
+                "--chat-template FILE.jinja, or send the prompt text to /v1/completions",
+            )
         try:
             return apply_chat_template(self.tokenizer, messages, **template_kwargs)
         except (ValueError, TypeError, KeyError) as err:
@@ -208,6 +223,8 @@ class TokenizerManager:
         if not ids:
             raise RequestError(400, "the prompt is empty")
         self.check_token_ids(ids)
+        if inp.embed != self.is_embedding:
+            raise RequestError(400, _EMBEDDING_ONLY if self.is_embedding else _NO_EMBEDDING)
         if not inp.probe:  # the probe runs on any role (scheduler_process skips the role)
             self._check_role(inp)
         try:

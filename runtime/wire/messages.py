@@ -52,6 +52,9 @@ class GenerateRequest:
     extra_key: str | None = None  # cache namespace: prefixes are shared only within one
     bootstrap: Bootstrap | None = None  # prefill/decode roles: the pairing with the peer
     probe: bool = False  # /health_generate's own: runs on any role past its queues, no room
+    # SGLang's EmbeddingReqInput: the prompt's pooled hidden state instead of tokens (an
+    # embedding server's requests; sampling is then prefill_only)
+    embed: bool = False
 
     @property
     def request_id(self) -> str:
@@ -148,6 +151,7 @@ class TextOutput:
     new_top_logprobs: list[list[tuple[int, float]] | None]
     input_logprobs: list[float | None] | None = None  # see TokenOutput
     input_top_logprobs: list[list[tuple[int, float]] | None] | None = None
+    embedding: list[float] | None = None  # see TokenOutput
 
 
 @dataclass(frozen=True)

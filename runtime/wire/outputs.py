@@ -38,3 +38,5 @@ class TokenOutput:
     # prompt logprobs from the request's logprob_start_len on, once, when the prompt is done
     input_logprobs: list[float | None] | None = None
     input_top_logprobs: list[list[tuple[int, float]] | None] | None = None
+    # an embedding request's normalised pooled hidden state, when it finishes
+    embedding: list[float] | None = None

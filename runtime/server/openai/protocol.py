@@ -24,6 +24,8 @@ __all__ = [
     "ChatCompletionRequest",
     "ChatMessage",
     "CompletionRequest",
+    "EmbeddingRequest",
+    "EncodeRequestBody",
     "GenerateRequestBody",
     "NamedToolChoice",
     "StreamOptions",
@@ -268,3 +270,28 @@ class GenerateRequestBody(_CheckedFields):
     @property
     def cache_namespace(self) -> str | None:
         return _namespace(self.extra_key, self.cache_salt)
+
+
+class EmbeddingRequest(BaseModel):
+    """OpenAI's ``/v1/embeddings`` body (``dimensions`` is refused unless null: no
+    Matryoshka truncation)."""
+
+    model_config = ConfigDict(extra="forbid", **_STRICT)
+
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None  # an end-user id for the caller's own records
+
+
+class EncodeRequestBody(BaseModel):
+    """SGLang's native ``/encode`` body (``EmbeddingReqInput``): ``text`` or ``input_ids``,
+    one prompt or a batch."""
+
+    model_config = ConfigDict(extra="forbid", **_STRICT)
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    rid: str | None = None  # names a single prompt
+    model: str | None = None  # added by SGLang's router; ignored (one model per server)
