@@ -210,16 +210,6 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "spec.decode.gpus: Forbidden",
     ),
     (
-        "a HiCache shared store with 2 unified GPUs",
-        {
-            "spec": {
-                "unified": {"gpus": 2},
-                "hiCache": {"hostMemory": "1Gi", "sharedStore": {"type": "file", "size": "1Gi"}},
-            }
-        },
-        "spec.unified.gpus: Forbidden",
-    ),
-    (
         "autoscaling min above max",
         {"spec": {"unified": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}}},
         "spec.unified.autoscaling.minReplicas",

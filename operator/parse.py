@@ -15,7 +15,6 @@ from kvflow import contract
 
 from .paths import OPERATOR_ENV, OPERATOR_VOLUMES
 from .quantity import QuantityError, parse_quantity
-from .roles import uses_hicache
 from .spec import (
     DEFAULT_ROUTER_IMAGE,
     DEFAULT_RUNTIME_IMAGE,
@@ -274,7 +273,7 @@ def _check_ports(md: ModelDeployment) -> None:
 
 def _check_parallelism(md: ModelDeployment) -> None:
     """Several GPUs per pod (tensor/data parallelism) only where the runtime runs them: not
-    in prefill/decode roles, nor with a HiCache shared store (docs/parallelism.md)."""
+    in prefill/decode roles (docs/parallelism.md)."""
     for worker in md.workers:
         if worker.gpus <= 1:
             continue
@@ -285,14 +284,6 @@ def _check_parallelism(md: ModelDeployment) -> None:
                 f"{worker.gpus} GPUs: the runtime does not run prefill/decode roles with tensor "
                 "or data parallelism yet (docs/parallelism.md); use gpus <= 1 in disaggregated "
                 "mode, or unified mode for several GPUs per pod",
-            )
-        if uses_hicache(md, worker) and md.hicache.store != contract.NO_STORAGE:
-            raise SpecError(
-                field_path,
-                f"{worker.gpus} GPUs with a HiCache shared store (spec.hiCache.sharedStore): "
-                "the runtime's storage tier is not built for tensor or data parallelism yet "
-                "(the host-memory tier is; docs/parallelism.md); use gpus <= 1, or drop "
-                "spec.hiCache.sharedStore for several GPUs",
             )
 
 

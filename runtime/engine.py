@@ -10,9 +10,9 @@ from typing import Any
 from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.detokenizer import TextStream
 from kvflow.runtime.distributed import TPGroup
+from kvflow.runtime.distributed.lockstep import TPLockstep
 from kvflow.runtime.model_runner import ModelRunner
 from kvflow.runtime.scheduler import Req, ReqFactory, Scheduler
-from kvflow.runtime.scheduler.lockstep import TPLockstep
 from kvflow.runtime.tokenizer import load_tokenizer, tokenizer_folder
 from kvflow.runtime.wire import FinishReason, GenerateRequest, SamplingParams, TokenOutput
 

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from kvflow.runtime.cache.storage import PageStore
     from kvflow.runtime.cache.storage_tier import StorageTier
     from kvflow.runtime.config import EngineConfig
+    from kvflow.runtime.distributed import Lockstep
     from kvflow.runtime.mem.host_pool import HostKVPool
     from kvflow.runtime.model_runner import ModelRunner
 
@@ -22,7 +23,7 @@ __all__ = ["PREFIX_CACHES", "make_prefix_cache", "prefix_cache_kind"]
 logger = logging.getLogger(__name__)
 STORE_CONNECT_WAIT_S = 15.0  # at start-up, for a store that connects in the background
 
-# name -> factory(config, runner) -> PrefixCache
+# name -> factory(config, runner, lockstep) -> PrefixCache
 PREFIX_CACHES: Registry[PrefixCache] = Registry("prefix cache")
 PREFIX_CACHES.register("none", "kvflow.runtime.cache.factory:_no_prefix")
 PREFIX_CACHES.register("radix", "kvflow.runtime.cache.factory:_radix")
@@ -36,28 +37,32 @@ def prefix_cache_kind(config: EngineConfig) -> str:
     return "hiradix" if config.hicache_host_memory_gb > 0 else "radix"
 
 
-def make_prefix_cache(config: EngineConfig, runner: ModelRunner) -> PrefixCache:
-    return PREFIX_CACHES.get(prefix_cache_kind(config))(config, runner)
+def make_prefix_cache(config: EngineConfig, runner: ModelRunner, lockstep: Lockstep) -> PrefixCache:
+    """The configured cache; ``lockstep`` is how its asynchronous events (HiCache's storage
+    transfers) are agreed across tensor-parallel ranks."""
+    return PREFIX_CACHES.get(prefix_cache_kind(config))(config, runner, lockstep)
 
 
-def _no_prefix(config: EngineConfig, runner: ModelRunner) -> PrefixCache:
+def _no_prefix(config: EngineConfig, runner: ModelRunner, lockstep: Lockstep) -> PrefixCache:
     from kvflow.runtime.cache.no_prefix import NoPrefixCache
 
     return NoPrefixCache(runner.req_to_token, runner.allocator)
 
 
-def _radix(config: EngineConfig, runner: ModelRunner) -> PrefixCache:
+def _radix(config: EngineConfig, runner: ModelRunner, lockstep: Lockstep) -> PrefixCache:
     from kvflow.runtime.cache.radix import RadixCache
 
     return RadixCache(runner.req_to_token, runner.allocator)
 
 
-def _hiradix(config: EngineConfig, runner: ModelRunner) -> PrefixCache:
+def _hiradix(config: EngineConfig, runner: ModelRunner, lockstep: Lockstep) -> PrefixCache:
     from kvflow.runtime.cache.hiradix import HiRadixCache
     from kvflow.runtime.mem.host_pool import HostKVPool
 
     host = HostKVPool.sized(runner.kv_pool, runner.page_size, config.hicache_host_memory_gb)
-    storage = _storage_tier(config, runner, host) if config.hicache_storage != "none" else None
+    storage = (
+        _storage_tier(config, runner, host, lockstep) if config.hicache_storage != "none" else None
+    )
     return HiRadixCache(
         runner.req_to_token,
         runner.allocator,
@@ -68,9 +73,12 @@ def _hiradix(config: EngineConfig, runner: ModelRunner) -> PrefixCache:
     )
 
 
-def _storage_tier(config: EngineConfig, runner: ModelRunner, host: HostKVPool) -> StorageTier:
+def _storage_tier(
+    config: EngineConfig, runner: ModelRunner, host: HostKVPool, lockstep: Lockstep
+) -> StorageTier:
     """The L3 link: a store of the configured backend behind a background I/O worker, in
-    a namespace of this model's identity (same model, dtype, page layout -> same keys)."""
+    a namespace of this model's identity (same model, dtype, page layout -> same keys) and
+    of this rank's share of the KV heads (each tensor-parallel rank stores its own)."""
     from kvflow.runtime.cache.storage import StorageConfig, StorageIO, StoreNamespace, create_store
     from kvflow.runtime.cache.storage_tier import StorageTier
 
@@ -83,6 +91,8 @@ def _storage_tier(config: EngineConfig, runner: ModelRunner, host: HostKVPool) -
         num_kv_heads=mc.num_kv_heads,
         head_dim=mc.head_dim,
         layout="page_first",
+        tp_size=runner.tp.size if runner.tp else 1,
+        tp_rank=runner.tp.rank if runner.tp else 0,
         kv_bytes_per_token=host.page_bytes // runner.page_size,
     )
     store = create_store(
@@ -91,7 +101,12 @@ def _storage_tier(config: EngineConfig, runner: ModelRunner, host: HostKVPool) -
     store.register(host.data)  # page buffers are views into it
     _wait_connected(store, STORE_CONNECT_WAIT_S)
     return StorageTier(
-        config.hicache_storage, StorageIO(store), namespace, host, config.hicache_prefetch_timeout
+        config.hicache_storage,
+        StorageIO(store),
+        namespace,
+        host,
+        config.hicache_prefetch_timeout,
+        lockstep,
     )
 
 

@@ -468,8 +468,12 @@ class HiRadixCache(RadixCache):
         if self.storage is None:
             return []
         pending = []
-        for node in self._to_store:
-            if node.backup is not None and not node.backup.done():
+        # a write pins its node, so every rank starts it in the same round
+        landed = self.storage.lockstep.all_true(
+            [node.backup is None or node.backup.done() for node in self._to_store]
+        )
+        for node, done in zip(self._to_store, landed, strict=True):
+            if not done:
                 pending.append(node)
                 continue
             node.backup = None

@@ -12,25 +12,30 @@ A prefetch has a time budget (``hicache_prefetch_timeout``); a completion later 
 budget plus :data:`GRACE_S` releases its request anyway, and its host pages are freed
 when the worker finally gives them back. The store being down means misses and dropped
 writes, counted, never an exception in the scheduler.
+
+Under tensor parallelism every rank stores and fetches its own KV heads' share of each
+page (its rank is in the key namespace), and its transfers end at their own times: a
+transfer counts as ended only once it has on every rank, a prefetch brings the pages the
+rank with the fewest got, and the budget runs on the group's clock (the ``lockstep``), so
+the tree and the waiting queue change alike everywhere.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kvflow.runtime.cache.storage import (
-    Completion,
     JobKind,
     Outcome,
     StorageIO,
     StoreNamespace,
     page_keys,
 )
+from kvflow.runtime.distributed import Lockstep
 from kvflow.runtime.mem.host_pool import HostKVPool
 
 if TYPE_CHECKING:
@@ -71,8 +76,11 @@ class StorageTier:
     namespace: StoreNamespace
     host: HostKVPool
     budget_s: float
-    prefetches: dict[int, Prefetch] = field(default_factory=dict)
-    writes: dict[int, _Write] = field(default_factory=dict)
+    lockstep: Lockstep = field(default_factory=Lockstep)
+    prefetches: dict[int, Prefetch] = field(default_factory=dict)  # in start order
+    writes: dict[int, _Write] = field(default_factory=dict)  # in start order
+    _fetched: dict[int, int] = field(default_factory=dict)  # job -> pages, ended here
+    _written: set[int] = field(default_factory=set)  # writes ended here
 
     # -- keys ------------------------------------------------------------------------------
     def keys(self, tokens: list[int], extra_key: str | None, prior: str | None) -> list[str]:
@@ -93,39 +101,40 @@ class StorageTier:
     ) -> None:
         pages = self.host.pages_of(host_slots).tolist()
         job = self.io.prefetch(keys, [self.host.page(p) for p in pages], self.budget_s)
-        deadline = time.monotonic() + self.budget_s + GRACE_S
+        deadline = self.lockstep.now() + self.budget_s + GRACE_S
         self.prefetches[job] = Prefetch(req, tokens, start, keys, host_slots, deadline)
 
     def poll(self) -> tuple[list[tuple[Prefetch, int]], list[Req], list[Any]]:
-        """Completions: (finished prefetches with their page count, requests released
-        late, nodes whose write ended)."""
-        done: list[tuple[Prefetch, int]] = []
-        written: list[Any] = []
+        """Completions every rank has seen: (finished prefetches with the page count every
+        rank has, requests released late, nodes whose write ended)."""
         for completion in self.io.poll():
-            self._complete(completion, done, written)
-        now = time.monotonic()
+            if completion.kind == JobKind.WRITE:
+                self._written.add(completion.job_id)
+            elif completion.job_id in self.prefetches:
+                cancelled = completion.outcome == Outcome.CANCELLED
+                self._fetched[completion.job_id] = 0 if cancelled else completion.pages
+        written = []
+        for job in self._agreed(list(self.writes), lambda j: j in self._written):
+            self._written.discard(job)
+            write = self.writes.pop(job)
+            write.node.pins -= 1
+            written.append(write.node)
+        jobs = self._agreed(list(self.prefetches), lambda j: j in self._fetched)
+        pages = self.lockstep.all_min([self._fetched.pop(j) for j in jobs])
+        done = [(self.prefetches.pop(j), n) for j, n in zip(jobs, pages, strict=True)]
+        now = self.lockstep.now()
         late = []
-        for job in self.prefetches.values():
-            if not job.released and now > job.deadline:
-                job.released = True
-                late.append(job.req)
-                logger.warning("storage prefetch for %s overran its budget", job.req.rid)
+        for prefetch in self.prefetches.values():
+            if not prefetch.released and now > prefetch.deadline:
+                prefetch.released = True
+                late.append(prefetch.req)
+                logger.warning("storage prefetch for %s overran its budget", prefetch.req.rid)
         return done, late, written
 
-    def _complete(
-        self, completion: Completion, done: list[tuple[Prefetch, int]], written: list[Any]
-    ) -> None:
-        if completion.kind == JobKind.WRITE:
-            write = self.writes.pop(completion.job_id, None)
-            if write is not None:
-                write.node.pins -= 1
-                written.append(write.node)
-            return
-        job = self.prefetches.pop(completion.job_id, None)
-        if job is None:
-            return
-        pages = completion.pages if completion.outcome != Outcome.CANCELLED else 0
-        done.append((job, pages))
+    def _agreed(self, jobs: list[int], ended_here: Any) -> list[int]:
+        """The ``jobs`` (in start order, the same on every rank) that ended on every rank."""
+        ended = self.lockstep.all_true([bool(ended_here(job)) for job in jobs])
+        return [job for job, done in zip(jobs, ended, strict=True) if done]
 
     def pending(self) -> bool:
         return any(not job.released for job in self.prefetches.values())

@@ -72,9 +72,15 @@ class TPGroup:
 
     def min_int(self, value: int) -> int:
         """The smallest ``value`` any rank passed (e.g. KV pages every rank can hold)."""
-        tensor = torch.tensor([value], dtype=torch.int64)
+        return self.all_min([value])[0]
+
+    def all_min(self, values: list[int]) -> list[int]:
+        """Per position, the smallest value any rank passed (equal lengths everywhere)."""
+        if not values:
+            return []
+        tensor = torch.tensor(values, dtype=torch.int64)
         dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self.cpu_group)
-        return int(tensor.item())
+        return [int(v) for v in tensor.tolist()]
 
     def _global(self, rank: int) -> int:
         return dist.get_global_rank(self.cpu_group, rank) if self.cpu_group else rank

@@ -19,13 +19,13 @@ import torch
 from kvflow.runtime.cache.factory import make_prefix_cache
 from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.core import Req
+from kvflow.runtime.distributed.lockstep import Lockstep
 from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.model_runner import ModelRunner
 from kvflow.runtime.sampling import PendingSample, SampleOutput, SamplingBatch
 from kvflow.runtime.scheduler.batch import build_decode_batch, build_extend_batch
 from kvflow.runtime.scheduler.budget import RESERVE_CLIP, PrefillBudget
 from kvflow.runtime.scheduler.kv import DecodeGrowth, KVManager
-from kvflow.runtime.scheduler.lockstep import Lockstep
 from kvflow.runtime.scheduler.policy import order_waiting
 from kvflow.runtime.scheduler.sharing import BatchPrefixes
 from kvflow.runtime.wire import FinishReason, TokenOutput
@@ -86,7 +86,7 @@ class Scheduler:
         # A failed step aborts its batch and the scheduler goes on; off, it raises (a rank
         # of a tensor-parallel group cannot go on alone: the others did not fail with it).
         self.isolate_failures = isolate_failures
-        self.cache = make_prefix_cache(config, runner)
+        self.cache = make_prefix_cache(config, runner, self.lockstep)
         self.kv = KVManager(runner.req_to_token, runner.allocator, self.cache)
         self.waiting: list[Req] = []
         self.grammar_wait: list[Req] = []  # their grammar compiles (kvflow.runtime.grammar)

@@ -22,7 +22,7 @@ logger = logging.getLogger("kvflow.server")
 def check_parallel(engine: EngineConfig, role: str, model_path: Path) -> None:
     """Raise ValueError (one line) for parallel settings that cannot run: ranks that do not
     split the model's heads, more ranks than GPUs, and what is not built with TP or DP yet
-    (the prefill/decode roles, HiCache's storage tier)."""
+    (the prefill/decode roles)."""
     if engine.dp_size < 1:
         raise ValueError(f"--dp-size must be >= 1, got {engine.dp_size}")
     check_tensor_parallel(ModelConfig.from_path(model_path), engine.tp_size)
@@ -34,14 +34,6 @@ def check_parallel(engine: EngineConfig, role: str, model_path: Path) -> None:
         raise ValueError(
             f"{given} with --role {role}: prefill/decode with tensor or data parallelism "
             "is not built yet (run the roles with --tp-size 1 --dp-size 1)"
-        )
-    if engine.hicache_storage != "none":
-        # The host tier's decisions are the same on every rank; a storage prefetch ends
-        # when its pages arrive, which differs from rank to rank.
-        raise ValueError(
-            f"{given} with --hicache-storage {engine.hicache_storage}: the storage tier is "
-            "not built for tensor or data parallelism yet (the host tier is: keep "
-            "--hicache-host-memory-gb, drop --hicache-storage)"
         )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import zmq
 
 from kvflow.runtime.distributed import TPGroup
-from kvflow.runtime.scheduler.lockstep import TPLockstep
+from kvflow.runtime.distributed.lockstep import TPLockstep
 from kvflow.runtime.server.ipc import IpcPaths, Puller, Pusher
 
 __all__ = ["SchedulerIO"]

@@ -21,9 +21,9 @@ from typing import Any
 from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.disagg.roles import ROLES, make_role
 from kvflow.runtime.distributed import TPGroup, init_tp_group
+from kvflow.runtime.distributed.lockstep import TPLockstep
 from kvflow.runtime.model_runner import ModelRunner
 from kvflow.runtime.scheduler import ReqFactory, Scheduler, SchedulerPort
-from kvflow.runtime.scheduler.lockstep import TPLockstep
 from kvflow.runtime.server.args import ServerArgs
 from kvflow.runtime.server.ipc import IpcPaths
 from kvflow.runtime.server.scheduler_io import SchedulerIO

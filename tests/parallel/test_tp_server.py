@@ -181,13 +181,6 @@ def _stream_events(url: str, events: list[str]) -> None:
     [
         (["--tp-size", "2"], "--tp-size 2 does not divide this model's 9 attention heads"),
         (["--tp-size", "3", "--role", "prefill"], "prefill/decode with tensor or data parallelism"),
-        (
-            [
-                *("--tp-size", "3", "--hicache-host-memory-gb", "1"),
-                *("--hicache-storage", "file", "--hicache-storage-path", "/nonexistent"),
-            ],
-            "the storage tier is not built for tensor or data parallelism",
-        ),
         (["--tp-size", "3", "--device", "cuda"], "needs 3 GPUs"),
         (["--dp-size", "2", "--role", "prefill"], "prefill/decode with tensor or data parallelism"),
         (["--dp-size", "0"], "--dp-size must be >= 1"),

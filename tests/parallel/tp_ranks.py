@@ -37,12 +37,18 @@ def _rank(
         group = init_tp_group(rank, size, init_addr, where, timeout_s=RANK_TIMEOUT_S)
         engine = Engine(model_path, tp=group, tp_size=size, device=where, **engine_kwargs)
         outputs = [[r.output_ids for r in engine.generate(**call)] for call in calls]
+        cache = engine.scheduler.cache
+        storage = getattr(cache, "storage", None)
+        for _ in range(3 if storage is not None else 0):  # every page into the store
+            storage.io.drain(30.0)
+            cache.poll()  # writes whose host copy landed start; ended writes unpin
         report = {
             "outputs": outputs,
             "retractions": engine.scheduler.num_retractions,
             "memory_free": engine.is_memory_free(),
             "kv_heads": engine.runner.heads.num_kv_heads,
             "host_hit_tokens": engine.scheduler.kv.hit_tokens.host,
+            "storage_hit_tokens": engine.scheduler.kv.hit_tokens.storage,
         }
         results.put((rank, report))
         dist.destroy_process_group()

@@ -4,14 +4,15 @@ Each rank runs its own scheduler over its own KV pool, and they stay equal only 
 decision is: the same messages in the same order (the scheduler process broadcasts them),
 the same sampled ids (the sampler broadcasts them), and the same answer to the two
 questions a scheduler otherwise answers alone: what time it is (lpm's aging of waiting
-requests) and whether an asynchronous job (a grammar compile) has ended.
+requests) and whether an asynchronous job (a grammar compile, a HiCache storage transfer)
+has ended, and with what result.
 """
 
 from __future__ import annotations
 
 import time
 
-from kvflow.runtime.distributed import TPGroup
+from kvflow.runtime.distributed.group import TPGroup
 
 __all__ = ["Lockstep", "TPLockstep"]
 
@@ -26,6 +27,10 @@ class Lockstep:
     def all_true(self, flags: list[bool]) -> list[bool]:
         """Per position, whether the flag holds on every rank (collective under TP)."""
         return flags
+
+    def all_min(self, values: list[int]) -> list[int]:
+        """Per position, the smallest value any rank has (collective under TP)."""
+        return values
 
 
 class TPLockstep(Lockstep):
@@ -45,3 +50,6 @@ class TPLockstep(Lockstep):
 
     def all_true(self, flags: list[bool]) -> list[bool]:
         return self.tp.all_true(flags)
+
+    def all_min(self, values: list[int]) -> list[int]:
+        return self.tp.all_min(values)
