@@ -11,7 +11,9 @@ stage 2  grid (batch, q_heads): log-sum-exp merge of the non-empty splits -> o
 
 Each request's slots come either from CSR ``kv_indptr``/``kv_indices`` or straight from
 the request-to-token table (``decode_attention_table_fwd``: row ``req_pool_indices[i]``,
-first ``seq_lens[i]`` entries), which needs no per-step index list.
+first ``seq_lens[i]`` entries), which needs no per-step index list. With a sliding
+``window``, a request's slots are only its last ``window`` (the new token's own included):
+both stages see that range alone, so the slots before it are never read.
 
 A request's slice length is ``cdiv(seq_len, num_kv_splits)`` rounded up to whole KV tiles
 and to at least ``MIN_SPLIT_LEN``, computed on the device from ``kv_indptr``; short
@@ -54,28 +56,34 @@ def _split_len(seq_len, num_splits, MIN_SPLIT: tl.constexpr, BLOCK_N: tl.constex
 
 
 @triton.jit
-def _kv_range(meta_ptr, lens_ptr, batch, stride_table, TABLE: tl.constexpr):
+def _kv_range(meta_ptr, lens_ptr, batch, stride_table, window, TABLE: tl.constexpr,
+              SLIDING: tl.constexpr):  # fmt: skip
     """Where request ``batch``'s slots start in ``kv_indices`` and how many there are: CSR
-    (``meta`` = kv_indptr) or a table row (``meta`` = req_pool_indices, ``lens`` = seq_lens)."""
+    (``meta`` = kv_indptr) or a table row (``meta`` = req_pool_indices, ``lens`` = seq_lens);
+    ``SLIDING``: only the last ``window`` of them."""
     if TABLE:
         start = tl.load(meta_ptr + batch).to(tl.int64) * stride_table
         length = tl.load(lens_ptr + batch).to(tl.int32)
     else:
         start = tl.load(meta_ptr + batch).to(tl.int64)
         length = (tl.load(meta_ptr + batch + 1) - tl.load(meta_ptr + batch)).to(tl.int32)
+    if SLIDING:
+        before = tl.maximum(length - window, 0)
+        start += before
+        length -= before
     return start, length
 
 
 @triton.jit
 def _decode_partial_kernel(
     q_ptr, k_ptr, v_ptr, kv_meta_ptr, kv_lens_ptr, kv_indices_ptr, part_o_ptr, part_lse_ptr,
-    scale_log2, stride_table,
+    scale_log2, stride_table, window,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
     num_q_heads, num_splits,
     GROUP_SIZE: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    MIN_SPLIT: tl.constexpr, TABLE: tl.constexpr,
+    MIN_SPLIT: tl.constexpr, TABLE: tl.constexpr, SLIDING: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     batch = tl.program_id(0)
@@ -88,7 +96,9 @@ def _decode_partial_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
 
-    seq_start, seq_len = _kv_range(kv_meta_ptr, kv_lens_ptr, batch, stride_table, TABLE)
+    seq_start, seq_len = _kv_range(
+        kv_meta_ptr, kv_lens_ptr, batch, stride_table, window, TABLE, SLIDING
+    )
     split_len = _split_len(seq_len, num_splits, MIN_SPLIT, BLOCK_N)
     split_start = split * split_len
     split_end = tl.minimum(split_start + split_len, seq_len)
@@ -147,17 +157,17 @@ def _decode_partial_kernel(
 
 @triton.jit
 def _decode_merge_kernel(
-    part_o_ptr, part_lse_ptr, o_ptr, kv_meta_ptr, kv_lens_ptr,
+    part_o_ptr, part_lse_ptr, o_ptr, kv_meta_ptr, kv_lens_ptr, window,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
     num_splits,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MIN_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-    TABLE: tl.constexpr,
+    TABLE: tl.constexpr, SLIDING: tl.constexpr,
 ):  # fmt: skip
     batch = tl.program_id(0)
     head = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
-    _, seq_len = _kv_range(kv_meta_ptr, kv_lens_ptr, batch, 0, TABLE)
+    _, seq_len = _kv_range(kv_meta_ptr, kv_lens_ptr, batch, 0, window, TABLE, SLIDING)
     split_len = _split_len(seq_len, num_splits, MIN_SPLIT, BLOCK_N)
 
     e_max = float("-inf")
@@ -228,7 +238,7 @@ def _scratch(q, splits, partial_o, partial_lse):
 
 
 def _decode(q, k_buffer, v_buffer, o, meta, lens, kv_indices, stride_table, table, sm_scale,
-            num_kv_splits, partial_o, partial_lse):  # fmt: skip
+            num_kv_splits, partial_o, partial_lse, window):  # fmt: skip
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
     if num_q_heads % num_kv_heads:
@@ -238,6 +248,9 @@ def _decode(q, k_buffer, v_buffer, o, meta, lens, kv_indices, stride_table, tabl
     if not 1 <= splits <= MAX_KV_SPLITS:
         raise ValueError(f"num_kv_splits must be in [1, {MAX_KV_SPLITS}], got {splits}")
     partial_o, partial_lse = _scratch(q, splits, partial_o, partial_lse)
+    if window is not None and window < 1:
+        raise ValueError(f"window must be at least 1, got {window}")
+    sliding = window is not None
     if batch == 0:
         return o
 
@@ -249,23 +262,23 @@ def _decode(q, k_buffer, v_buffer, o, meta, lens, kv_indices, stride_table, tabl
     grid = (batch, triton.cdiv(num_q_heads, heads_per_program), splits)
     _decode_partial_kernel[grid](
         q, k_buffer, v_buffer, meta, lens, kv_indices, partial_o, partial_lse,
-        sm_scale * _LOG2E, stride_table,
+        sm_scale * _LOG2E, stride_table, window or 0,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1),
         partial_o.stride(0), partial_o.stride(1), partial_o.stride(2),
         partial_lse.stride(0), partial_lse.stride(1),
         num_q_heads, splits,
         GROUP_SIZE=group_size, HEADS_PER_PROGRAM=heads_per_program, BLOCK_H=block_h,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, TABLE=table,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, TABLE=table, SLIDING=sliding,
         UPCAST_DOT=interpreted, DOT_PRECISION=dot_precision(q.dtype), **config,
     )  # fmt: skip
     _decode_merge_kernel[(batch, num_q_heads)](
-        partial_o, partial_lse, o, meta, lens,
+        partial_o, partial_lse, o, meta, lens, window or 0,
         partial_o.stride(0), partial_o.stride(1), partial_o.stride(2),
         partial_lse.stride(0), partial_lse.stride(1), o.stride(0), o.stride(1),
         splits,
         HEAD_DIM=head_dim, BLOCK_D=block_d,
-        MIN_SPLIT=config["MIN_SPLIT"], BLOCK_N=config["BLOCK_N"], TABLE=table,
+        MIN_SPLIT=config["MIN_SPLIT"], BLOCK_N=config["BLOCK_N"], TABLE=table, SLIDING=sliding,
         num_warps=4 if head_dim <= 128 else 8,
     )  # fmt: skip
     return o
@@ -283,6 +296,7 @@ def decode_attention_fwd(
     *,
     partial_o: torch.Tensor | None = None,
     partial_lse: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per request over its KV in the pool; writes ``o``.
 
@@ -294,10 +308,11 @@ def decode_attention_fwd(
     ``num_kv_heads`` (GQA). ``num_kv_splits`` (1..MAX_KV_SPLITS) defaults to
     :func:`default_num_kv_splits`. ``partial_o`` [batch, num_q_heads, >= splits, head_dim]
     and ``partial_lse`` [batch, num_q_heads, >= splits] (fp32) are optional scratch buffers,
-    e.g. preallocated once for CUDA-graph capture. Returns ``o``.
+    e.g. preallocated once for CUDA-graph capture. ``window``: attend only to the last
+    ``window`` slots of each request (sliding-window attention). Returns ``o``.
     """
     return _decode(q, k_buffer, v_buffer, o, kv_indptr, kv_indptr, kv_indices, 0, False,
-                   sm_scale, num_kv_splits, partial_o, partial_lse)  # fmt: skip
+                   sm_scale, num_kv_splits, partial_o, partial_lse, window)  # fmt: skip
 
 
 def decode_attention_table_fwd(
@@ -313,6 +328,7 @@ def decode_attention_table_fwd(
     *,
     partial_o: torch.Tensor | None = None,
     partial_lse: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """:func:`decode_attention_fwd` reading each request's slots straight from the
     request-to-token table: request ``i`` attends to
@@ -323,7 +339,7 @@ def decode_attention_table_fwd(
         raise ValueError("req_to_token rows must be contiguous")
     return _decode(q, k_buffer, v_buffer, o, req_pool_indices, seq_lens, req_to_token,
                    req_to_token.stride(0), True, sm_scale, num_kv_splits, partial_o,
-                   partial_lse)  # fmt: skip
+                   partial_lse, window)  # fmt: skip
 
 
 def decode_attention_table_ref(
@@ -334,6 +350,7 @@ def decode_attention_table_ref(
     req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor,
     sm_scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Pure-torch :func:`decode_attention_table_fwd` (through :func:`decode_attention_ref`)."""
     rows, lens = req_pool_indices.tolist(), seq_lens.tolist()
@@ -341,7 +358,7 @@ def decode_attention_table_ref(
     kv_indices = torch.cat(parts) if parts else req_to_token.new_zeros(0)
     kv_indptr = torch.zeros(len(lens) + 1, dtype=torch.int64)
     kv_indptr[1:] = torch.tensor(lens, dtype=torch.int64).cumsum(0)
-    return decode_attention_ref(q, k_buffer, v_buffer, kv_indptr, kv_indices, sm_scale)
+    return decode_attention_ref(q, k_buffer, v_buffer, kv_indptr, kv_indices, sm_scale, window)
 
 
 def decode_attention_ref(
@@ -351,6 +368,7 @@ def decode_attention_ref(
     kv_indptr: torch.Tensor,
     kv_indices: torch.Tensor,
     sm_scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Pure-torch decode attention (fp32 math, one request at a time); returns a new
     [batch, num_q_heads, head_dim] tensor in ``q``'s dtype. Same contract as
@@ -361,6 +379,8 @@ def decode_attention_ref(
     bounds = kv_indptr.tolist()
     for req in range(batch):
         slots = kv_indices[bounds[req] : bounds[req + 1]].long()
+        if window is not None:
+            slots = slots[-window:]
         if slots.numel() == 0:
             continue
         keys = k_buffer[slots].float().repeat_interleave(group_size, dim=1)  # [len, qh, d]

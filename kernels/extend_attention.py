@@ -10,6 +10,12 @@ Grid (batch, num_q_heads, cdiv(max_len_extend, BLOCK_M)); each program runs one 
 softmax over the prefix (gathered through ``kv_indices``), then over the new tokens before
 its block (no masks) and finally over its diagonal block (causal mask). Programs past a
 request's extend length return at once.
+
+With a sliding ``window``, new token ``j`` (position ``prefix_len + j``) sees only keys
+within ``window`` positions of itself (``q_pos - k_pos < window``, itself included): each
+loop starts at the tile holding its block's first row's first key, so key tiles wholly
+before every row's window are never read, and the rest are masked. A row may then have no
+key in a tile, which the online softmax takes without NaN.
 """
 
 from __future__ import annotations
@@ -28,10 +34,12 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _online_softmax_step(qk, v, acc, m_i, l_i, DOT_PRECISION: tl.constexpr):
     """Fold one [BLOCK_M, BLOCK_N] tile of log2-scaled scores (and its values) into the
-    running max ``m_i``, denominator ``l_i`` and numerator ``acc``."""
+    running max ``m_i``, denominator ``l_i`` and numerator ``acc``. A row with every score
+    -inf so far (no key seen yet) keeps zeros rather than NaN."""
     m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(qk - m_safe[:, None])
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     l_i = l_i * alpha + tl.sum(p, 1)
     return acc, m_new, l_i
@@ -41,11 +49,11 @@ def _online_softmax_step(qk, v, acc, m_i, l_i, DOT_PRECISION: tl.constexpr):
 def _extend_kernel(
     q_ptr, k_ext_ptr, v_ext_ptr, o_ptr, k_buf_ptr, v_buf_ptr,
     qo_indptr_ptr, kv_indptr_ptr, kv_indices_ptr,
-    scale_log2,
+    scale_log2, window,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_ot, stride_oh, stride_kbt, stride_kbh, stride_vbt, stride_vbh,
     GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     req = tl.program_id(0)
@@ -77,8 +85,17 @@ def _extend_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    # Prefix: every new token sees all of it; each tile has a valid key for every row.
-    for start_n in range(0, prefix_len, BLOCK_N):
+    # Without a window: every new token sees all of the prefix, the new tokens below its
+    # diagonal block all of them; with one, each loop starts at the tile holding the first
+    # key the block's first row sees (first_key: a position; new token j is prefix_len + j).
+    diag_start = block_m * BLOCK_M
+    first_key = 0
+    if SLIDING:
+        first_key = tl.maximum(prefix_len + diag_start - window + 1, 0)
+    q_pos = prefix_len + offs_m
+
+    # Prefix tiles.
+    for start_n in range((first_key // BLOCK_N) * BLOCK_N, prefix_len, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         mask_n = offs_n < prefix_len
         slots = tl.load(kv_indices_ptr + prefix_start + offs_n, mask=mask_n, other=0).to(tl.int64)
@@ -96,13 +113,18 @@ def _extend_kernel(
             k_t = k_t.to(tl.float32)
             v = v.to(tl.float32)
         qk = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2
-        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+        visible = mask_n[None, :]
+        if SLIDING:
+            visible = visible & (q_pos[:, None] - offs_n[None, :] < window)
+        qk = tl.where(visible, qk, float("-inf"))
         acc, m_i, l_i = _online_softmax_step(qk, v, acc, m_i, l_i, DOT_PRECISION)
 
-    # New tokens below the diagonal block: every key visible to every row, no masks.
-    diag_start = block_m * BLOCK_M
-    for start_n in range(0, diag_start, BLOCK_N):
-        cols = (ext_start + start_n + tl.arange(0, BLOCK_N)).to(tl.int64)
+    # New tokens below the diagonal block: without a window, every key visible to every
+    # row, no masks.
+    first_new = tl.maximum(first_key - prefix_len, 0)
+    for start_n in range((first_new // BLOCK_N) * BLOCK_N, diag_start, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        cols = (ext_start + offs_n).to(tl.int64)
         k_t = tl.load(k_ext_ptr + cols[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
                       mask=mask_d[:, None], other=0.0)  # fmt: skip
         v = tl.load(v_ext_ptr + cols[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
@@ -111,11 +133,11 @@ def _extend_kernel(
             k_t = k_t.to(tl.float32)
             v = v.to(tl.float32)
         qk = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2
+        if SLIDING:
+            qk = tl.where(offs_m[:, None] - offs_n[None, :] < window, qk, float("-inf"))
         acc, m_i, l_i = _online_softmax_step(qk, v, acc, m_i, l_i, DOT_PRECISION)
 
-    # The diagonal block, causal. NOTE: its first tile holds key diag_start, which every
-    # row of the block may see, so each row's running max is finite before any tile that
-    # is fully masked for it (BLOCK_M is a multiple of BLOCK_N).
+    # The diagonal block, causal (and windowed). Each row sees at least itself.
     end_n = tl.minimum(diag_start + BLOCK_M, ext_len)
     for start_n in range(diag_start, end_n, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -136,12 +158,15 @@ def _extend_kernel(
             v = v.to(tl.float32)
         qk = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2
         visible = mask_n[None, :] & (offs_m[:, None] >= offs_n[None, :])
+        if SLIDING:
+            visible = visible & (offs_m[:, None] - offs_n[None, :] < window)
         qk = tl.where(visible, qk, float("-inf"))
         acc, m_i, l_i = _online_softmax_step(qk, v, acc, m_i, l_i, DOT_PRECISION)
 
     tl.store(
         o_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
-        (acc / l_i[:, None]).to(o_ptr.dtype.element_ty),
+        # padding rows past ext_len may have seen no key (l_i 0); they are not stored
+        (acc / tl.where(l_i > 0, l_i, 1.0)[:, None]).to(o_ptr.dtype.element_ty),
         mask=mask_m[:, None] & mask_d[None, :],
     )
 
@@ -171,6 +196,7 @@ def extend_attention_fwd(
     kv_indices: torch.Tensor,
     max_len_extend: int,
     sm_scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its cached prefix plus the new
     tokens themselves; writes ``o_extend`` and returns it.
@@ -181,12 +207,15 @@ def extend_attention_fwd(
     contiguous). ``qo_indptr`` [batch + 1] int32 (new-token rows per request);
     ``kv_indptr`` [batch + 1] int32 and ``kv_indices`` int32 token slots of each request's
     cached prefix, which may be empty. ``max_len_extend`` (host int) bounds the longest
-    request's new tokens; it sizes the grid.
+    request's new tokens; it sizes the grid. ``window``: a sliding window (see the module
+    docstring); None: full causal attention.
     """
     num_q_heads, head_dim = q_extend.shape[1], q_extend.shape[2]
     num_kv_heads = k_extend.shape[1]
     if num_q_heads % num_kv_heads:
         raise ValueError(f"{num_q_heads} q heads is not a multiple of {num_kv_heads} kv heads")
+    if window is not None and window < 1:
+        raise ValueError(f"window must be at least 1, got {window}")
     batch = qo_indptr.shape[0] - 1
     if batch == 0 or max_len_extend == 0:
         return o_extend
@@ -196,12 +225,12 @@ def extend_attention_fwd(
     _extend_kernel[grid](
         q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer,
         qo_indptr, kv_indptr, kv_indices,
-        sm_scale * _LOG2E,
+        sm_scale * _LOG2E, window or 0,
         q_extend.stride(0), q_extend.stride(1), k_extend.stride(0), k_extend.stride(1),
         v_extend.stride(0), v_extend.stride(1), o_extend.stride(0), o_extend.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         GROUP_SIZE=num_q_heads // num_kv_heads, HEAD_DIM=head_dim,
-        BLOCK_D=max(next_power_of_2(head_dim), 16),
+        BLOCK_D=max(next_power_of_2(head_dim), 16), SLIDING=window is not None,
         UPCAST_DOT=interpreted, DOT_PRECISION=dot_precision(q_extend.dtype), **config,
     )  # fmt: skip
     return o_extend
@@ -217,6 +246,7 @@ def extend_attention_ref(
     kv_indptr: torch.Tensor,
     kv_indices: torch.Tensor,
     sm_scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Pure-torch extend attention (fp32 math, one request at a time); returns a new
     tensor shaped like ``q_extend``. Same contract as :func:`extend_attention_fwd`."""
@@ -237,6 +267,8 @@ def extend_attention_ref(
         causal = torch.ones(
             extend_len, prefix_len + extend_len, dtype=torch.bool, device=q_extend.device
         ).tril(diagonal=prefix_len)
+        if window is not None:  # q_pos - k_pos < window
+            causal &= ~torch.ones_like(causal).tril(diagonal=prefix_len - window)
         scores = scores.masked_fill(~causal, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[rows] = torch.einsum("hqk,khd->qhd", probs, values).to(q_extend.dtype)

@@ -25,19 +25,21 @@ DUMMY_CONFIGS = {
 }
 
 
-def _sliding_window(raw: dict[str, Any]) -> int | None:
-    """The window some layer slides, or None. Qwen2/Qwen3 configs carry a window they do
-    not use unless ``use_sliding_window`` (and then only from layer ``max_window_layers``)."""
-    window = raw.get("sliding_window")
-    if not window:
-        return None
-    if raw.get("layer_types") and "sliding_attention" not in raw["layer_types"]:
-        return None
+def _sliding_layers(raw: dict[str, Any]) -> tuple[int, ...]:
+    """The layers that slide their attention over ``sliding_window``, transformers' rules:
+    ``layer_types`` where saved (transformers >= 5); else Qwen2/Qwen3's
+    ``use_sliding_window``, which slides the layers from ``max_window_layers`` on; else
+    (Mistral v0.1) every layer."""
+    if not raw.get("sliding_window"):
+        return ()
+    layers = range(raw["num_hidden_layers"])
+    if raw.get("layer_types"):
+        return tuple(i for i in layers if raw["layer_types"][i] == "sliding_attention")
     if "use_sliding_window" in raw:
-        first = raw.get("max_window_layers", 0)
-        if not raw["use_sliding_window"] or first >= raw["num_hidden_layers"]:
-            return None
-    return int(window)
+        if not raw["use_sliding_window"]:
+            return ()
+        return tuple(i for i in layers if i >= raw.get("max_window_layers", 0))
+    return tuple(layers)
 
 
 @dataclass(frozen=True)
@@ -62,9 +64,11 @@ class ModelConfig:
     attention_bias: bool
     eos_token_ids: tuple[int, ...]
     torch_dtype: str = "float32"
-    # Attention window of a checkpoint that slides it (Mistral v0.1; Qwen2/3 only with
-    # use_sliding_window); None: full attention. Read to refuse it, not implemented.
+    # Attention window of the layers in sliding_layers (Mistral v0.1: every layer; Qwen2/3
+    # only with use_sliding_window): a query at position p sees keys at (p - window, p].
+    # None: every layer attends fully.
     sliding_window: int | None = None
+    sliding_layers: tuple[int, ...] = ()
     # Mixture of experts (Mixtral, Qwen3-MoE); num_experts 0: a dense model.
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -74,6 +78,10 @@ class ModelConfig:
     # mlp_only_layers (0-based), which keep a dense MLP of intermediate_size.
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+
+    def layer_window(self, layer_id: int) -> int | None:
+        """Layer ``layer_id``'s attention window, or None for full attention."""
+        return self.sliding_window if layer_id in self.sliding_layers else None
 
     def is_sparse_layer(self, layer_id: int) -> bool:
         """Whether layer ``layer_id`` has a mixture of experts (transformers' rule)."""
@@ -113,6 +121,7 @@ class ModelConfig:
             # original x factor (vLLM's rule), so serve that much.
             scaled = int(rope["original_max_position_embeddings"] * rope["factor"])
             max_positions = max(max_positions, scaled)
+        sliding = _sliding_layers(raw)
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         return cls(
@@ -133,7 +142,8 @@ class ModelConfig:
             attention_bias=bool(raw.get("attention_bias", arch.startswith("Qwen2"))),
             eos_token_ids=eos_ids,
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
-            sliding_window=_sliding_window(raw),
+            sliding_window=int(raw["sliding_window"]) if sliding else None,
+            sliding_layers=sliding,
             # transformers >= 5 saves Qwen3-MoE's num_experts as num_local_experts
             num_experts=raw.get("num_local_experts") or raw.get("num_experts") or 0,
             num_experts_per_tok=raw.get("num_experts_per_tok") or 0,

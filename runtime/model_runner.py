@@ -105,6 +105,7 @@ class ModelRunner:
             self.heads.num_kv_heads,
             mc.head_dim,
             mc.head_dim**-0.5,
+            tuple(mc.layer_window(layer_id) for layer_id in range(mc.num_layers)),
         )
         self.sampler = Sampler(mc.vocab_size, self.device, tp)
         self.graph_runner: CudaGraphRunner | None = None

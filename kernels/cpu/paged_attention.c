@@ -1,5 +1,6 @@
 /* Paged attention on CPU: each query row attends to the first `visible` KV slots of its row
- * of the request-to-token table, reading K and V in place from the paged pool.
+ * of the request-to-token table, reading K and V in place from the paged pool; with a sliding
+ * `window` (> 0), only to the last `window` of them, and the slots before are never read.
  *
  * Decode rows: one work item per query row (all its heads, so each token's K/V row is read
  * contiguously) or, with few rows, per (query row, KV head). Extend rows (consecutive rows of
@@ -238,7 +239,10 @@ static inline void score_block_bf16(const uint16_t *const *qs, int nq, const uin
 
 /* One work item: the query rows of a tile (consecutive rows of one request, row j seeing
  * `limit[j]` slots, rising) for KV heads kv_first .. kv_first + kv_count - 1, over the tile's
- * longest view, a block of tokens at a time. Each KV head's K rows of a block are loaded
+ * longest view, a block of tokens at a time. With a `window` (> 0), row j sees only slots
+ * limit[j] - window .. limit[j] - 1: the blocks start at the first row's first slot, and a
+ * row's slots before its own window (`skip`) get weight 0 (no infinities: the kernels are
+ * built with -ffinite-math-only). Each KV head's K rows of a block are loaded
  * (and converted) once and scored against every query vector of that head in the tile (rows
  * x group); a row whose view ends inside the block scores only its part and one whose view
  * ended before skips the block. The online softmax is updated, then the V rows are folded in
@@ -248,7 +252,7 @@ static inline __attribute__((always_inline)) void attend_tile(
     const void *q, const int64_t *q_rows, const int64_t *limit, int nt, int64_t q_sh,
     const void *k, const void *v, int64_t kv_st, int64_t kv_sh, int kv_first, int kv_count,
     const int32_t *slots, void *out, const int64_t *o_rows, int64_t o_sh, int group, int dim,
-    float scale, const int is_bf16) {
+    float scale, int64_t window, const int is_bf16) {
     float qf[KVF_MAX_VECS * KVF_MAX_DIM] __attribute__((aligned(64)));
     float acc[KVF_MAX_VECS * KVF_MAX_DIM] __attribute__((aligned(64)));
     float rows[KVF_BLOCK * KVF_MAX_DIM] __attribute__((aligned(64)));
@@ -256,11 +260,13 @@ static inline __attribute__((always_inline)) void attend_tile(
     float s[KVF_MAX_VECS][KVF_BLOCK] __attribute__((aligned(64)));
     float m[KVF_MAX_VECS], l[KVF_MAX_VECS];
     int seen[KVF_MAX_VECS]; /* slots of the current block each vector sees (0: skips it) */
+    int skip[KVF_MAX_VECS]; /* of those, the first ones before its window (weight 0) */
     const int ds = (dim + 15) & ~15;
     const int per_row = kv_count * group; /* vectors per query row: row j, head h, member g */
     const int nv = nt * per_row;
     const int64_t q_first = (int64_t)kv_first * group;
     const int64_t len = limit[nt - 1];
+    const int64_t begin = window > 0 && limit[0] > window ? limit[0] - window : 0;
     const int bytes = is_bf16 ? 2 : 4;
     /* the first KV head's pass fetches every head of the rows ahead, K and V */
     const int64_t span = ((int64_t)(kv_count - 1) * kv_sh + dim) * bytes;
@@ -277,13 +283,16 @@ static inline __attribute__((always_inline)) void attend_tile(
         m[vec] = -FLT_MAX;
         l[vec] = 0.0f;
     }
-    for (int64_t start = 0; start < len; start += KVF_BLOCK) {
+    for (int64_t start = begin; start < len; start += KVF_BLOCK) {
         int count = (int)(len - start < KVF_BLOCK ? len - start : KVF_BLOCK);
         const int32_t *block = slots + start;
         int64_t first_off = (int64_t)kv_first * kv_sh;
         for (int vec = 0; vec < nv; vec++) {
             int64_t left = limit[vec / per_row] - start;
+            int64_t before = window > 0 ? limit[vec / per_row] - window - start : 0;
             seen[vec] = left <= 0 ? 0 : left < count ? (int)left : count;
+            skip[vec] = before <= 0 ? 0 : (int)before;
+            if (skip[vec] >= seen[vec]) seen[vec] = skip[vec] = 0; /* all before its window */
         }
         for (int h = 0; h < kv_count; h++) {
             if (nt > 1) { /* a tile: transpose the block once for all its vectors */
@@ -330,14 +339,15 @@ static inline __attribute__((always_inline)) void attend_tile(
                     if (seen[vec]) score_block(qf + vec * ds, rows, ds, seen[vec], dim, s[vec]);
         }
         for (int vec = 0; vec < nv; vec++) {
-            int c = seen[vec];
+            int c = seen[vec], b = skip[vec];
             if (!c) continue;
-            float top = s[vec][0];
-            for (int t = 1; t < c; t++) top = s[vec][t] > top ? s[vec][t] : top;
+            float top = s[vec][b];
+            for (int t = b + 1; t < c; t++) top = s[vec][t] > top ? s[vec][t] : top;
             float next = top > m[vec] ? top : m[vec];
             float keep = m[vec] == -FLT_MAX ? 0.0f : expf(m[vec] - next);
             float sum = 0.0f;
-            for (int t = 0; t < c; t++) {
+            for (int t = 0; t < b; t++) s[vec][t] = 0.0f; /* before its window: weight 0 */
+            for (int t = b; t < c; t++) {
                 s[vec][t] = expf(s[vec][t] - next);
                 sum += s[vec][t];
             }
@@ -380,7 +390,7 @@ struct attention_args {
     const int64_t *rows, *visible;
     void *out;
     const int64_t *tile_first;
-    int64_t q_st, q_sh, kv_st, kv_sh, table_st, o_st, o_sh, per_tile;
+    int64_t q_st, q_sh, kv_st, kv_sh, table_st, o_st, o_sh, per_tile, window;
     int per_item, group, dim, is_bf16;
     float scale;
 };
@@ -417,16 +427,17 @@ static void attention_items(void *ctx, int64_t lo, int64_t hi) {
         }
         if (is_bf16)
             attend_tile(q, q_rows, visible + i0, nt, q_sh, k, v, kv_st, kv_sh, first, per_item,
-                        slots, out, o_rows, o_sh, group, dim, scale, 1);
+                        slots, out, o_rows, o_sh, group, dim, scale, a->window, 1);
         else
             attend_tile(q, q_rows, visible + i0, nt, q_sh, k, v, kv_st, kv_sh, first, per_item,
-                        slots, out, o_rows, o_sh, group, dim, scale, 0);
+                        slots, out, o_rows, o_sh, group, dim, scale, a->window, 0);
     }
 }
 
 /* q [n, heads, dim] (strides q_st, q_sh); k, v: one layer's pool [slots, kv_heads, dim]
  * (strides kv_st, kv_sh); table: request-to-token rows (stride table_st); rows[i] and
- * visible[i]: query row i's table row and how many of its slots it sees; out like q.
+ * visible[i]: query row i's table row and how many of its slots it sees (the last `window`
+ * of them when window > 0); out like q.
  *
  * Work items: runs of rows continuing each other (an extend's new tokens) are cut into tiles
  * of up to KVF_MAX_VECS / group rows, one item per (tile, KV head), so each K/V block serves
@@ -437,7 +448,7 @@ int kvflow_paged_attention(const void *q, int64_t q_st, int64_t q_sh, const void
                             const void *v, int64_t kv_st, int64_t kv_sh, const int32_t *table,
                            int64_t table_st, const int64_t *rows, const int64_t *visible,
                            void *out, int64_t o_st, int64_t o_sh, int64_t n, int heads,
-                           int kv_heads, int dim, float scale, int is_bf16) {
+                           int kv_heads, int dim, float scale, int64_t window, int is_bf16) {
     int group = heads / kv_heads;
     int runs = 0;
     for (int64_t i = 1; i < n && !runs; i++) runs = continues(rows, visible, i);
@@ -451,8 +462,8 @@ int kvflow_paged_attention(const void *q, int64_t q_st, int64_t q_sh, const void
         if (!continues(rows, visible, i) || i - tile_first[tiles - 1] == cap) tile_first[tiles++] = i;
     tile_first[tiles] = n;
     struct attention_args a = {q, k, v, table, rows, visible, out, tile_first, q_st, q_sh, kv_st,
-                               kv_sh, table_st, o_st, o_sh, kv_heads / per_item, per_item,
-                               group, dim, is_bf16, scale};
+                               kv_sh, table_st, o_st, o_sh, kv_heads / per_item, window,
+                               per_item, group, dim, is_bf16, scale};
     kvf_parallel_for(tiles * a.per_tile, 1, attention_items, &a);
     free(tile_first);
     return 0;

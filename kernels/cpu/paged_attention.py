@@ -6,7 +6,9 @@ read in place from one layer's pool (``[slots, kv_heads, dim]``), query head ``j
 KV head ``j // (heads // kv_heads)``. A row that sees no slot gets zeros. Decode is one row
 per request with ``visible`` = its sequence length; an extend is one row per new token, token
 ``j`` of a request with ``p`` cached tokens seeing ``p + j + 1`` (the kernel attends such runs
-of rows in tiles that share each block of K/V).
+of rows in tiles that share each block of K/V). With a sliding ``window``, row ``i`` sees only
+the last ``window`` of its ``visible`` slots (keys within ``window`` positions of the query,
+itself included), and the slots before are never read.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ _ARGTYPES = [
     *(_PTR, _I64),  # req_to_token, row stride
     *(_PTR, _PTR),  # rows, visible
     *(_PTR, _I64, _I64),  # out, strides
-    *(_I64, _INT, _INT, _INT, ctypes.c_float, _INT),  # n, heads, kv_heads, dim, scale, is_bf16
+    *(_I64, _INT, _INT, _INT),  # n, heads, kv_heads, dim
+    *(ctypes.c_float, _I64, _INT),  # scale, window (0: none), is_bf16
 ]
 
 
@@ -53,6 +56,7 @@ def paged_attention(
     visible: torch.Tensor,
     sm_scale: float,
     out: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention of every row of ``q`` ``[n, heads, dim]`` (see the module docstring); returns
     ``out`` (new if None) ``[n, heads, dim]`` in ``q``'s dtype.
@@ -80,6 +84,8 @@ def paged_attention(
     rows, visible = rows.contiguous(), visible.contiguous()
     if rows.numel() != n or visible.numel() != n:
         raise ValueError(f"rows and visible need {n} entries")
+    if window is not None and window < 1:
+        raise ValueError(f"window must be at least 1, got {window}")
     if n == 0:
         return out
     status = function("kvflow_paged_attention", _ARGTYPES, ctypes.c_int)(
@@ -102,6 +108,7 @@ def paged_attention(
         kv_heads,
         dim,
         sm_scale,
+        window or 0,
         int(q.dtype == torch.bfloat16),
     )
     if status != 0:
@@ -117,6 +124,7 @@ def paged_attention_ref(
     rows: torch.Tensor,
     visible: torch.Tensor,
     sm_scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Pure-torch :func:`paged_attention` (float32 math, one row at a time)."""
     heads = q.shape[1]
@@ -125,7 +133,8 @@ def paged_attention_ref(
     for i, (row, length) in enumerate(zip(rows.tolist(), visible.tolist(), strict=True)):
         if length == 0:
             continue
-        slots = req_to_token[row, :length].long()
+        first = 0 if window is None else max(0, length - window)
+        slots = req_to_token[row, first:length].long()
         keys = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [len, heads, dim]
         values = v_buffer[slots].float().repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,thd->ht", q[i].float(), keys) * sm_scale

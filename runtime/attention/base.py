@@ -23,6 +23,11 @@ class AttentionBackend(ABC):
     then attends over each request's full context (cached prefix + new tokens, causal).
     :meth:`init_forward_metadata` runs once per batch, before the first layer, and may
     precompute anything index-shaped into ``fb.attn_metadata``.
+
+    ``layer_windows[layer_id]`` (:meth:`window`) slides that layer's attention: a query at
+    position ``p`` sees only the keys at positions ``(p - window, p]`` (transformers'
+    ``q_pos - k_pos < sliding_window``), and KV slots before a query's window are not read.
+    None, or a layer past the tuple's end: full causal attention.
     """
 
     def __init__(
@@ -33,6 +38,7 @@ class AttentionBackend(ABC):
         num_kv_heads: int,
         head_dim: int,
         scale: float,
+        layer_windows: tuple[int | None, ...] = (),
     ) -> None:
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
@@ -40,6 +46,11 @@ class AttentionBackend(ABC):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        self.layer_windows = layer_windows
+
+    def window(self, layer_id: int) -> int | None:
+        """Layer ``layer_id``'s attention window, or None for full attention."""
+        return self.layer_windows[layer_id] if layer_id < len(self.layer_windows) else None
 
     @abstractmethod
     def init_forward_metadata(self, fb: ForwardBatch) -> None: ...

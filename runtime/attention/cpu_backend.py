@@ -3,7 +3,8 @@
 The kernel reads each request's KV slots in place from the paged pool (no per-layer gather
 of the contexts into padded tensors, which cost more than the attention itself); every KV
 head is read once for the query heads that share it, and for an extend once for a tile of
-its new tokens (each new token sees its prefix and the new tokens up to itself). Needs a C
+its new tokens (each new token sees its prefix and the new tokens up to itself; with a
+sliding window, the last ``window`` of those, read from the window's first slot on). Needs a C
 compiler on first use (:mod:`kvflow.kernels.cpu.build`); ``attention_backend`` "auto" picks
 this backend on CPU only when the kernels build. Shapes or dtypes the kernel does not take
 (float16, head_dim > 256, ...) run on the torch backend, with a warning.
@@ -47,8 +48,12 @@ class CpuKernelBackend(TorchBackend):
     """Native kernel for decode and extend; the torch backend's paths where it does not
     apply (inherited from :class:`TorchBackend`)."""
 
-    def __init__(self, kv_pool, req_to_token, num_heads, num_kv_heads, head_dim, scale) -> None:
-        super().__init__(kv_pool, req_to_token, num_heads, num_kv_heads, head_dim, scale)
+    def __init__(
+        self, kv_pool, req_to_token, num_heads, num_kv_heads, head_dim, scale, layer_windows=()
+    ) -> None:
+        super().__init__(
+            kv_pool, req_to_token, num_heads, num_kv_heads, head_dim, scale, layer_windows
+        )
         if kv_pool.k_buffer[0].device.type != "cpu":
             raise ValueError("the cpu attention backend runs on CPU only")
         self.native = supports(kv_pool.dtype, num_heads, num_kv_heads, head_dim)
@@ -95,4 +100,5 @@ class CpuKernelBackend(TorchBackend):
             meta.rows,
             meta.visible,
             self.scale,
+            window=self.window(layer_id),
         )

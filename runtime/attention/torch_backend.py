@@ -10,6 +10,10 @@ Decode is one padded part with ``M = 1``. An SDPA part is one request through
 the upper triangle), or a request whose padded scores alone would exceed
 :data:`PADDED_SCORE_BYTES`.
 
+With a sliding window (:meth:`AttentionBackend.window`), each request's context starts at
+the first key its earliest new token sees, so slots before every query's window are never
+gathered; the bias masks the rest of the window. Layers sharing a window share one plan.
+
 Why not SDPA everywhere: on CPU, SDPA with an explicit mask takes a slow path (bf16 worst,
 ~8x slower than the matmuls here), and one call per short request costs more in overhead
 than the attention itself. The KV cache is read per head with ``index_select`` on a strided
@@ -19,6 +23,7 @@ slower, and gathering all heads then transposing costs a second copy).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +47,7 @@ class _PaddedPart:
     q_rows: torch.Tensor  # [R * max_new] row of q at each padded query position (pad: row 0)
     real: torch.Tensor  # [n] padded position of each real query row
     out_rows: torch.Tensor  # [n] row of the output each real query row goes to
-    kv_slots: torch.Tensor  # [R * max_ctx] KV slots of each context (pad: slot 0)
+    kv_slots: torch.Tensor  # [R * max_ctx] KV slots of each read context (pad: slot 0)
     max_new: int
     max_ctx: int
     bias: torch.Tensor  # [R, max_new, 1, max_ctx] float32: 0 where allowed, -inf elsewhere
@@ -54,8 +59,8 @@ class _SdpaPart:
 
     start: int
     new: int
-    prefix_slots: torch.Tensor | None  # cached-prefix slots; None: nothing cached
-    mask: torch.Tensor | None  # [new, prefix + new] bool; None: plain causal
+    prefix_slots: torch.Tensor | None  # cached-prefix slots read; None: none
+    mask: torch.Tensor | None  # [new, read prefix + new] bool; None: plain causal
 
 
 _Part = _PaddedPart | _SdpaPart
@@ -67,16 +72,34 @@ class _Request:
     start: int  # first row of its new tokens in the batch
     prefix: int
     new: int
+    first: int = 0  # first context position any new token sees (its window's start)
 
     @property
     def context(self) -> int:
         return self.prefix + self.new
+
+    @property
+    def span(self) -> int:
+        """Context positions read: ``first`` up to the last new token."""
+        return self.context - self.first
+
+    def windowed(self, window: int | None) -> _Request:
+        if window is None:
+            return self
+        return dataclasses.replace(self, first=max(0, self.prefix - window + 1))
+
+
+def _visible(q_pos: torch.Tensor, kv_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Causal, and within ``window`` when one is set (broadcast over the positions)."""
+    allowed = kv_pos <= q_pos
+    return allowed if window is None else allowed & (q_pos - kv_pos < window)
 
 
 class TorchBackend(AttentionBackend):
     """Padded grouped matmuls for decode and short extends, SDPA for long prompts."""
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        """``fb.attn_metadata``: the parts of each window the layers use (None: full)."""
         if fb.is_decode:
             prefixes, news = [n - 1 for n in fb.seq_lens_cpu], [1] * fb.batch_size
         else:
@@ -85,45 +108,53 @@ class TorchBackend(AttentionBackend):
         for row, prefix, new in zip(fb.req_pool_indices.tolist(), prefixes, news, strict=True):
             requests.append(_Request(int(row), start, prefix, new))
             start += new
-        fb.attn_metadata = self._plan(requests, fb.input_ids.device)
+        windows = set(self.layer_windows) or {None}
+        fb.attn_metadata = {
+            window: self._plan(requests, fb.input_ids.device, window) for window in windows
+        }
 
-    def _plan(self, requests: list[_Request], device: torch.device) -> list[_Part]:
-        """Pack requests of similar context length into padded parts that fit the budget.
+    def _plan(
+        self, requests: list[_Request], device: torch.device, window: int | None
+    ) -> list[_Part]:
+        """Pack requests of similar read span into padded parts that fit the budget.
 
-        Requests go in ascending context order, so a group's longest context is its latest.
+        Requests go in ascending span order, so a group's longest span is its latest.
         """
         parts: list[_Part] = []
         group: list[_Request] = []
         group_new = 0  # longest new-token count in ``group``
-        for req in sorted(requests, key=lambda r: r.context):
+        windowed = (req.windowed(window) for req in requests)
+        for req in sorted(windowed, key=lambda r: r.span):
             if req.prefix == 0 and req.new >= SDPA_MIN_NEW_TOKENS:
-                parts.append(self._sdpa_part(req, device))
+                parts.append(self._sdpa_part(req, device, window))
                 continue
             new = max(group_new, req.new)
-            if self._score_bytes(len(group) + 1, new, req.context) <= PADDED_SCORE_BYTES:
+            if self._score_bytes(len(group) + 1, new, req.span) <= PADDED_SCORE_BYTES:
                 group.append(req)
                 group_new = new
                 continue
             if group:
-                parts.append(self._padded_part(group, device))
-            if self._score_bytes(1, req.new, req.context) <= PADDED_SCORE_BYTES:
+                parts.append(self._padded_part(group, device, window))
+            if self._score_bytes(1, req.new, req.span) <= PADDED_SCORE_BYTES:
                 group, group_new = [req], req.new
             else:
                 group, group_new = [], 0
-                parts.append(self._sdpa_part(req, device))
+                parts.append(self._sdpa_part(req, device, window))
         if group:
-            parts.append(self._padded_part(group, device))
+            parts.append(self._padded_part(group, device, window))
         return parts
 
     def _score_bytes(self, count: int, max_new: int, max_ctx: int) -> int:
         return 4 * count * max_new * self.num_heads * max_ctx
 
-    def _padded_part(self, group: list[_Request], device: torch.device) -> _PaddedPart:
+    def _padded_part(
+        self, group: list[_Request], device: torch.device, window: int | None
+    ) -> _PaddedPart:
         """Index tensors built from host lists, and every context read from the
         request-to-token table in one gather (a few ops per part, not per request)."""
         count = len(group)
         max_new = max(r.new for r in group)
-        max_ctx = max(r.context for r in group)
+        max_ctx = max(r.span for r in group)
         q_rows = [0] * (count * max_new)  # padding reads row 0, results are dropped
         real: list[int] = []
         out_rows: list[int] = []
@@ -135,13 +166,19 @@ class TorchBackend(AttentionBackend):
         table = self.req_to_token.req_to_token
         rows = torch.tensor([r.row for r in group], device=table.device)
         context = torch.tensor([r.context for r in group])
-        kv_slots = table.index_select(0, rows)[:, :max_ctx].to(torch.int64)
-        kv_pad = torch.arange(max_ctx)[None, :] >= context[:, None]
+        first = torch.tensor([r.first for r in group])
+        positions = first[:, None] + torch.arange(max_ctx)[None, :]  # [R, max_ctx]
+        kv_pad = positions >= context[:, None]
+        columns = positions.clamp(max=table.shape[1] - 1).to(table.device)
+        kv_slots = table.index_select(0, rows).gather(1, columns).to(torch.int64)
         kv_slots.masked_fill_(kv_pad.to(kv_slots.device), 0)  # padding reads slot 0
         prefix = torch.tensor([r.prefix for r in group])[:, None, None]
-        q_pos = torch.arange(max_new)[None, :, None] + prefix
-        kv_pos = torch.arange(max_ctx)[None, None, :]
-        allowed = (kv_pos <= q_pos) & (kv_pos < context[:, None, None])  # pad rows see slot 0
+        # padding query rows stand at their request's last position, so each sees a key
+        q_pos = torch.minimum(
+            torch.arange(max_new)[None, :, None] + prefix, context[:, None, None] - 1
+        )
+        kv_pos = positions[:, None, :]
+        allowed = _visible(q_pos, kv_pos, window) & ~kv_pad[:, None, :]
         bias = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill_(~allowed, -torch.inf)
         return _PaddedPart(
             q_rows=torch.tensor(q_rows, device=device),
@@ -153,16 +190,16 @@ class TorchBackend(AttentionBackend):
             bias=bias[:, :, None, :].to(device),
         )
 
-    def _sdpa_part(self, req: _Request, device: torch.device) -> _SdpaPart:
-        if req.prefix == 0:
+    def _sdpa_part(self, req: _Request, device: torch.device, window: int | None) -> _SdpaPart:
+        if req.prefix == 0 and window is None:
             return _SdpaPart(req.start, req.new, None, None)
         q_pos = torch.arange(req.prefix, req.context, device=device)
-        kv_pos = torch.arange(req.context, device=device)
+        kv_pos = torch.arange(req.first, req.context, device=device)
+        prefix_slots = None
+        if req.first < req.prefix:
+            prefix_slots = self.req_to_token.read(req.row, req.prefix, req.first)
         return _SdpaPart(
-            req.start,
-            req.new,
-            self.req_to_token.read(req.row, req.prefix),
-            kv_pos[None, :] <= q_pos[:, None],
+            req.start, req.new, prefix_slots, _visible(q_pos[:, None], kv_pos[None, :], window)
         )
 
     def forward_extend(self, q, k, v, layer_id, fb):
@@ -174,7 +211,7 @@ class TorchBackend(AttentionBackend):
     def _attend(self, q, k, v, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
         out = torch.empty_like(q)
         k_buf, v_buf = self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
-        for part in fb.attn_metadata:
+        for part in fb.attn_metadata[self.window(layer_id)]:
             if isinstance(part, _PaddedPart):
                 rows = self._padded(q, k_buf, v_buf, part).index_select(0, part.real)
                 out.index_copy_(0, part.out_rows, rows)

@@ -2,7 +2,9 @@
 
 Decode reads each request's KV slots straight from the request-to-token table (row
 ``req_pool_indices[i]``, first ``seq_lens[i]`` entries), so a decode step builds no
-metadata: its CUDA graph replays from the five per-request inputs alone.
+metadata: its CUDA graph replays from the five per-request inputs alone. A layer's sliding
+window is a kernel argument (the same at capture and replay): decode reads only the window's
+slots, extend skips the key tiles wholly before each block's windows.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class TritonBackend(AttentionBackend):
             plan.kv_indices,
             plan.max_len_extend,
             self.scale,
+            self.window(layer_id),
         )
         return out
 
@@ -101,5 +104,6 @@ class TritonBackend(AttentionBackend):
             fb.req_pool_indices,
             fb.seq_lens,
             self.scale,
+            window=self.window(layer_id),
         )
         return out

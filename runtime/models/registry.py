@@ -1,6 +1,6 @@
-"""Which checkpoints this runtime serves: the architectures in :data:`MODELS`, the RoPE
-types the rotary layer builds, full attention only; :func:`check_supported` says so before
-any process starts."""
+"""Which checkpoints this runtime serves: the architectures in :data:`MODELS` and the RoPE
+types the rotary layer builds (full or sliding-window attention, per layer);
+:func:`check_supported` says so before any process starts."""
 
 from __future__ import annotations
 
@@ -27,10 +27,9 @@ ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 def check_supported(config: ModelConfig, context_length: int | None = None) -> None:
     """Raise ValueError (one line) if this runtime cannot serve ``config`` at
-    ``context_length`` (None: the model's own): an architecture not in :data:`MODELS`, a
-    RoPE type not in :data:`ROPE_TYPES`, or a sliding attention window shorter than the
-    context served (sliding windows are not implemented; within the window, full
-    attention is exact)."""
+    ``context_length`` (None: the model's own): an architecture not in :data:`MODELS` or a
+    RoPE type not in :data:`ROPE_TYPES`. Sliding attention windows are served, per layer
+    (:meth:`ModelConfig.layer_window`), by every attention backend."""
     arch, supported = config.architecture, ", ".join(MODELS.choices())
     if arch not in MODELS.choices():
         raise ValueError(f"model architecture {arch!r} is not supported; supported: {supported}")
@@ -38,13 +37,4 @@ def check_supported(config: ModelConfig, context_length: int | None = None) -> N
         raise ValueError(
             f"{arch} uses rope_type {config.rope_type!r}, which is not supported; "
             f"supported: {', '.join(ROPE_TYPES)}"
-        )
-    longest = config.max_position_embeddings
-    served = min(context_length or longest, longest)
-    window = config.sliding_window
-    if window is not None and window < served:
-        raise ValueError(
-            f"{arch} slides its attention over a {window}-token window (sliding_window), "
-            f"which kvflow does not implement, and would serve {served} tokens; pass "
-            f"--context-length {window} or less (full attention is then exact)"
         )

@@ -148,3 +148,56 @@ def test_an_unwritable_cache_is_a_build_error(tmp_path, monkeypatch) -> None:
             build.load_library()
     finally:
         build.load_library.cache_clear()
+
+
+def _disjoint_case(dtype, heads, kv_heads, dim, spans, seed=0):
+    """Extends ``(prefix, new)`` over disjoint slots (table row i for request i): q, pools,
+    table, rows, visible, and each request's slots."""
+    gen = torch.Generator().manual_seed(seed)
+    k_buf = torch.randn(SLOTS, kv_heads, dim, generator=gen).to(dtype)
+    v_buf = torch.randn(SLOTS, kv_heads, dim, generator=gen).to(dtype)
+    table = torch.zeros(len(spans), 1024, dtype=torch.int32)
+    free, used, owned = torch.randperm(SLOTS, generator=gen).to(torch.int32), 0, []
+    for i, (prefix, new) in enumerate(spans):
+        table[i, : prefix + new] = free[used : used + prefix + new]
+        owned.append(free[used : used + prefix + new].long())
+        used += prefix + new
+    rows, visible = _extend_rows([(i, p, n) for i, (p, n) in enumerate(spans)])
+    q = torch.randn(rows.numel(), heads, dim, generator=gen).to(dtype)
+    return q, k_buf, v_buf, table, rows, visible, owned
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 1, 128), (4, 2, 33)])
+@pytest.mark.parametrize("window", [1, 5, 32, 45, 4096])
+def test_sliding_window_matches_reference_and_reads_no_slot_before_it(
+    dtype, heads, kv_heads, dim, window
+) -> None:
+    """Decode rows and extend tiles with a window: each row sees its last ``window`` slots.
+    Slots before every row's window hold NaN, so reading one would show."""
+    # decode rows (new 1) shorter and longer than the window, extends across block borders
+    spans = [(0, 1), (6, 1), (100, 1), (515, 1), (0, 70), (37, 5), (200, 40), (31, 64)]
+    q, k_buf, v_buf, table, rows, visible, owned = _disjoint_case(
+        dtype, heads, kv_heads, dim, spans
+    )
+    for (prefix, _), slots in zip(spans, owned, strict=True):
+        unread = slots[: max(0, prefix + 1 - window)]  # before the first new token's window
+        k_buf[unread] = float("nan")
+        v_buf[unread] = float("nan")
+    scale = 1 / math.sqrt(dim)
+    got = paged_attention(q, k_buf, v_buf, table, rows, visible, scale, window=window)
+    want = paged_attention_ref(q, k_buf, v_buf, table, rows, visible, scale, window=window)
+    assert not want.isnan().any()
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+def test_window_of_one_returns_each_rows_own_value() -> None:
+    q, k_buf, v_buf, table, rows, visible, owned = _disjoint_case(
+        torch.float32, 4, 2, 16, [(5, 3), (0, 1)]
+    )
+    got = paged_attention(q, k_buf, v_buf, table, rows, visible, 0.25, window=1)
+    own = torch.cat([owned[0][5:], owned[1]])
+    torch.testing.assert_close(got, v_buf[own].repeat_interleave(2, dim=1))
+    with pytest.raises(ValueError, match="window"):
+        paged_attention(q, k_buf, v_buf, table, rows, visible, 0.25, window=0)

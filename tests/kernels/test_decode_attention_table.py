@@ -1,5 +1,6 @@
 """decode_attention_table_fwd (slots read from the request-to-token table) against its
-reference: rows out of order, unused rows, ragged lengths, padding-style rows."""
+reference: rows out of order, unused rows, ragged lengths, padding-style rows; a sliding
+window, with the slots before it poisoned (NaN) to show they are not read."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from kernel_testing import ATTENTION_TOLERANCE, device_for, paged_slots
 from kvflow.kernels import decode_attention_table_fwd, decode_attention_table_ref
 
 
-def _run_case(device, dtype, num_kv_heads, group, head_dim, lengths, page_size, splits):
+def _run_case(
+    device, dtype, num_kv_heads, group, head_dim, lengths, page_size, splits, window=None
+):
     gen = torch.Generator().manual_seed(sum(lengths) * 17 + group + head_dim)
     num_rows, max_len = len(lengths) + 3, max(lengths) + 5
     num_slots = (sum(-(-n // page_size) for n in lengths) + 8) * page_size
@@ -25,13 +28,19 @@ def _run_case(device, dtype, num_kv_heads, group, head_dim, lengths, page_size, 
         table[row, : row_slots.numel()] = row_slots
     seq_lens = torch.tensor(lengths, dtype=torch.int64)
     expected = decode_attention_table_ref(
-        q, k_buffer, v_buffer, table, rows, seq_lens, head_dim**-0.5
+        q, k_buffer, v_buffer, table, rows, seq_lens, head_dim**-0.5, window
     )
+    if window is not None:
+        for row_slots in slots:
+            unread = row_slots[: max(0, row_slots.numel() - window)].long()
+            k_buffer[unread] = float("nan")
+            v_buffer[unread] = float("nan")
+        assert not expected.isnan().any()
     args = [t.to(device) for t in (q, k_buffer, v_buffer)]
     out = torch.full_like(args[0], float("nan"))
     decode_attention_table_fwd(
         *args, out, table.to(device), rows.to(device), seq_lens.to(device), head_dim**-0.5,
-        num_kv_splits=splits,
+        num_kv_splits=splits, window=window,
     )  # fmt: skip
     torch.testing.assert_close(out.cpu(), expected, **ATTENTION_TOLERANCE[dtype])
 
@@ -49,6 +58,14 @@ INTERPRET_CASES = [
 @pytest.mark.parametrize("case", INTERPRET_CASES)
 def test_decode_attention_table_interpret(case):
     _run_case(device_for("interpret"), *case)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("window", [1, 16, 45])
+@pytest.mark.parametrize("case", INTERPRET_CASES)
+def test_decode_attention_table_window_interpret(case, window):
+    """Requests shorter and longer than the window; splits over the window alone."""
+    _run_case(device_for("interpret"), *case, window=window)
 
 
 GPU_CASES = [

@@ -1,4 +1,6 @@
-"""extend_attention_fwd against extend_attention_ref: prefix/no prefix, ragged, GQA, paged."""
+"""extend_attention_fwd against extend_attention_ref: prefix/no prefix, ragged, GQA, paged;
+a sliding window, with the prefix tiles wholly before it poisoned (NaN) to show they are not
+read."""
 
 from __future__ import annotations
 
@@ -10,7 +12,10 @@ from kernel_testing import ATTENTION_TOLERANCE, device_for, indptr, paged_slots
 from kvflow.kernels import extend_attention_fwd, extend_attention_ref
 
 
-def _run_case(device, dtype, num_kv_heads, group, head_dim, prefix_lens, extend_lens, page_size):
+def _run_case(
+    device, dtype, num_kv_heads, group, head_dim, prefix_lens, extend_lens, page_size,
+    window=None, block_n=16,
+):  # fmt: skip
     gen = torch.Generator().manual_seed(sum(prefix_lens) * 13 + sum(extend_lens) + group)
     num_q_heads = num_kv_heads * group
     num_slots = (sum(-(-n // page_size) for n in prefix_lens) + 4) * page_size
@@ -24,8 +29,14 @@ def _run_case(device, dtype, num_kv_heads, group, head_dim, prefix_lens, extend_
     kv_indices = paged_slots(prefix_lens, page_size, num_slots, gen)
     scale = head_dim**-0.5
     expected = extend_attention_ref(
-        q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, scale
+        q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, scale, window
     )
+    if window is not None:  # tiles of block_n keys wholly before the first new token's window
+        for prefix, slots in zip(prefix_lens, kv_indices.split(prefix_lens), strict=True):
+            unread = slots[: max(0, prefix + 1 - window) // block_n * block_n].long()
+            k_buffer[unread] = float("nan")
+            v_buffer[unread] = float("nan")
+        assert not expected.isnan().any()
 
     tensors = [t.to(device) for t in (q, k, v)]
     out = torch.full_like(tensors[0], float("nan"))
@@ -39,6 +50,7 @@ def _run_case(device, dtype, num_kv_heads, group, head_dim, prefix_lens, extend_
         kv_indices.to(device),
         max(extend_lens),
         scale,
+        window,
     )
     torch.testing.assert_close(out.cpu(), expected, **ATTENTION_TOLERANCE[dtype])
 
@@ -61,6 +73,15 @@ INTERPRET_CASES = [
 @pytest.mark.parametrize("case", INTERPRET_CASES)
 def test_extend_attention_interpret(case):
     _run_case(device_for("interpret"), *case)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("window", [1, 5, 16, 33])
+@pytest.mark.parametrize("case", INTERPRET_CASES[1:4])
+def test_extend_attention_window_interpret(case, window):
+    """Windows under, at and over a 16-key tile, with and without a cached prefix: rows of a
+    block whose windows start in different tiles, rows with no key in a tile."""
+    _run_case(device_for("interpret"), *case, window=window)
 
 
 GPU_CASES = [

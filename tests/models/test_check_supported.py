@@ -1,5 +1,6 @@
 """check_supported refuses, before any process starts, what the runtime cannot serve:
-unknown architectures, unsupported RoPE types, sliding windows shorter than the context."""
+unknown architectures and unsupported RoPE types. Sliding windows are served: the config
+says which layers slide."""
 
 from __future__ import annotations
 
@@ -61,15 +62,13 @@ def test_every_supported_rope_type_builds():
         RotaryEmbedding(16, 64, config.rope_theta, config.rope_scaling)
 
 
-def test_mistral_v01_window_is_refused_unless_the_context_fits_it():
-    """Mistral-7B-v0.1: a 4096-token window over 32768 positions."""
+def test_mistral_v01_window_is_served_on_every_layer():
+    """Mistral-7B-v0.1: a 4096-token window over 32768 positions, every layer."""
     config = _config(architectures=["MistralForCausalLM"], sliding_window=4096)
     assert config.sliding_window == 4096
-    with pytest.raises(ValueError, match=r"4096-token window.*--context-length 4096"):
-        check_supported(config)
-    with pytest.raises(ValueError, match="would serve 8192 tokens"):
-        check_supported(config, context_length=8192)
-    check_supported(config, context_length=4096)  # within the window: full attention is exact
+    assert [config.layer_window(i) for i in range(2)] == [4096, 4096]
+    check_supported(config)
+    check_supported(config, context_length=8192)
 
 
 @pytest.mark.parametrize(
@@ -81,12 +80,16 @@ def test_mistral_v01_window_is_refused_unless_the_context_fits_it():
     ],
 )
 def test_mistral_without_a_shorter_window_passes(raw):
-    check_supported(_config(architectures=["MistralForCausalLM"], **raw))
+    config = _config(architectures=["MistralForCausalLM"], **raw)
+    check_supported(config)
+    if raw["sliding_window"] is None:
+        assert config.sliding_layers == () and config.layer_window(0) is None
 
 
 @pytest.mark.parametrize("arch", ["Qwen2ForCausalLM", "Qwen3ForCausalLM"])
 def test_qwen_windows_count_only_when_used(arch):
-    """Qwen2/Qwen3 configs carry sliding_window with use_sliding_window false."""
+    """Qwen2/Qwen3 configs carry sliding_window with use_sliding_window false; when used, the
+    layers from max_window_layers on slide (transformers' rule), the others attend fully."""
     unused = _config(architectures=[arch], sliding_window=4096, use_sliding_window=False)
     assert unused.sliding_window is None
     check_supported(unused)
@@ -95,11 +98,13 @@ def test_qwen_windows_count_only_when_used(arch):
     assert _config(architectures=[arch], **above).sliding_window is None
     used = _config(architectures=[arch], **{**above, "max_window_layers": 1})
     assert used.sliding_window == 4096
-    with pytest.raises(ValueError, match="sliding_window"):
-        check_supported(used)
+    assert [used.layer_window(i) for i in range(2)] == [None, 4096]
+    check_supported(used)
     # transformers >= 5 saves layer_types
     typed = {"sliding_window": 4096, "layer_types": ["full_attention"] * 2}
     assert _config(architectures=[arch], **typed).sliding_window is None
+    mixed = {"sliding_window": 4096, "layer_types": ["sliding_attention", "full_attention"]}
+    assert _config(architectures=[arch], **mixed).sliding_layers == (0,)
 
 
 def test_yarn_context_is_original_times_factor():
@@ -113,7 +118,7 @@ def test_yarn_context_is_original_times_factor():
     ("raw", "message"),
     [
         ({"architectures": ["FooForCausalLM"]}, "model architecture 'FooForCausalLM'"),
-        ({"sliding_window": 4096, "architectures": ["MistralForCausalLM"]}, "sliding"),
+        ({"rope_scaling": {"rope_type": "longrope", "factor": 2.0}}, "rope_type 'longrope'"),
     ],
 )
 def test_serve_refuses_before_start(tmp_path, raw, message):

@@ -95,3 +95,28 @@ def test_yarn_config_of_qwen25_recipe():
     config = ModelConfig.from_dict(raw)
     assert config.rope_scaling is not None
     assert config.rope_scaling["original_max_position_embeddings"] == 32768
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_qwen2_window_on_upper_layers_equals_transformers(tmp_path, backend):
+    """use_sliding_window with max_window_layers 1: layer 0 attends fully, layer 1 slides a
+    16-token window (per-layer windows), with chunked prefill shorter than the window."""
+    from kvflow.kernels import cpu as cpu_kernels
+
+    if backend == "cpu" and not cpu_kernels.available():
+        pytest.skip("no C compiler")
+    hf = build_hf(
+        tmp_path,
+        "Qwen2ForCausalLM",
+        "Qwen2Config",
+        num_key_value_heads=2,
+        use_sliding_window=True,
+        sliding_window=16,
+        max_window_layers=1,
+        eos_token_id=2,  # hf_greedy stops at 2; Qwen2Config has no eos by default
+    )
+    config = ModelConfig.from_path(tmp_path)
+    assert [config.layer_window(i) for i in range(2)] == [None, 16]
+    batch = prompts()
+    engine = {"attention_backend": backend, "chunked_prefill_size": 12}
+    assert engine_greedy(tmp_path, batch, **engine) == hf_greedy(hf, batch)

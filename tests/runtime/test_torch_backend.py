@@ -2,7 +2,7 @@
 
 Covers both kinds of parts (requests padded together, and one SDPA call per request), alone
 and mixed in one batch, for extend and decode, with GQA, ragged lengths and cached prefixes,
-in float32 and bfloat16.
+in float32 and bfloat16; and with a sliding window.
 """
 
 from __future__ import annotations
@@ -23,21 +23,24 @@ HEADS, KV_HEADS, DIM = 6, 2, 16
 SLOTS = 1024
 
 
-def naive_attention(q, keys, values, prefix_len):
-    """q ``[n, H, D]`` for positions ``prefix_len..``, keys/values ``[ctx, KVH, D]``."""
+def naive_attention(q, keys, values, prefix_len, window=None):
+    """q ``[n, H, D]`` for positions ``prefix_len..``, keys/values ``[ctx, KVH, D]``; a key
+    is seen when ``q_pos - k_pos`` is in ``[0, window)`` (transformers' rule)."""
     group = HEADS // KV_HEADS
     keys = keys.float().repeat_interleave(group, dim=1)
     values = values.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("nhd,khd->hnk", q.float(), keys) / math.sqrt(DIM)
     q_pos = torch.arange(q.shape[0])[:, None] + prefix_len
-    scores = scores.masked_fill(torch.arange(keys.shape[0])[None, :] > q_pos, float("-inf"))
+    k_pos = torch.arange(keys.shape[0])[None, :]
+    hidden = (k_pos > q_pos) | (q_pos - k_pos >= (window or keys.shape[0] + 1))
+    scores = scores.masked_fill(hidden, float("-inf"))
     return torch.einsum("hnk,khd->nhd", scores.softmax(-1), values)
 
 
-def make_backend(dtype, backend_cls=TorchBackend):
+def make_backend(dtype, backend_cls=TorchBackend, window=None):
     pool = KVPool(SLOTS, 1, KV_HEADS, DIM, dtype, "cpu")
     rows = ReqToTokenPool(8, 512, "cpu")
-    backend = backend_cls(pool, rows, HEADS, KV_HEADS, DIM, 1 / math.sqrt(DIM))
+    backend = backend_cls(pool, rows, HEADS, KV_HEADS, DIM, 1 / math.sqrt(DIM), (window,))
     return backend, pool, rows
 
 
@@ -80,7 +83,8 @@ def run_batch(backend, rows, prefix_lens, new_lens, dtype, mode):
     for req, prefix, new in zip(reqs, prefix_lens, new_lens, strict=True):
         slots = rows.read(req, prefix + new)
         keys, values = backend.kv_pool.k_buffer[0][slots], backend.kv_pool.v_buffer[0][slots]
-        expected.append(naive_attention(q[start : start + new], keys, values, prefix))
+        window = backend.window(0)
+        expected.append(naive_attention(q[start : start + new], keys, values, prefix, window))
         start += new
         rows.free(req)
     return out, torch.cat(expected)
@@ -92,7 +96,8 @@ LONG = torch_backend.SDPA_MIN_NEW_TOKENS
 
 
 def part_kinds(backend) -> list[str]:
-    return sorted(type(part).__name__ for part in backend.last_plan)
+    (parts,) = backend.last_plan.values()  # one plan: the layer's window
+    return sorted(type(part).__name__ for part in parts)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -172,3 +177,61 @@ def _remember_plan(monkeypatch):
         self.last_plan = fb.attn_metadata
 
     monkeypatch.setattr(TorchBackend, "init_forward_metadata", recording)
+
+
+WINDOW_CASES = [([0, 0, 0], [5, 9, 1]), ([0, 7, 30], [4, 2, 6]), ([40], [5]), ([0], [30])]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "sdpa"])
+@pytest.mark.parametrize("window", [1, 4, 8])
+@pytest.mark.parametrize(("prefix_lens", "new_lens"), WINDOW_CASES)
+def test_sliding_window_extend_matches_naive(
+    monkeypatch, dtype, padded, window, prefix_lens, new_lens
+):
+    """Padded parts gather each context from its first new token's window on."""
+    if not padded:
+        monkeypatch.setattr(torch_backend, "PADDED_SCORE_BYTES", 0)
+    backend, _, rows = make_backend(dtype, window=window)
+    out, expected = run_batch(backend, rows, prefix_lens, new_lens, dtype, ForwardMode.EXTEND)
+    (parts,) = backend.last_plan.values()
+    for part in parts:
+        if isinstance(part, torch_backend._PaddedPart):
+            assert part.max_ctx <= window + part.max_new - 1
+        elif part.prefix_slots is not None:
+            assert part.prefix_slots.numel() <= window - 1
+    torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype], rtol=0)
+
+
+@pytest.mark.parametrize("window", [1, 5, 16])
+def test_sliding_window_decode_and_long_prompt(window):
+    backend, _, rows = make_backend(torch.float32, window=window)
+    lens = [0, 9, 30, 4]
+    out, expected = run_batch(backend, rows, lens, [1] * 4, torch.float32, ForwardMode.DECODE)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+    out, expected = run_batch(backend, rows, [0, 3], [LONG, 7], torch.float32, ForwardMode.EXTEND)
+    assert part_kinds(backend) == ["_PaddedPart", "_SdpaPart"]
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [1, 4, 8])
+def test_cpu_backend_slides_the_window(dtype, window):
+    backend, _, rows = make_backend(dtype, CpuKernelBackend, window=window)
+    for prefix_lens, new_lens in WINDOW_CASES:
+        out, expected = run_batch(backend, rows, prefix_lens, new_lens, dtype, ForwardMode.EXTEND)
+        torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype], rtol=0)
+    lens = [0, 9, 30, 300]
+    out, expected = run_batch(backend, rows, lens, [1] * 4, dtype, ForwardMode.DECODE)
+    torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype], rtol=0)
+
+
+def test_layers_with_different_windows_share_one_plan_each():
+    """A full layer and a sliding layer in one batch: one plan per distinct window."""
+    pool = KVPool(SLOTS, 3, KV_HEADS, DIM, torch.float32, "cpu")
+    rows = ReqToTokenPool(8, 512, "cpu")
+    backend = TorchBackend(pool, rows, HEADS, KV_HEADS, DIM, 0.25, (None, 4, 4))
+    assert [backend.window(i) for i in range(4)] == [None, 4, 4, None]
+    run_batch(backend, rows, [3, 20], [1, 1], torch.float32, ForwardMode.DECODE)
+    assert set(backend.last_plan) == {None, 4}
