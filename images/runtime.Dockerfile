@@ -21,12 +21,13 @@ LABEL org.opencontainers.image.title="kvflow-runtime" \
       org.opencontainers.image.description="kvflow serving runtime" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-# libibverbs/librdmacm: the Mooncake engine loads them even for TCP; libnuma for pinned
-# host memory (HiCache L2). gcc + libc6-dev + python3-dev: Triton compiles its kernel
+# libibverbs/librdmacm: the Mooncake engine loads them even for TCP; libcurl4 too
+# (mooncake_master and the engine link it; on Ubuntu 24.04 apt picks libcurl4t64, its one
+# provider); libnuma for pinned host memory (HiCache L2). gcc + libc6-dev + python3-dev: Triton compiles its kernel
 # launcher (a C extension including Python.h) the first time each kernel runs in the pod,
 # and on CPU kvflow compiles its native kernels (kvflow.kernels.cpu) on first use.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libc6-dev libibverbs1 librdmacm1 ibverbs-providers libnuma1 ca-certificates \
+ && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libc6-dev libibverbs1 librdmacm1 ibverbs-providers libcurl4 libnuma1 ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --gid 1000 kvflow && useradd --uid 1000 --gid 1000 --create-home --shell /usr/sbin/nologin kvflow \
  && python3 -m venv /opt/kvflow
