@@ -79,7 +79,9 @@ def oci_image(work: Path, name: str, rootfs: Path, config: Sequence[str]) -> Pat
 def import_image(cfg: RealNodeConfig, tar: Path, reference: str) -> None:
     """Import an OCI tar into the node's containerd as `reference` (`<repo>:<tag>`)."""
     base = reference.rsplit(":", 1)[0]
-    ctr(cfg, "images", "import", "--base-name", base, str(tar))
+    # NOTE: the CPU runtime image is ~3.4 GB; its import took 60-120 s on a 2-core machine
+    # and once ran past 120 s with a cold page cache, so it gets a wider bound.
+    ctr(cfg, "images", "import", "--base-name", base, str(tar), timeout=600)
     listed = ctr(cfg, "images", "ls", "-q").stdout.split()
     if reference not in listed:
         raise RuntimeError(f"{reference} missing after import; containerd has {listed}")
