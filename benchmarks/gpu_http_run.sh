@@ -43,7 +43,7 @@ T0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - T0 )); }
 left() { echo $(( STOP_AT - $(elapsed) )); }
 source scripts/device_env.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+python3 -P -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
   .whl/grammar/*.whl .whl/http/*.whl || exit 1
 export PYTHONPATH="$PYTHONPATH:/tmp/site"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "parallel"))
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
-from server_process import ServerProcess
+from server_process import ServerProcess, processes_left
 from tp_ranks import run_ranks
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -164,9 +164,6 @@ def _killed_rank_ends_the_server(checkpoint: Path, tp: int, log: Path) -> None:
     # the stream ends with an error event (then [DONE], as OpenAI's streams end), not as if
     # its tokens were all there
     assert seen["errors"] == 1, f"a killed stream must end with an error event: {seen}"
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in family):
-        time.sleep(0.1)
-    left = [p for p in family if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    left = processes_left(family)
     assert not left, f"processes left behind: {left}"
     print(f"tp {tp}: server exited {code} {time.monotonic() - killed_at:.2f} s after the kill")

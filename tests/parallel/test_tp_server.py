@@ -19,7 +19,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
-from server_process import ServerProcess
+from server_process import ServerProcess, processes_left
 
 MAX_NEW = 16
 EOS = 2  # SmolLM2's <|im_end|>: the tiny model shares its tokenizer
@@ -153,10 +153,7 @@ def test_killed_rank_ends_the_server(tiny_llama, model_path, tmp_path):
     # the stream in flight ends with an error event (then [DONE]), never as if complete
     assert not stream.is_alive() and events[-2:][0].startswith('data: {"error"'), events[-3:]
     assert sum(e.startswith('data: {"error"') for e in events) == 1
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in family):
-        time.sleep(0.1)
-    left = [p for p in family if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    left = processes_left(family)
     assert not left, f"processes left behind: {left}"
 
 

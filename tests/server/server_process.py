@@ -20,6 +20,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def processes_left(pids: list[int], timeout: float = 5.0) -> list[int]:
+    """Of ``pids``, those still running (zombies aside) after waiting up to ``timeout`` s."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+
+
 class ServerProcess:
     """A server started with extra flags; ``url`` is its base URL."""
 
