@@ -26,6 +26,7 @@ import contextlib
 import copy
 import hashlib
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -178,9 +179,24 @@ class _Build:
         return False
 
     def _context_files(self, source: str) -> list[Path]:
+        """The files of `source` that `.dockerignore` keeps, sorted. An ignored folder is
+        not entered (the repository's `.venv` alone holds tens of thousands of files)."""
         root = (self.repo / source).resolve()
-        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
-        return [f for f in files if not self._ignored(f.relative_to(self.repo))]
+        if root.is_file():
+            return [] if self._ignored(root.relative_to(self.repo)) else [root]
+        files: list[Path] = []
+        for current, folders, names in os.walk(root):
+            here = Path(current)
+            folders[:] = [
+                f for f in folders if not self._ignored((here / f).relative_to(self.repo))
+            ]
+            files += [
+                here / name
+                for name in names
+                if (here / name).is_file()
+                and not self._ignored((here / name).relative_to(self.repo))
+            ]
+        return sorted(files)
 
     def _context_digest(self, sources: list[str]) -> str:
         digest = hashlib.sha256()
