@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
@@ -46,22 +46,29 @@ def internal_key() -> Iterator[str]:
         os.environ[INTERNAL_KEY_ENV] = before
 
 
-@pytest.fixture(scope="module")
-def pd(model_path, tmp_path_factory) -> Iterator[PDStack]:
-    logs = tmp_path_factory.mktemp("pd")
+def _start_pd(model_path: Path, logs: Path) -> tuple[PDStack, Callable[[], None]]:
+    """The stack and the function that stops it (the servers start at once: each load
+    takes tens of seconds)."""
     bootstrap_port = free_port()
     specs = {
         "prefill": ("--role", "prefill", "--bootstrap-port", str(bootstrap_port), *COMMON),
         "decode": ("--role", "decode", *trusting(bootstrap_port), *COMMON),
         "unified": COMMON,
     }
-    with ThreadPoolExecutor(3) as pool:  # each load takes tens of seconds
+    with ThreadPoolExecutor(3) as pool:
         futures = {
             name: pool.submit(ServerProcess, *flags, log=logs / f"{name}.log")
             for name, flags in specs.items()
         }
     started = {name: f.result() for name, f in futures.items() if f.exception() is None}
     router = None
+
+    def stop() -> None:
+        if router is not None:
+            router.stop()
+        for proc in started.values():
+            proc.stop()
+
     try:
         failed = [f.exception() for f in futures.values() if f.exception() is not None]
         if failed:
@@ -73,14 +80,63 @@ def pd(model_path, tmp_path_factory) -> Iterator[PDStack]:
             started["decode"].url,
             log=logs / "router.log",
         )
-        yield PDStack(
-            started["prefill"], bootstrap_port, started["decode"], started["unified"], router
-        )
-    finally:
-        if router is not None:
-            router.stop()
-        for proc in started.values():
-            proc.stop()
+    except BaseException:
+        stop()
+        raise
+    stack = PDStack(
+        started["prefill"], bootstrap_port, started["decode"], started["unified"], router
+    )
+    return stack, stop
+
+
+class SharedPD:
+    """The PD stack shared by consecutive modules: started on first use (again after a
+    stop), stopped by :func:`pytest_runtest_teardown` as soon as the next test does not use
+    it, rather than at the end of the session, so it does not stay in memory beside later
+    modules' servers."""
+
+    def __init__(self, model_path: Path, logs: pytest.TempPathFactory) -> None:
+        self.model_path = model_path
+        self.logs = logs
+        self.running: tuple[PDStack, Callable[[], None]] | None = None
+
+    def get(self) -> PDStack:
+        if self.running is None:
+            self.running = _start_pd(self.model_path, self.logs.mktemp("pd"))
+        return self.running[0]
+
+    def stop(self) -> None:
+        running, self.running = self.running, None
+        if running is not None:
+            running[1]()
+
+
+_SHARED: list[SharedPD] = []
+
+
+@pytest.fixture(scope="session")
+def shared_pd(model_path, tmp_path_factory) -> Iterator[SharedPD]:
+    shared = SharedPD(model_path, tmp_path_factory)
+    _SHARED.append(shared)
+    yield shared
+    _SHARED.remove(shared)
+    shared.stop()
+
+
+@pytest.fixture(scope="module")
+def pd(shared_pd: SharedPD) -> PDStack:
+    """A prefill/decode pair with its router and a unified server to compare with; one
+    stack for consecutive modules (each start loads three servers)."""
+    return shared_pd.get()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the last consecutive test of the shared PD stack (and after its module's
+    fixtures, such as ``sglang_router``, are torn down), stop the stack."""
+    if nextitem is None or "pd" not in getattr(nextitem, "fixturenames", ()):
+        for shared in _SHARED:
+            shared.stop()
 
 
 @pytest.fixture(scope="module")
