@@ -21,6 +21,7 @@ from pd_flags import COMMON, PD_INTERNAL_KEY, trusting
 from router_process import RouterProcess
 from server_process import ServerProcess, free_port
 from sglang_router_process import SglangRouterProcess, start_sglang_router
+from shared_resource import Shared
 
 
 class PDStack(NamedTuple):
@@ -46,7 +47,7 @@ def internal_key() -> Iterator[str]:
         os.environ[INTERNAL_KEY_ENV] = before
 
 
-def _start_pd(model_path: Path, logs: Path) -> tuple[PDStack, Callable[[], None]]:
+def _start_pd(model_path: Path, logs: Path) -> tuple[PDStack, Callable[[], object]]:
     """The stack and the function that stops it (the servers start at once: each load
     takes tens of seconds)."""
     bootstrap_port = free_port()
@@ -89,34 +90,16 @@ def _start_pd(model_path: Path, logs: Path) -> tuple[PDStack, Callable[[], None]
     return stack, stop
 
 
-class SharedPD:
-    """The PD stack shared by consecutive modules: started on first use (again after a
-    stop), stopped by :func:`pytest_runtest_teardown` as soon as the next test does not use
-    it, rather than at the end of the session, so it does not stay in memory beside later
-    modules' servers."""
-
-    def __init__(self, model_path: Path, logs: pytest.TempPathFactory) -> None:
-        self.model_path = model_path
-        self.logs = logs
-        self.running: tuple[PDStack, Callable[[], None]] | None = None
-
-    def get(self) -> PDStack:
-        if self.running is None:
-            self.running = _start_pd(self.model_path, self.logs.mktemp("pd"))
-        return self.running[0]
-
-    def stop(self) -> None:
-        running, self.running = self.running, None
-        if running is not None:
-            running[1]()
-
-
-_SHARED: list[SharedPD] = []
+_SHARED: list[Shared[PDStack]] = []
 
 
 @pytest.fixture(scope="session")
-def shared_pd(model_path, tmp_path_factory) -> Iterator[SharedPD]:
-    shared = SharedPD(model_path, tmp_path_factory)
+def shared_pd(model_path, tmp_path_factory) -> Iterator[Shared[PDStack]]:
+    # Stopped as soon as the next test does not use it (the modules that do are consecutive).
+    shared: Shared[PDStack] = Shared(
+        lambda: _start_pd(model_path, tmp_path_factory.mktemp("pd")),
+        lambda item: "pd" in getattr(item, "fixturenames", ()),
+    )
     _SHARED.append(shared)
     yield shared
     _SHARED.remove(shared)
@@ -124,7 +107,7 @@ def shared_pd(model_path, tmp_path_factory) -> Iterator[SharedPD]:
 
 
 @pytest.fixture(scope="module")
-def pd(shared_pd: SharedPD) -> PDStack:
+def pd(shared_pd: Shared[PDStack]) -> PDStack:
     """A prefill/decode pair with its router and a unified server to compare with; one
     stack for consecutive modules (each start loads three servers)."""
     return shared_pd.get()
@@ -134,9 +117,8 @@ def pd(shared_pd: SharedPD) -> PDStack:
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """After the last consecutive test of the shared PD stack (and after its module's
     fixtures, such as ``sglang_router``, are torn down), stop the stack."""
-    if nextitem is None or "pd" not in getattr(nextitem, "fixturenames", ()):
-        for shared in _SHARED:
-            shared.stop()
+    for shared in _SHARED:
+        shared.after(nextitem)
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from server_process import ServerProcess
+from shared_resource import Shared
+
+HERE = Path(__file__).parent
 
 
 @pytest.fixture(scope="session")
@@ -15,14 +18,38 @@ def embedded_ready(model_path) -> Path:
     return model_path
 
 
+_SHARED: list[Shared[ServerProcess]] = []
+
+
+@pytest.fixture(scope="session")
+def shared_server(embedded_ready, tmp_path_factory) -> Iterator[Shared[ServerProcess]]:
+    def start() -> tuple[ServerProcess, Callable[[], object]]:
+        proc = ServerProcess(
+            "--max-total-tokens",
+            "6000",
+            "--context-length",
+            "2048",
+            log=tmp_path_factory.mktemp("server") / "server.log",
+        )
+        return proc, proc.stop
+
+    # Kept while the tests of this directory run (the modules that use it are not
+    # consecutive: others between them start servers of their own).
+    shared: Shared[ServerProcess] = Shared(start, lambda item: HERE in Path(item.path).parents)
+    _SHARED.append(shared)
+    yield shared
+    _SHARED.remove(shared)
+    shared.stop()
+
+
 @pytest.fixture(scope="module")
-def server(embedded_ready, tmp_path_factory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(
-        "--max-total-tokens",
-        "6000",
-        "--context-length",
-        "2048",
-        log=tmp_path_factory.mktemp("server") / "server.log",
-    )
-    yield proc
-    proc.stop()
+def server(shared_server: Shared[ServerProcess]) -> ServerProcess:
+    """One default server for the modules of this directory that use it (each start
+    loads the model)."""
+    return shared_server.get()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    for shared in _SHARED:
+        shared.after(nextitem)
