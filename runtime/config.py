@@ -21,7 +21,7 @@ __all__ = ["DUMMY_CONFIGS", "EngineConfig", "ModelConfig"]
 # Shipped configs for ``load_format="dummy"`` (random weights in a real model's shapes).
 DUMMY_CONFIGS = {
     name: Path(__file__).parent / "configs" / f"{name}.json"
-    for name in ("llama-3.1-8b", "llama-3.1-70b")
+    for name in ("llama-3.1-8b", "llama-3.1-70b", "qwen3-8b", "mistral-7b-v0.3", "qwen3-30b-a3b")
 }
 
 
