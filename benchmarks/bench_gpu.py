@@ -41,11 +41,11 @@ def peak_bw() -> float:
     return next((bw for key, bw in PEAK_BW.items() if key in gpu_name()), 3.35e12)
 
 
-def make_engine(**kwargs):
+def make_engine(model: str = MODEL, **kwargs):
     from kvflow.runtime.engine import Engine
 
     defaults = dict(load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, device="cuda")
-    return Engine(MODEL, **{**defaults, **kwargs})
+    return Engine(model, **{**defaults, **kwargs})
 
 
 def param_bytes(engine) -> int:
@@ -82,15 +82,37 @@ def admit_decode_batch(engine, bs: int, context: int, steps: int, rng: random.Ra
     return reqs
 
 
-def bench_decode(batch_sizes=(1, 8, 32, 64, 128), context=1024, steps=30) -> list[dict]:
+def weight_bytes_read(engine, bs: int) -> float:
+    """Weight bytes a decode step of ``bs`` rows reads: every parameter of a dense model;
+    for a mixture of experts, the dense part plus the experts the batch is expected to
+    route to (uniform routing over ``E`` experts, ``k`` per token: ``E * (1 - (1 - k/E)^bs)``
+    per layer, the dummy router's random weights being close to uniform)."""
+    total = param_bytes(engine)
+    mc = engine.runner.model_config
+    experts = getattr(mc, "num_experts", 0) or 0
+    if not experts:
+        return float(total)
+    expert_bytes = sum(
+        p.numel() * p.element_size()
+        for name, p in engine.runner.model.named_parameters()
+        if ".experts." in name or name.endswith(("w13", "w2"))
+    )
+    top_k = mc.num_experts_per_tok
+    expected = experts * (1 - (1 - top_k / experts) ** bs)
+    return total - expert_bytes + expert_bytes * expected / experts
+
+
+def bench_decode(
+    batch_sizes=(1, 8, 32, 64, 128), context=1024, steps=30, model: str = MODEL
+) -> list[dict]:
     engine = make_engine(
+        model,
         max_running_requests=max(batch_sizes),
         cuda_graph_max_bs=max(batch_sizes),
         chunked_prefill_size=16384,
         max_prefill_tokens=16384,
     )
     sched, mc = engine.scheduler, engine.runner.model_config
-    weights = param_bytes(engine)
     kv_per_token = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * 2
     rng = random.Random(0)
     rows = []
@@ -126,7 +148,7 @@ def bench_decode(batch_sizes=(1, 8, 32, 64, 128), context=1024, steps=30) -> lis
             engine.runner.forward(fb)
         torch.cuda.synchronize()
         forward_s = (time.perf_counter() - start) / steps
-        moved = weights + bs * (context + 8) * kv_per_token
+        moved = weight_bytes_read(engine, bs) + bs * (context + 8) * kv_per_token
         rows.append(
             {
                 "batch": bs,

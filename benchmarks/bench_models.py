@@ -1,0 +1,112 @@
+"""Decode speed of each model family's real shapes on the GPU (random bf16 weights).
+
+    python -P benchmarks/bench_models.py --json-out models.json
+
+For every shipped dummy config named (default: Qwen3-8B, Mistral-7B-v0.3, Qwen3-30B-A3B,
+with Llama-3.1-8B as the reference the other results are read against): the decode step at
+batch 1 and 32 with 1,024-token contexts (CUDA graphs, ``bench_gpu.bench_decode``) and its
+fraction of HBM bandwidth (weights read, for a mixture of experts only the experts the
+batch routes to, plus the KV read). For a mixture of experts also one layer's experts
+alone: the fused Triton kernel (``kernels.fused_moe``) against the per-expert loop
+(``fused_experts_ref``, the CPU path) at batch 1 and 32, and the batch-1 kernel against the
+roofline of the active experts' weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+from bench_gpu import _driver_version, bench_decode, gpu_name, peak_bw
+
+MODELS = ("llama-3.1-8b", "qwen3-8b", "mistral-7b-v0.3", "qwen3-30b-a3b")
+
+
+def _time(fn, iters: int) -> float:
+    """Seconds per call, after warm-up, each call synchronized (the loop syncs anyway)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / iters
+
+
+def bench_experts(model: str, batch_sizes=(1, 32), iters: int = 200) -> list[dict]:
+    """One MoE layer's experts in the model's shapes: fused kernel vs per-expert loop."""
+    from kvflow import kernels
+    from kvflow.runtime.config import DUMMY_CONFIGS, ModelConfig
+    from kvflow.runtime.layers.moe import fused_experts_ref, select_experts
+
+    mc = ModelConfig.from_path(DUMMY_CONFIGS[model])
+    experts, top_k = mc.num_experts, mc.num_experts_per_tok
+    hidden, inter = mc.hidden_size, mc.moe_intermediate_size
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    dev, dt = "cuda", torch.bfloat16
+    w13 = torch.randn(experts, 2 * inter, hidden, device=dev, dtype=dt, generator=gen) * 0.02
+    w2 = torch.randn(experts, hidden, inter, device=dev, dtype=dt, generator=gen) * 0.02
+    per_expert = (w13[0].numel() + w2[0].numel()) * w13.element_size()
+    rows = []
+    for bs in batch_sizes:
+        x = torch.randn(bs, hidden, device=dev, dtype=dt, generator=gen)
+        logits = torch.randn(bs, experts, device=dev, generator=gen)
+        topk = select_experts(logits, top_k, renormalize=bool(mc.norm_topk_prob))
+        fused_s = _time(partial(kernels.fused_moe, x, w13, w2, topk.weights, topk.ids), iters)
+        loop_s = _time(partial(fused_experts_ref, x, w13, w2, topk), max(iters // 10, 10))
+        got = kernels.fused_moe(x, w13, w2, topk.weights, topk.ids).float()
+        want = fused_experts_ref(x, w13, w2, topk).float()
+        distinct = int(topk.ids.unique().numel())
+        rows.append(
+            {
+                "batch": bs,
+                "fused_us": fused_s * 1e6,
+                "per_expert_loop_us": loop_s * 1e6,
+                "speedup": loop_s / fused_s,
+                "experts_routed": distinct,
+                "hbm_fraction_of_routed_experts": distinct * per_expert / fused_s / peak_bw(),
+                "max_abs_diff_vs_loop": float((got - want).abs().max()),
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=list(MODELS))
+    parser.add_argument("--json-out", type=Path, default=None)
+    args = parser.parse_args()
+    import triton
+
+    results: dict = {
+        "gpu": gpu_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "driver": _driver_version(),
+        "models": {},
+    }
+    from kvflow.runtime.config import DUMMY_CONFIGS, ModelConfig
+
+    for model in args.models:
+        started = time.perf_counter()
+        entry: dict = {"decode": bench_decode(batch_sizes=(1, 32), model=model)}
+        gc.collect()
+        torch.cuda.empty_cache()
+        if ModelConfig.from_path(DUMMY_CONFIGS[model]).num_experts:
+            entry["experts"] = bench_experts(model)
+        results["models"][model] = entry
+        print(model, json.dumps(entry, indent=1), f"({time.perf_counter() - started:.0f} s)")
+        gc.collect()
+        torch.cuda.empty_cache()
+    if args.json_out:
+        args.json_out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
