@@ -1,0 +1,114 @@
+"""The dense families on a GPU against transformers: tiny random configs in float32 (CUDA
+graphs on, greedy tokens equal), and each shipped dummy config's real layer shapes (four
+layers) in bfloat16, whose last-position logits must be as close to a float32 reference
+as transformers' own bfloat16 forward is.
+
+Skipped without CUDA; run on the accelerator machine with ``pytest -m gpu tests/gpu``.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
+from family_parity import build_hf, engine_greedy, hf_greedy, prompts
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+FAMILIES = {
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", {"num_key_value_heads": 2}),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", {"num_key_value_heads": 2, "head_dim": 32}),
+    # a window shorter than the longer prompts plus their outputs
+    "mistral": (
+        "MistralForCausalLM",
+        "MistralConfig",
+        {"num_key_value_heads": 2, "sliding_window": 24},
+    ),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_family_on_cuda_equals_transformers(tmp_path, family):
+    model_cls, config_cls, config = FAMILIES[family]
+    hf = build_hf(tmp_path, model_cls, config_cls, eos_token_id=2, **config)
+    batch = prompts()
+    expected = hf_greedy(hf, batch)
+    got = engine_greedy(tmp_path, batch, device="cuda", max_running_requests=8, cuda_graph_max_bs=8)
+    assert got == expected
+
+
+REAL_SHAPES = ("qwen3-8b", "mistral-7b-v0.3", "qwen3-30b-a3b")
+LAYERS = 4
+PROMPT = 48
+
+
+@pytest.mark.parametrize("name", REAL_SHAPES)
+def test_real_shapes_logits_close_in_bf16(tmp_path, name):
+    """Four layers of the real shapes, random weights: kvflow's bf16 logits are as close to
+    transformers' float32 logits as transformers' own bf16 logits are."""
+    import transformers
+
+    from kvflow.runtime.config import DUMMY_CONFIGS, EngineConfig
+    from kvflow.runtime.forward_batch import ForwardBatch, ForwardMode
+    from kvflow.runtime.model_runner import ModelRunner
+
+    raw = json.loads(DUMMY_CONFIGS[name].read_text()) | {"num_hidden_layers": LAYERS}
+    config = transformers.AutoConfig.for_model(raw.pop("model_type"), **raw)
+    torch.manual_seed(0)
+    ids = torch.randint(0, config.vocab_size, (PROMPT,), device="cuda")
+    with torch.device("cuda"):
+        hf = getattr(transformers, raw["architectures"][0])(config).to(torch.float32).eval()
+    for _, param in hf.named_parameters():
+        if param.dim() > 1:
+            param.data.normal_(0, 0.02)
+    with torch.no_grad():
+        reference = hf(ids[None]).logits[0, -1].float()
+        hf = hf.to(torch.bfloat16)
+        hf_bf16 = hf(ids[None]).logits[0, -1].float()
+    hf.save_pretrained(tmp_path)
+    del hf
+    gc.collect()
+    torch.cuda.empty_cache()
+
+    runner = ModelRunner(
+        EngineConfig(
+            model_path=str(tmp_path),
+            dtype="bfloat16",
+            device="cuda",
+            max_total_tokens=4096,
+            max_running_requests=4,
+            disable_cuda_graph=True,
+            skip_tokenizer_init=True,
+        ).resolved()
+    )
+    row = runner.req_to_token.alloc()
+    slots = torch.tensor(runner.allocator.alloc_for_request(0, 0, PROMPT), device="cuda")
+    runner.req_to_token.write(row, 0, slots)
+    fb = ForwardBatch(
+        mode=ForwardMode.EXTEND,
+        input_ids=ids,
+        positions=torch.arange(PROMPT, device="cuda"),
+        out_cache_loc=slots,
+        req_pool_indices=torch.tensor([row], device="cuda"),
+        seq_lens=torch.tensor([PROMPT], device="cuda"),
+        seq_lens_cpu=[PROMPT],
+        extend_prefix_lens_cpu=[0],
+        extend_seq_lens_cpu=[PROMPT],
+    )
+    ours = runner.forward(fb)[0].float()
+    hf_err = (hf_bf16 - reference).abs()
+    our_err = (ours - reference).abs()
+    print(
+        f"{name}: max |err| kvflow {our_err.max():.4f} transformers-bf16 {hf_err.max():.4f}; "
+        f"mean {our_err.mean():.5f} vs {hf_err.mean():.5f}"
+    )
+    assert our_err.max() <= 1.5 * hf_err.max() and our_err.mean() <= 1.5 * hf_err.mean()
