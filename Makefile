@@ -60,6 +60,10 @@ bench-tp: $(STAMP) ## tensor parallelism on CPU: decode-step cost of --tp-size 2
 bench-gpu: $(STAMP) ## GPU benchmarks with Llama-3.1-8B shapes (needs CUDA; see benchmarks/results/gpu.md)
 	$(PY) benchmarks/bench_gpu.py all --json-out benchmarks/results/gpu-latest.json
 
+.PHONY: bench-models
+bench-models: $(STAMP) ## decode step of each family's real shapes on a GPU (needs CUDA; see benchmarks/results/models.md)
+	$(PY) benchmarks/bench_models.py --json-out benchmarks/results/models-latest.json
+
 .PHONY: help
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'

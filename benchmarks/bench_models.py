@@ -1,6 +1,6 @@
 """Decode speed of each model family's real shapes on the GPU (random bf16 weights).
 
-    python -P benchmarks/bench_models.py --json-out models.json
+    python benchmarks/bench_models.py --json-out models.json
 
 For every shipped dummy config named (default: Qwen3-8B, Mistral-7B-v0.3, Qwen3-30B-A3B,
 with Llama-3.1-8B as the reference the other results are read against): the decode step at
