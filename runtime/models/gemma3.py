@@ -2,15 +2,17 @@
 k before rotary, five local sliding-window layers to one global (``layer_types``), and two
 RoPE tables: the local layers rotate with base ``rope_local_base_freq`` and no scaling, the
 global ones with ``rope_theta`` and ``rope_scaling`` (linear, factor 8, in the released
-checkpoints). Soft-capping is off in the released configs; where a config sets it, it
-applies as in Gemma 2."""
+checkpoints). The final logits are soft-capped where the config says so (as transformers
+does); attention soft-capping is refused (transformers' Gemma 3 never applies it)."""
 
 from __future__ import annotations
 
+from kvflow.runtime.config import ModelConfig
 from kvflow.runtime.distributed import TPGroup
 from kvflow.runtime.layers import GemmaRMSNorm, LinearMethod, RotaryEmbedding
 from kvflow.runtime.models.blocks import QKNormAttention
 from kvflow.runtime.models.gemma2 import Gemma2ForCausalLM, GemmaDecoderLayer
+from kvflow.runtime.models.registry import GEMMA3_SOFTCAP
 
 __all__ = ["Gemma3ForCausalLM"]
 
@@ -29,6 +31,16 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
     RoPE table in the sliding layers."""
 
     attention = GemmaQKNormAttention
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        linear_method: LinearMethod | None = None,
+        tp: TPGroup | None = None,
+    ) -> None:
+        if config.attn_logit_softcapping is not None:  # the runner would cap the backend
+            raise ValueError(GEMMA3_SOFTCAP)
+        super().__init__(config, linear_method, tp)
 
     def build_layer(
         self,

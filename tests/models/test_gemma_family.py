@@ -42,7 +42,8 @@ GEMMA3 = {
         "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 100000.0},
     },
-    "attn_logit_softcapping": 2.0,
+    "attn_logit_softcapping": None,  # transformers' Gemma 3 ignores it (refused here)
+    "final_logit_softcapping": 3.0,
 }
 FAMILIES = {
     "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", GEMMA2),
@@ -121,6 +122,9 @@ def test_gemma_hub_style_configs():
     with pytest.raises(ValueError, match="hidden_activation 'gelu'"):
         check_supported(ModelConfig.from_dict({**base, "architectures": ["Gemma2ForCausalLM"],
                                                "hidden_activation": "gelu"}))  # fmt: skip
+    capped = {**base, "architectures": ["Gemma3ForCausalLM"], "attn_logit_softcapping": 50.0}
+    with pytest.raises(ValueError, match="does not apply it"):
+        check_supported(ModelConfig.from_dict(capped))
     with pytest.raises(ValueError, match="multimodal"):
         ModelConfig.from_dict(
             {"architectures": ["Gemma3ForConditionalGeneration"], "text_config": base}
@@ -142,20 +146,23 @@ def test_gemma_equals_transformers(tmp_path, family, backend):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_gemma_features_change_the_output(tmp_path, family):
-    """Soft-capping and the window matter here: without either, greedy decodes otherwise."""
+    """The window (and Gemma 2's attention soft-capping) matter here: without them, greedy
+    decodes otherwise."""
     batch = prompts()
     expected = hf_greedy(build_gemma(tmp_path / "ref", family), batch)
-    uncapped = build_gemma(tmp_path / "nocap", family, attn_logit_softcapping=None)
-    assert hf_greedy(uncapped, batch) != expected
+    if family == "gemma2":
+        uncapped = build_gemma(tmp_path / "nocap", family, attn_logit_softcapping=None)
+        assert hf_greedy(uncapped, batch) != expected
     unwindowed = build_gemma(tmp_path / "full", family, sliding_window=None)
     assert hf_greedy(unwindowed, batch) != expected
 
 
-def test_gemma2_final_softcap_logprobs(tmp_path):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gemma_final_softcap_logprobs(tmp_path, family):
     """Greedy ids ignore the final soft-capping (tanh is monotonic); its logprobs do not."""
     from kvflow.runtime.engine import Engine
 
-    hf = build_gemma(tmp_path, "gemma2")
+    hf = build_gemma(tmp_path, family)
     ids = prompts((41,))[0]
     with torch.no_grad():
         out = hf.generate(
