@@ -184,7 +184,12 @@ class ModelConfig:
             norm_topk_prob=bool(raw.get("norm_topk_prob", arch.startswith("Mixtral"))),
             decoder_sparse_step=raw.get("decoder_sparse_step") or 1,
             mlp_only_layers=tuple(raw.get("mlp_only_layers") or ()),
-            hidden_act=str(raw.get("hidden_activation") or raw.get("hidden_act") or "silu"),
+            # transformers' defaults where unsaved: Gemma's tanh GELU, everyone else's SiLU
+            hidden_act=str(
+                raw.get("hidden_activation")
+                or raw.get("hidden_act")
+                or ("gelu_pytorch_tanh" if arch.startswith("Gemma") else "silu")
+            ),
             query_pre_attn_scalar=raw.get("query_pre_attn_scalar"),
             attn_logit_softcapping=raw.get("attn_logit_softcapping"),
             final_logit_softcapping=raw.get("final_logit_softcapping"),
