@@ -60,7 +60,14 @@ class CpuKernelBackend(TorchBackend):
         logit_cap=None,
     ) -> None:
         super().__init__(
-            kv_pool, req_to_token, num_heads, num_kv_heads, head_dim, scale, layer_windows, logit_cap
+            kv_pool,
+            req_to_token,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            scale,
+            layer_windows,
+            logit_cap,
         )
         if kv_pool.k_buffer[0].device.type != "cpu":
             raise ValueError("the cpu attention backend runs on CPU only")

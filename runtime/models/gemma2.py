@@ -27,7 +27,7 @@ from kvflow.runtime.layers import (
 from kvflow.runtime.models.blocks import Attention
 from kvflow.runtime.models.causal_lm import CausalLM
 
-__all__ = ["GemmaDecoderLayer", "GemmaMLP", "Gemma2ForCausalLM"]
+__all__ = ["Gemma2ForCausalLM", "GemmaDecoderLayer", "GemmaMLP"]
 
 
 class GemmaMLP(nn.Module):
