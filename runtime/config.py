@@ -52,8 +52,8 @@ def _sliding_layers(raw: dict[str, Any]) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class ModelConfig:
     """The shape of a decoder of the supported families (Llama, Qwen2, Qwen3, Mistral,
-    Mixtral, Qwen3-MoE, Gemma 2, Gemma 3); :func:`kvflow.runtime.models.check_supported` says whether this
-    runtime can serve it."""
+    Mixtral, Qwen3-MoE, Gemma 2, Gemma 3); :func:`kvflow.runtime.models.check_supported`
+    says whether this runtime can serve it."""
 
     architecture: str
     vocab_size: int
@@ -88,7 +88,8 @@ class ModelConfig:
     # Gemma 2/3: the MLP's activation (others: silu); attention scores scaled by
     # query_pre_attn_scalar ** -0.5 (None: head_dim ** -0.5); tanh soft-capping
     # ``cap * tanh(x / cap)`` of the scaled attention scores and of the final logits (None:
-    # none); Gemma 3: the RoPE base of the sliding layers (None: rope_theta, every layer).
+    # none); Gemma 3: the RoPE base of the sliding layers (None: unsaved, transformers'
+    # default 10000 applies).
     hidden_act: str = "silu"
     query_pre_attn_scalar: float | None = None
     attn_logit_softcapping: float | None = None
