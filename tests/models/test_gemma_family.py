@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 from family_parity import GREEDY, MAX_NEW, build_hf, hf_greedy, prompts
+from tp_ranks import run_ranks
 
 from kvflow.kernels import cpu as cpu_kernels
 from kvflow.runtime.config import ModelConfig
@@ -182,6 +183,19 @@ def test_gemma_final_softcap_logprobs(tmp_path, family):
     (result,) = llm.generate(input_ids=[ids], sampling_params=GREEDY, return_logprob=True)
     assert result.output_ids == tokens
     torch.testing.assert_close(torch.tensor(result.logprobs), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gemma_tp2_equals_transformers(tmp_path, family):
+    """One KV head per rank, each rank soft-capping and sliding its own heads; the GeGLU
+    width split, the norms whole on both."""
+    hf = build_gemma(tmp_path, family)
+    batch = prompts((41, 17, 5))
+    expected = hf_greedy(hf, batch)
+    calls = [{"input_ids": batch, "sampling_params": GREEDY}]
+    reports = run_ranks(2, str(tmp_path), calls, attention_backend="torch", **ENGINE)
+    assert [r["outputs"] for r in reports] == [[expected]] * 2
+    assert [r["kv_heads"] for r in reports] == [1, 1]
 
 
 # The triton backend on CPU runs its kernels under Triton's interpreter, which must be on
