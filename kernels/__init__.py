@@ -24,6 +24,7 @@ from kvflow.kernels.rmsnorm import rmsnorm, rmsnorm_ref
 from kvflow.kernels.rope_cache import build_cos_sin_cache, rope_inv_freq
 from kvflow.kernels.rotary import rotary_embedding, rotary_embedding_ref
 from kvflow.kernels.sampling import top_k_top_p_sampling_from_probs, top_k_top_p_sampling_ref
+from kvflow.kernels.softcap import softcap_ref
 
 __all__ = [
     "MAX_KV_SPLITS",
@@ -47,6 +48,7 @@ __all__ = [
     "rotary_embedding_ref",
     "silu_and_mul",
     "silu_and_mul_ref",
+    "softcap_ref",
     "store_kv_cache",
     "store_kv_cache_ref",
     "top_k_top_p_sampling_from_probs",

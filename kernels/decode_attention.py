@@ -13,7 +13,9 @@ Each request's slots come either from CSR ``kv_indptr``/``kv_indices`` or straig
 the request-to-token table (``decode_attention_table_fwd``: row ``req_pool_indices[i]``,
 first ``seq_lens[i]`` entries), which needs no per-step index list. With a sliding
 ``window``, a request's slots are only its last ``window`` (the new token's own included):
-both stages see that range alone, so the slots before it are never read.
+both stages see that range alone, so the slots before it are never read. With a
+``logit_cap``, the scaled scores are soft-capped (:mod:`kvflow.kernels.softcap`) before the
+softmax.
 
 A request's slice length is ``cdiv(seq_len, num_kv_splits)`` rounded up to whole KV tiles
 and to at least ``MIN_SPLIT_LEN``, computed on the device from ``kv_indptr``; short
@@ -34,6 +36,7 @@ from kvflow.kernels._launch import (
     multiprocessor_count,
     next_power_of_2,
 )
+from kvflow.kernels.softcap import softcap, softcap_ref
 
 __all__ = [
     "MAX_KV_SPLITS",
@@ -77,14 +80,14 @@ def _kv_range(meta_ptr, lens_ptr, batch, stride_table, window, TABLE: tl.constex
 @triton.jit
 def _decode_partial_kernel(
     q_ptr, k_ptr, v_ptr, kv_meta_ptr, kv_lens_ptr, kv_indices_ptr, part_o_ptr, part_lse_ptr,
-    scale_log2, stride_table, window,
+    scale_log2, stride_table, window, cap_log2,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
     num_q_heads, num_splits,
     GROUP_SIZE: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     MIN_SPLIT: tl.constexpr, TABLE: tl.constexpr, SLIDING: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     batch = tl.program_id(0)
     head_block = tl.program_id(1)
@@ -128,6 +131,8 @@ def _decode_partial_kernel(
             if UPCAST_DOT:
                 k_t = k_t.to(tl.float32)
             qk = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2
+            if SOFTCAP:  # in log2 units: cap_log2 = cap * log2(e)
+                qk = softcap(qk, cap_log2)
             qk = tl.where(mask_n[None, :], qk, float("-inf"))
             n_max = tl.maximum(tl.max(qk, 1), e_max)
             rescale = tl.exp2(e_max - n_max)
@@ -238,7 +243,7 @@ def _scratch(q, splits, partial_o, partial_lse):
 
 
 def _decode(q, k_buffer, v_buffer, o, meta, lens, kv_indices, stride_table, table, sm_scale,
-            num_kv_splits, partial_o, partial_lse, window):  # fmt: skip
+            num_kv_splits, partial_o, partial_lse, window, logit_cap):  # fmt: skip
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
     if num_q_heads % num_kv_heads:
@@ -250,6 +255,8 @@ def _decode(q, k_buffer, v_buffer, o, meta, lens, kv_indices, stride_table, tabl
     partial_o, partial_lse = _scratch(q, splits, partial_o, partial_lse)
     if window is not None and window < 1:
         raise ValueError(f"window must be at least 1, got {window}")
+    if logit_cap is not None and logit_cap <= 0:
+        raise ValueError(f"logit_cap must be positive, got {logit_cap}")
     sliding = window is not None
     if batch == 0:
         return o
@@ -262,7 +269,7 @@ def _decode(q, k_buffer, v_buffer, o, meta, lens, kv_indices, stride_table, tabl
     grid = (batch, triton.cdiv(num_q_heads, heads_per_program), splits)
     _decode_partial_kernel[grid](
         q, k_buffer, v_buffer, meta, lens, kv_indices, partial_o, partial_lse,
-        sm_scale * _LOG2E, stride_table, window or 0,
+        sm_scale * _LOG2E, stride_table, window or 0, (logit_cap or 1.0) * _LOG2E,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1),
         partial_o.stride(0), partial_o.stride(1), partial_o.stride(2),
@@ -270,7 +277,8 @@ def _decode(q, k_buffer, v_buffer, o, meta, lens, kv_indices, stride_table, tabl
         num_q_heads, splits,
         GROUP_SIZE=group_size, HEADS_PER_PROGRAM=heads_per_program, BLOCK_H=block_h,
         HEAD_DIM=head_dim, BLOCK_D=block_d, TABLE=table, SLIDING=sliding,
-        UPCAST_DOT=interpreted, DOT_PRECISION=dot_precision(q.dtype), **config,
+        SOFTCAP=logit_cap is not None, UPCAST_DOT=interpreted,
+        DOT_PRECISION=dot_precision(q.dtype), **config,
     )  # fmt: skip
     _decode_merge_kernel[(batch, num_q_heads)](
         partial_o, partial_lse, o, meta, lens, window or 0,
@@ -297,6 +305,7 @@ def decode_attention_fwd(
     partial_o: torch.Tensor | None = None,
     partial_lse: torch.Tensor | None = None,
     window: int | None = None,
+    logit_cap: float | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per request over its KV in the pool; writes ``o``.
 
@@ -309,10 +318,12 @@ def decode_attention_fwd(
     :func:`default_num_kv_splits`. ``partial_o`` [batch, num_q_heads, >= splits, head_dim]
     and ``partial_lse`` [batch, num_q_heads, >= splits] (fp32) are optional scratch buffers,
     e.g. preallocated once for CUDA-graph capture. ``window``: attend only to the last
-    ``window`` slots of each request (sliding-window attention). Returns ``o``.
+    ``window`` slots of each request (sliding-window attention). ``logit_cap``: soft-cap
+    the scaled scores, ``cap * tanh(s / cap)`` (Gemma 2); None: none. Returns ``o``.
     """
     return _decode(q, k_buffer, v_buffer, o, kv_indptr, kv_indptr, kv_indices, 0, False,
-                   sm_scale, num_kv_splits, partial_o, partial_lse, window)  # fmt: skip
+                   sm_scale, num_kv_splits, partial_o, partial_lse, window,
+                   logit_cap)  # fmt: skip
 
 
 def decode_attention_table_fwd(
@@ -329,6 +340,7 @@ def decode_attention_table_fwd(
     partial_o: torch.Tensor | None = None,
     partial_lse: torch.Tensor | None = None,
     window: int | None = None,
+    logit_cap: float | None = None,
 ) -> torch.Tensor:
     """:func:`decode_attention_fwd` reading each request's slots straight from the
     request-to-token table: request ``i`` attends to
@@ -339,7 +351,7 @@ def decode_attention_table_fwd(
         raise ValueError("req_to_token rows must be contiguous")
     return _decode(q, k_buffer, v_buffer, o, req_pool_indices, seq_lens, req_to_token,
                    req_to_token.stride(0), True, sm_scale, num_kv_splits, partial_o,
-                   partial_lse, window)  # fmt: skip
+                   partial_lse, window, logit_cap)  # fmt: skip
 
 
 def decode_attention_table_ref(
@@ -351,6 +363,7 @@ def decode_attention_table_ref(
     seq_lens: torch.Tensor,
     sm_scale: float,
     window: int | None = None,
+    logit_cap: float | None = None,
 ) -> torch.Tensor:
     """Pure-torch :func:`decode_attention_table_fwd` (through :func:`decode_attention_ref`)."""
     rows, lens = req_pool_indices.tolist(), seq_lens.tolist()
@@ -358,7 +371,9 @@ def decode_attention_table_ref(
     kv_indices = torch.cat(parts) if parts else req_to_token.new_zeros(0)
     kv_indptr = torch.zeros(len(lens) + 1, dtype=torch.int64)
     kv_indptr[1:] = torch.tensor(lens, dtype=torch.int64).cumsum(0)
-    return decode_attention_ref(q, k_buffer, v_buffer, kv_indptr, kv_indices, sm_scale, window)
+    return decode_attention_ref(
+        q, k_buffer, v_buffer, kv_indptr, kv_indices, sm_scale, window, logit_cap
+    )
 
 
 def decode_attention_ref(
@@ -369,6 +384,7 @@ def decode_attention_ref(
     kv_indices: torch.Tensor,
     sm_scale: float,
     window: int | None = None,
+    logit_cap: float | None = None,
 ) -> torch.Tensor:
     """Pure-torch decode attention (fp32 math, one request at a time); returns a new
     [batch, num_q_heads, head_dim] tensor in ``q``'s dtype. Same contract as
@@ -386,6 +402,7 @@ def decode_attention_ref(
         keys = k_buffer[slots].float().repeat_interleave(group_size, dim=1)  # [len, qh, d]
         values = v_buffer[slots].float().repeat_interleave(group_size, dim=1)
         scores = torch.einsum("hd,thd->ht", q[req].float(), keys) * sm_scale
+        scores = softcap_ref(scores, logit_cap)
         probs = torch.softmax(scores, dim=-1)
         out[req] = torch.einsum("ht,thd->hd", probs, values).to(q.dtype)
     return out

@@ -15,7 +15,8 @@ With a sliding ``window``, new token ``j`` (position ``prefix_len + j``) sees on
 within ``window`` positions of itself (``q_pos - k_pos < window``, itself included): each
 loop starts at the tile holding its block's first row's first key, so key tiles wholly
 before every row's window are never read, and the rest are masked. A row may then have no
-key in a tile, which the online softmax takes without NaN.
+key in a tile, which the online softmax takes without NaN. With a ``logit_cap``, the
+scaled scores are soft-capped (:mod:`kvflow.kernels.softcap`) before the masks.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import triton
 import triton.language as tl
 
 from kvflow.kernels._launch import dot_precision, is_interpreted, next_power_of_2
+from kvflow.kernels.softcap import softcap, softcap_ref
 
 __all__ = ["extend_attention_fwd", "extend_attention_ref"]
 
@@ -49,12 +51,12 @@ def _online_softmax_step(qk, v, acc, m_i, l_i, DOT_PRECISION: tl.constexpr):
 def _extend_kernel(
     q_ptr, k_ext_ptr, v_ext_ptr, o_ptr, k_buf_ptr, v_buf_ptr,
     qo_indptr_ptr, kv_indptr_ptr, kv_indices_ptr,
-    scale_log2, window,
+    scale_log2, window, cap_log2,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_ot, stride_oh, stride_kbt, stride_kbh, stride_vbt, stride_vbh,
     GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     req = tl.program_id(0)
     head = tl.program_id(1)
@@ -113,6 +115,8 @@ def _extend_kernel(
             k_t = k_t.to(tl.float32)
             v = v.to(tl.float32)
         qk = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2
+        if SOFTCAP:  # in log2 units: cap_log2 = cap * log2(e)
+            qk = softcap(qk, cap_log2)
         visible = mask_n[None, :]
         if SLIDING:
             visible = visible & (q_pos[:, None] - offs_n[None, :] < window)
@@ -133,6 +137,8 @@ def _extend_kernel(
             k_t = k_t.to(tl.float32)
             v = v.to(tl.float32)
         qk = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2
+        if SOFTCAP:  # in log2 units: cap_log2 = cap * log2(e)
+            qk = softcap(qk, cap_log2)
         if SLIDING:
             qk = tl.where(offs_m[:, None] - offs_n[None, :] < window, qk, float("-inf"))
         acc, m_i, l_i = _online_softmax_step(qk, v, acc, m_i, l_i, DOT_PRECISION)
@@ -157,6 +163,8 @@ def _extend_kernel(
             k_t = k_t.to(tl.float32)
             v = v.to(tl.float32)
         qk = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2
+        if SOFTCAP:  # in log2 units: cap_log2 = cap * log2(e)
+            qk = softcap(qk, cap_log2)
         visible = mask_n[None, :] & (offs_m[:, None] >= offs_n[None, :])
         if SLIDING:
             visible = visible & (offs_m[:, None] - offs_n[None, :] < window)
@@ -197,6 +205,7 @@ def extend_attention_fwd(
     max_len_extend: int,
     sm_scale: float,
     window: int | None = None,
+    logit_cap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its cached prefix plus the new
     tokens themselves; writes ``o_extend`` and returns it.
@@ -208,7 +217,8 @@ def extend_attention_fwd(
     ``kv_indptr`` [batch + 1] int32 and ``kv_indices`` int32 token slots of each request's
     cached prefix, which may be empty. ``max_len_extend`` (host int) bounds the longest
     request's new tokens; it sizes the grid. ``window``: a sliding window (see the module
-    docstring); None: full causal attention.
+    docstring); None: full causal attention. ``logit_cap``: soft-cap the scaled scores,
+    ``cap * tanh(s / cap)`` (Gemma 2); None: none.
     """
     num_q_heads, head_dim = q_extend.shape[1], q_extend.shape[2]
     num_kv_heads = k_extend.shape[1]
@@ -216,6 +226,8 @@ def extend_attention_fwd(
         raise ValueError(f"{num_q_heads} q heads is not a multiple of {num_kv_heads} kv heads")
     if window is not None and window < 1:
         raise ValueError(f"window must be at least 1, got {window}")
+    if logit_cap is not None and logit_cap <= 0:
+        raise ValueError(f"logit_cap must be positive, got {logit_cap}")
     batch = qo_indptr.shape[0] - 1
     if batch == 0 or max_len_extend == 0:
         return o_extend
@@ -225,13 +237,13 @@ def extend_attention_fwd(
     _extend_kernel[grid](
         q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer,
         qo_indptr, kv_indptr, kv_indices,
-        sm_scale * _LOG2E, window or 0,
+        sm_scale * _LOG2E, window or 0, (logit_cap or 1.0) * _LOG2E,
         q_extend.stride(0), q_extend.stride(1), k_extend.stride(0), k_extend.stride(1),
         v_extend.stride(0), v_extend.stride(1), o_extend.stride(0), o_extend.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         GROUP_SIZE=num_q_heads // num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_D=max(next_power_of_2(head_dim), 16), SLIDING=window is not None,
-        UPCAST_DOT=interpreted, DOT_PRECISION=dot_precision(q_extend.dtype), **config,
+        SOFTCAP=logit_cap is not None, UPCAST_DOT=interpreted, DOT_PRECISION=dot_precision(q_extend.dtype), **config,
     )  # fmt: skip
     return o_extend
 
@@ -247,6 +259,7 @@ def extend_attention_ref(
     kv_indices: torch.Tensor,
     sm_scale: float,
     window: int | None = None,
+    logit_cap: float | None = None,
 ) -> torch.Tensor:
     """Pure-torch extend attention (fp32 math, one request at a time); returns a new
     tensor shaped like ``q_extend``. Same contract as :func:`extend_attention_fwd`."""
@@ -264,6 +277,7 @@ def extend_attention_ref(
         keys = keys.repeat_interleave(group_size, dim=1)  # [prefix + extend, q_heads, d]
         values = values.repeat_interleave(group_size, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q_extend[rows].float(), keys) * sm_scale
+        scores = softcap_ref(scores, logit_cap)
         causal = torch.ones(
             extend_len, prefix_len + extend_len, dtype=torch.bool, device=q_extend.device
         ).tril(diagonal=prefix_len)

@@ -21,8 +21,19 @@ __all__ = ["DUMMY_CONFIGS", "EngineConfig", "ModelConfig"]
 # Shipped configs for ``load_format="dummy"`` (random weights in a real model's shapes).
 DUMMY_CONFIGS = {
     name: Path(__file__).parent / "configs" / f"{name}.json"
-    for name in ("llama-3.1-8b", "llama-3.1-70b", "qwen3-8b", "mistral-7b-v0.3", "qwen3-30b-a3b")
+    for name in (
+        "llama-3.1-8b",
+        "llama-3.1-70b",
+        "qwen3-8b",
+        "mistral-7b-v0.3",
+        "qwen3-30b-a3b",
+        "gemma-2-9b",
+        "gemma-3-12b",
+    )
 }
+# Gemma's sliding layers where a config saves no layer_types: every ``pattern``-th layer
+# (1-based) attends fully, the others slide (Gemma 2: alternate, Gemma 3: 5 local to 1).
+_SLIDING_PATTERNS = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6}
 
 
 def _sliding_layers(raw: dict[str, Any]) -> tuple[int, ...]:
@@ -35,6 +46,10 @@ def _sliding_layers(raw: dict[str, Any]) -> tuple[int, ...]:
     layers = range(raw["num_hidden_layers"])
     if raw.get("layer_types"):
         return tuple(i for i in layers if raw["layer_types"][i] == "sliding_attention")
+    arch = (raw.get("architectures") or [""])[0]
+    if arch in _SLIDING_PATTERNS:
+        pattern = raw.get("sliding_window_pattern") or _SLIDING_PATTERNS[arch]
+        return tuple(i for i in layers if (i + 1) % pattern)
     if "use_sliding_window" in raw:
         if not raw["use_sliding_window"]:
             return ()
@@ -45,8 +60,8 @@ def _sliding_layers(raw: dict[str, Any]) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class ModelConfig:
     """The shape of a decoder of the supported families (Llama, Qwen2, Qwen3, Mistral,
-    Mixtral, Qwen3-MoE); :func:`kvflow.runtime.models.check_supported` says whether this
-    runtime can serve it."""
+    Mixtral, Qwen3-MoE, Gemma 2, Gemma 3); :func:`kvflow.runtime.models.check_supported`
+    says whether this runtime can serve it."""
 
     architecture: str
     vocab_size: int
@@ -78,6 +93,20 @@ class ModelConfig:
     # mlp_only_layers (0-based), which keep a dense MLP of intermediate_size.
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    # Gemma 2/3: the MLP's activation (others: silu); attention scores scaled by
+    # query_pre_attn_scalar ** -0.5 (None: head_dim ** -0.5); tanh soft-capping
+    # ``cap * tanh(x / cap)`` of the scaled attention scores and of the final logits (None:
+    # none); Gemma 3: the RoPE base of the sliding layers (None: unsaved, transformers'
+    # default 10000 applies).
+    hidden_act: str = "silu"
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    rope_local_base_freq: float | None = None
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     def layer_window(self, layer_id: int) -> int | None:
         """Layer ``layer_id``'s attention window, or None for full attention."""
@@ -107,9 +136,21 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
         arch = (raw.get("architectures") or ["LlamaForCausalLM"])[0]
+        if "text_config" in raw and "hidden_size" not in raw:
+            raise ValueError(
+                f"{arch} is a multimodal checkpoint (a vision tower beside its text model), "
+                "which is not supported; kvflow serves text-only decoders (for Gemma 3: "
+                "Gemma3ForCausalLM, e.g. gemma-3-1b or gemma-3-270m)"
+            )
         heads = raw["num_attention_heads"]
-        # transformers >= 5 folds rope_theta and rope_scaling into rope_parameters.
-        rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+        # transformers >= 5 folds rope_theta and rope_scaling into rope_parameters; Gemma 3
+        # keeps one per layer type, the sliding layers' base being rope_local_base_freq.
+        rope_params = dict(raw.get("rope_parameters") or {})
+        local_base = raw.get("rope_local_base_freq")
+        if "full_attention" in rope_params:
+            local_base = rope_params.get("sliding_attention", {}).get("rope_theta", local_base)
+            rope_params = dict(rope_params["full_attention"])
+        rope = dict(rope_params or raw.get("rope_scaling") or {})
         rope_theta = rope.pop("rope_theta", None) or raw.get("rope_theta", 10000.0)
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         max_positions = raw.get("max_position_embeddings", 4096)
@@ -137,8 +178,8 @@ class ModelConfig:
             rope_theta=float(rope_theta),
             rope_scaling=rope if rope_type != "default" else None,
             max_position_embeddings=max_positions,
-            # Qwen2 and Llama configs both carry this; Llama defaults to untied.
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            # Qwen2 and Llama configs both carry this; Llama defaults to untied, Gemma tied.
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", arch.startswith("Gemma"))),
             attention_bias=bool(raw.get("attention_bias", arch.startswith("Qwen2"))),
             eos_token_ids=eos_ids,
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
@@ -152,6 +193,16 @@ class ModelConfig:
             norm_topk_prob=bool(raw.get("norm_topk_prob", arch.startswith("Mixtral"))),
             decoder_sparse_step=raw.get("decoder_sparse_step") or 1,
             mlp_only_layers=tuple(raw.get("mlp_only_layers") or ()),
+            # transformers' defaults where unsaved: Gemma's tanh GELU, everyone else's SiLU
+            hidden_act=str(
+                raw.get("hidden_activation")
+                or raw.get("hidden_act")
+                or ("gelu_pytorch_tanh" if arch.startswith("Gemma") else "silu")
+            ),
+            query_pre_attn_scalar=raw.get("query_pre_attn_scalar"),
+            attn_logit_softcapping=raw.get("attn_logit_softcapping"),
+            final_logit_softcapping=raw.get("final_logit_softcapping"),
+            rope_local_base_freq=float(local_base) if local_base else None,
         )
 
     @classmethod

@@ -104,8 +104,9 @@ class ModelRunner:
             self.heads.num_heads,
             self.heads.num_kv_heads,
             mc.head_dim,
-            mc.head_dim**-0.5,
+            mc.attention_scale,
             tuple(mc.layer_window(layer_id) for layer_id in range(mc.num_layers)),
+            mc.attn_logit_softcapping,
         )
         self.sampler = Sampler(mc.vocab_size, self.device, tp)
         self.graph_runner: CudaGraphRunner | None = None

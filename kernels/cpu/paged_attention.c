@@ -252,7 +252,7 @@ static inline __attribute__((always_inline)) void attend_tile(
     const void *q, const int64_t *q_rows, const int64_t *limit, int nt, int64_t q_sh,
     const void *k, const void *v, int64_t kv_st, int64_t kv_sh, int kv_first, int kv_count,
     const int32_t *slots, void *out, const int64_t *o_rows, int64_t o_sh, int group, int dim,
-    float scale, int64_t window, const int is_bf16) {
+    float scale, int64_t window, float cap, const int is_bf16) {
     float qf[KVF_MAX_VECS * KVF_MAX_DIM] __attribute__((aligned(64)));
     float acc[KVF_MAX_VECS * KVF_MAX_DIM] __attribute__((aligned(64)));
     float rows[KVF_BLOCK * KVF_MAX_DIM] __attribute__((aligned(64)));
@@ -341,6 +341,8 @@ static inline __attribute__((always_inline)) void attend_tile(
         for (int vec = 0; vec < nv; vec++) {
             int c = seen[vec], b = skip[vec];
             if (!c) continue;
+            if (cap > 0.0f) /* soft-capping (Gemma 2) of the scaled scores */
+                for (int t = b; t < c; t++) s[vec][t] = cap * tanhf(s[vec][t] / cap);
             float top = s[vec][b];
             for (int t = b + 1; t < c; t++) top = s[vec][t] > top ? s[vec][t] : top;
             float next = top > m[vec] ? top : m[vec];
@@ -392,7 +394,7 @@ struct attention_args {
     const int64_t *tile_first;
     int64_t q_st, q_sh, kv_st, kv_sh, table_st, o_st, o_sh, per_tile, window;
     int per_item, group, dim, is_bf16;
-    float scale;
+    float scale, cap;
 };
 
 /* Work items [lo, hi): item i is KV heads (i % per_tile) * per_item .. + per_item - 1 of
@@ -427,17 +429,18 @@ static void attention_items(void *ctx, int64_t lo, int64_t hi) {
         }
         if (is_bf16)
             attend_tile(q, q_rows, visible + i0, nt, q_sh, k, v, kv_st, kv_sh, first, per_item,
-                        slots, out, o_rows, o_sh, group, dim, scale, a->window, 1);
+                        slots, out, o_rows, o_sh, group, dim, scale, a->window, a->cap, 1);
         else
             attend_tile(q, q_rows, visible + i0, nt, q_sh, k, v, kv_st, kv_sh, first, per_item,
-                        slots, out, o_rows, o_sh, group, dim, scale, a->window, 0);
+                        slots, out, o_rows, o_sh, group, dim, scale, a->window, a->cap, 0);
     }
 }
 
 /* q [n, heads, dim] (strides q_st, q_sh); k, v: one layer's pool [slots, kv_heads, dim]
  * (strides kv_st, kv_sh); table: request-to-token rows (stride table_st); rows[i] and
  * visible[i]: query row i's table row and how many of its slots it sees (the last `window`
- * of them when window > 0); out like q.
+ * of them when window > 0); out like q. logit_cap > 0 soft-caps the scaled scores,
+ * cap * tanh(s / cap), before the softmax (0: none).
  *
  * Work items: runs of rows continuing each other (an extend's new tokens) are cut into tiles
  * of up to KVF_MAX_VECS / group rows, one item per (tile, KV head), so each K/V block serves
@@ -448,7 +451,8 @@ int kvflow_paged_attention(const void *q, int64_t q_st, int64_t q_sh, const void
                             const void *v, int64_t kv_st, int64_t kv_sh, const int32_t *table,
                            int64_t table_st, const int64_t *rows, const int64_t *visible,
                            void *out, int64_t o_st, int64_t o_sh, int64_t n, int heads,
-                           int kv_heads, int dim, float scale, int64_t window, int is_bf16) {
+                           int kv_heads, int dim, float scale, int64_t window,
+                           float logit_cap, int is_bf16) {
     int group = heads / kv_heads;
     int runs = 0;
     for (int64_t i = 1; i < n && !runs; i++) runs = continues(rows, visible, i);
@@ -463,7 +467,7 @@ int kvflow_paged_attention(const void *q, int64_t q_st, int64_t q_sh, const void
     tile_first[tiles] = n;
     struct attention_args a = {q, k, v, table, rows, visible, out, tile_first, q_st, q_sh, kv_st,
                                kv_sh, table_st, o_st, o_sh, kv_heads / per_item, window,
-                               per_item, group, dim, is_bf16, scale};
+                               per_item, group, dim, is_bf16, scale, logit_cap};
     kvf_parallel_for(tiles * a.per_tile, 1, attention_items, &a);
     free(tile_first);
     return 0;

@@ -8,7 +8,8 @@ per request with ``visible`` = its sequence length; an extend is one row per new
 ``j`` of a request with ``p`` cached tokens seeing ``p + j + 1`` (the kernel attends such runs
 of rows in tiles that share each block of K/V). With a sliding ``window``, row ``i`` sees only
 the last ``window`` of its ``visible`` slots (keys within ``window`` positions of the query,
-itself included), and the slots before are never read.
+itself included), and the slots before are never read. With a ``logit_cap``, the scaled
+scores are soft-capped, ``cap * tanh(s / cap)`` (Gemma 2), before the softmax.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import ctypes
 import torch
 
 from kvflow.kernels.cpu.build import function
+from kvflow.kernels.softcap import softcap_ref
 
 __all__ = ["MAX_GROUP", "MAX_HEAD_DIM", "paged_attention", "paged_attention_ref", "supports"]
 
@@ -33,7 +35,7 @@ _ARGTYPES = [
     *(_PTR, _PTR),  # rows, visible
     *(_PTR, _I64, _I64),  # out, strides
     *(_I64, _INT, _INT, _INT),  # n, heads, kv_heads, dim
-    *(ctypes.c_float, _I64, _INT),  # scale, window (0: none), is_bf16
+    *(ctypes.c_float, _I64, ctypes.c_float, _INT),  # scale, window (0: none), cap, is_bf16
 ]
 
 
@@ -57,6 +59,7 @@ def paged_attention(
     sm_scale: float,
     out: torch.Tensor | None = None,
     window: int | None = None,
+    logit_cap: float | None = None,
 ) -> torch.Tensor:
     """Attention of every row of ``q`` ``[n, heads, dim]`` (see the module docstring); returns
     ``out`` (new if None) ``[n, heads, dim]`` in ``q``'s dtype.
@@ -86,6 +89,8 @@ def paged_attention(
         raise ValueError(f"rows and visible need {n} entries")
     if window is not None and window < 1:
         raise ValueError(f"window must be at least 1, got {window}")
+    if logit_cap is not None and logit_cap <= 0:
+        raise ValueError(f"logit_cap must be positive, got {logit_cap}")
     if n == 0:
         return out
     status = function("kvflow_paged_attention", _ARGTYPES, ctypes.c_int)(
@@ -109,6 +114,7 @@ def paged_attention(
         dim,
         sm_scale,
         window or 0,
+        logit_cap or 0.0,
         int(q.dtype == torch.bfloat16),
     )
     if status != 0:
@@ -125,6 +131,7 @@ def paged_attention_ref(
     visible: torch.Tensor,
     sm_scale: float,
     window: int | None = None,
+    logit_cap: float | None = None,
 ) -> torch.Tensor:
     """Pure-torch :func:`paged_attention` (float32 math, one row at a time)."""
     heads = q.shape[1]
@@ -137,6 +144,6 @@ def paged_attention_ref(
         slots = req_to_token[row, first:length].long()
         keys = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [len, heads, dim]
         values = v_buffer[slots].float().repeat_interleave(group, dim=1)
-        scores = torch.einsum("hd,thd->ht", q[i].float(), keys) * sm_scale
+        scores = softcap_ref(torch.einsum("hd,thd->ht", q[i].float(), keys) * sm_scale, logit_cap)
         out[i] = torch.einsum("ht,thd->hd", scores.softmax(-1), values).to(q.dtype)
     return out

@@ -27,7 +27,9 @@ class AttentionBackend(ABC):
     ``layer_windows[layer_id]`` (:meth:`window`) slides that layer's attention: a query at
     position ``p`` sees only the keys at positions ``(p - window, p]`` (transformers'
     ``q_pos - k_pos < sliding_window``), and KV slots before a query's window are not read.
-    None, or a layer past the tuple's end: full causal attention.
+    None, or a layer past the tuple's end: full causal attention. ``logit_cap`` soft-caps
+    every layer's scaled scores before the softmax, ``cap * tanh(s / cap)`` (Gemma 2);
+    None: none.
     """
 
     def __init__(
@@ -39,6 +41,7 @@ class AttentionBackend(ABC):
         head_dim: int,
         scale: float,
         layer_windows: tuple[int | None, ...] = (),
+        logit_cap: float | None = None,
     ) -> None:
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
@@ -47,6 +50,7 @@ class AttentionBackend(ABC):
         self.head_dim = head_dim
         self.scale = scale
         self.layer_windows = layer_windows
+        self.logit_cap = logit_cap
 
     def window(self, layer_id: int) -> int | None:
         """Layer ``layer_id``'s attention window, or None for full attention."""

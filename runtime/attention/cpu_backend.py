@@ -49,10 +49,25 @@ class CpuKernelBackend(TorchBackend):
     apply (inherited from :class:`TorchBackend`)."""
 
     def __init__(
-        self, kv_pool, req_to_token, num_heads, num_kv_heads, head_dim, scale, layer_windows=()
+        self,
+        kv_pool,
+        req_to_token,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        scale,
+        layer_windows=(),
+        logit_cap=None,
     ) -> None:
         super().__init__(
-            kv_pool, req_to_token, num_heads, num_kv_heads, head_dim, scale, layer_windows
+            kv_pool,
+            req_to_token,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            scale,
+            layer_windows,
+            logit_cap,
         )
         if kv_pool.k_buffer[0].device.type != "cpu":
             raise ValueError("the cpu attention backend runs on CPU only")
@@ -101,4 +116,5 @@ class CpuKernelBackend(TorchBackend):
             meta.visible,
             self.scale,
             window=self.window(layer_id),
+            logit_cap=self.logit_cap,
         )

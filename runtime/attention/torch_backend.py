@@ -13,6 +13,8 @@ the upper triangle), or a request whose padded scores alone would exceed
 With a sliding window (:meth:`AttentionBackend.window`), each request's context starts at
 the first key its earliest new token sees, so slots before every query's window are never
 gathered; the bias masks the rest of the window. Layers sharing a window share one plan.
+With a ``logit_cap`` (Gemma 2), the scores are soft-capped before the bias; SDPA has no
+such option, so an SDPA part then runs as explicit matmuls over the same mask.
 
 Why not SDPA everywhere: on CPU, SDPA with an explicit mask takes a slow path (bf16 worst,
 ~8x slower than the matmuls here), and one call per short request costs more in overhead
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kvflow.kernels import softcap_ref
 from kvflow.runtime.attention.base import AttentionBackend
 from kvflow.runtime.forward_batch import ForwardBatch
 
@@ -232,7 +235,7 @@ class TorchBackend(AttentionBackend):
             keys = k_buf[:, h].index_select(0, part.kv_slots).view(count, part.max_ctx, dim)
             values = v_buf[:, h].index_select(0, part.kv_slots).view(count, part.max_ctx, dim)
             qh = queries[:, :, h].reshape(count, part.max_new * group, dim)
-            scores = torch.bmm(qh, keys.to(q.dtype).transpose(1, 2))
+            scores = softcap_ref(torch.bmm(qh, keys.to(q.dtype).transpose(1, 2)), self.logit_cap)
             scores = scores.view(count, part.max_new, group, part.max_ctx).add_(bias)
             # softmax accumulates in float32 for half types on CPU and CUDA alike
             probs = torch.softmax(scores, dim=-1).view(count, part.max_new * group, part.max_ctx)
@@ -247,6 +250,8 @@ class TorchBackend(AttentionBackend):
         if part.prefix_slots is not None:
             keys = torch.cat([k_buf.index_select(0, part.prefix_slots).to(q.dtype), keys])
             values = torch.cat([v_buf.index_select(0, part.prefix_slots).to(q.dtype), values])
+        if self.logit_cap is not None:
+            return self._capped(q[rows], keys, values, part.mask)
         out = F.scaled_dot_product_attention(
             q[rows].transpose(0, 1).unsqueeze(0),  # [1, H, n, D]
             keys.transpose(0, 1).unsqueeze(0),
@@ -257,3 +262,16 @@ class TorchBackend(AttentionBackend):
             enable_gqa=True,
         )
         return out[0].transpose(0, 1)
+
+    def _capped(self, q, keys, values, mask: torch.Tensor | None) -> torch.Tensor:
+        """Soft-capped attention of one request's ``q`` ``[n, heads, D]`` over ``keys`` /
+        ``values`` ``[ctx, kv_heads, D]`` (``mask`` ``[n, ctx]``; None: causal, ctx = n)."""
+        group = self.num_heads // self.num_kv_heads
+        keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [heads, ctx, D]
+        values = values.repeat_interleave(group, dim=1).transpose(0, 1)
+        scores = torch.bmm(q.transpose(0, 1) * self.scale, keys.transpose(1, 2))
+        scores = softcap_ref(scores, self.logit_cap)
+        if mask is None:
+            mask = torch.ones(scores.shape[1:], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~mask, -torch.inf)
+        return torch.bmm(torch.softmax(scores, dim=-1), values).transpose(0, 1)

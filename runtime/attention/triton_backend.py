@@ -4,7 +4,8 @@ Decode reads each request's KV slots straight from the request-to-token table (r
 ``req_pool_indices[i]``, first ``seq_lens[i]`` entries), so a decode step builds no
 metadata: its CUDA graph replays from the five per-request inputs alone. A layer's sliding
 window is a kernel argument (the same at capture and replay): decode reads only the window's
-slots, extend skips the key tiles wholly before each block's windows.
+slots, extend skips the key tiles wholly before each block's windows. Soft-capping
+(``logit_cap``) is a kernel argument as well.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class TritonBackend(AttentionBackend):
             plan.max_len_extend,
             self.scale,
             self.window(layer_id),
+            self.logit_cap,
         )
         return out
 
@@ -105,5 +107,6 @@ class TritonBackend(AttentionBackend):
             fb.seq_lens,
             self.scale,
             window=self.window(layer_id),
+            logit_cap=self.logit_cap,
         )
         return out

@@ -1,6 +1,6 @@
 """Building blocks of the native models (torch; Triton kernels are dispatched on CUDA)."""
 
-from kvflow.runtime.layers.activation import silu_and_mul
+from kvflow.runtime.layers.activation import gelu_tanh_and_mul, silu_and_mul
 from kvflow.runtime.layers.linear import (
     GateUpLinear,
     LinearBase,
@@ -17,7 +17,7 @@ from kvflow.runtime.layers.moe import (
     fused_experts_ref,
     select_experts,
 )
-from kvflow.runtime.layers.norm import RMSNorm
+from kvflow.runtime.layers.norm import GemmaRMSNorm, RMSNorm
 from kvflow.runtime.layers.quantization import (
     LINEAR_METHODS,
     LinearMethod,
@@ -30,6 +30,7 @@ __all__ = [
     "LINEAR_METHODS",
     "ExpertWeights",
     "GateUpLinear",
+    "GemmaRMSNorm",
     "LinearBase",
     "LinearMethod",
     "MergedColumnLinear",
@@ -46,6 +47,7 @@ __all__ = [
     "VocabParallelEmbedding",
     "fused_experts_ref",
     "gather_logits",
+    "gelu_tanh_and_mul",
     "matmul_weight",
     "pack_weight",
     "select_experts",

@@ -1,14 +1,16 @@
-"""SwiGLU's activation: ``silu(gate) * up`` over a merged ``[tokens, 2 * intermediate]`` tensor."""
+"""Gated activations over a merged ``[tokens, 2 * intermediate]`` tensor (gate first, up
+second): SwiGLU's ``silu(gate) * up``, GeGLU's ``gelu_tanh(gate) * up`` (Gemma)."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from kvflow import kernels
 from kvflow.kernels import cpu
 from kvflow.runtime.layers.cpu_kernels import cpu_kernels_take
 
-__all__ = ["silu_and_mul"]
+__all__ = ["gelu_tanh_and_mul", "silu_and_mul"]
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -17,3 +19,10 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if gate_up.dim() == 2 and cpu_kernels_take(gate_up):
         return cpu.elementwise.silu_and_mul(gate_up)
     return kernels.silu_and_mul_ref(gate_up)
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``gelu(gate, approximate="tanh") * up`` (transformers' ``gelu_pytorch_tanh``), in
+    torch on every device."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up

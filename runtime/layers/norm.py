@@ -1,4 +1,5 @@
-"""RMSNorm with an optional fused residual add, numerically as Hugging Face Llama."""
+"""RMSNorm with an optional fused residual add, numerically as Hugging Face Llama; Gemma's
+variant (``x * (1 + w)``, all in float32)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from kvflow import kernels
 from kvflow.kernels import cpu
 from kvflow.runtime.layers.cpu_kernels import cpu_kernels_take
 
-__all__ = ["RMSNorm"]
+__all__ = ["GemmaRMSNorm", "RMSNorm"]
 
 
 class RMSNorm(nn.Module):
@@ -38,3 +39,25 @@ class RMSNorm(nn.Module):
         ):
             return cpu.elementwise.rmsnorm(x, self.weight, self.eps, residual)
         return kernels.rmsnorm_ref(x, self.weight, self.eps, residual)
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm, as transformers' ``Gemma2RMSNorm``: the stored weight is an offset
+    from 1 (``normed * (1 + w)``), and normalisation and scaling both run in float32, cast
+    back once at the end. Same ``forward`` contract as :class:`RMSNorm` (the residual sum
+    rounded to the input dtype). Plain torch on every device."""
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(hidden_size))
+        self.eps = eps
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            x = x + residual
+        hidden = x.float()
+        hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.eps)
+        out = (hidden * (1.0 + self.weight.float())).to(x.dtype)
+        return (out, x) if residual is not None else out

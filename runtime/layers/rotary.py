@@ -79,13 +79,17 @@ class RotaryEmbedding(nn.Module):
         self, head_dim: int, max_position: int, base: float, rope_scaling: dict[str, Any] | None
     ) -> None:
         super().__init__()
-        self.head_dim = head_dim
-        scaling = rope_scaling or {}
+        self.head_dim, self.max_position = head_dim, max_position
+        self.base, self.rope_scaling = base, rope_scaling
+        self.register_buffer("cos_sin_cache", self.table(), persistent=False)
+
+    def table(self) -> torch.Tensor:
+        """A fresh ``cos_sin_cache`` on the current default device (the loader rebuilds it
+        after constructing the model on the meta device)."""
+        scaling = self.rope_scaling or {}
         if scaling.get("rope_type", scaling.get("type")) == "yarn":
-            table = yarn_cos_sin_cache(head_dim, max_position, base, scaling)
-        else:
-            table = build_cos_sin_cache(head_dim, max_position, base, rope_scaling)
-        self.register_buffer("cos_sin_cache", table, persistent=False)
+            return yarn_cos_sin_cache(self.head_dim, self.max_position, self.base, scaling)
+        return build_cos_sin_cache(self.head_dim, self.max_position, self.base, self.rope_scaling)
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor

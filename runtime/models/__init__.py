@@ -1,6 +1,7 @@
 """Native model implementations, chosen by the checkpoint's ``architectures`` entry.
 
-A family is one module here (``llama.py``, ``qwen3.py``, ``mixtral.py``, ``qwen3_moe.py``): a
+A family is one module here (``llama.py``, ``qwen3.py``, ``mixtral.py``, ``qwen3_moe.py``,
+``gemma2.py``, ``gemma3.py``): a
 :class:`~kvflow.runtime.models.causal_lm.CausalLM` built from the shared blocks in
 ``blocks.py``, registered in ``registry.py`` under each architecture name it serves.
 """

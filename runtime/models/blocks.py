@@ -9,6 +9,8 @@ width, and the output projections all-reduce.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -18,6 +20,7 @@ from kvflow.runtime.distributed import TPGroup
 from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.layers import (
     GateUpLinear,
+    GemmaRMSNorm,
     LinearMethod,
     QKVLinear,
     RMSNorm,
@@ -82,7 +85,10 @@ class Attention(nn.Module):
 
 class QKNormAttention(Attention):
     """Attention with an RMSNorm over each head of q and of k before rotary (Qwen3): one
-    ``head_dim`` weight each, shared by the heads, so every rank holds all of it."""
+    ``head_dim`` weight each, shared by the heads, so every rank holds all of it.
+    ``qk_norm`` is the norm's class (Gemma 3: :class:`GemmaRMSNorm`)."""
+
+    qk_norm: ClassVar[type[RMSNorm] | type[GemmaRMSNorm]] = RMSNorm
 
     def __init__(
         self,
@@ -93,8 +99,8 @@ class QKNormAttention(Attention):
         tp: TPGroup | None = None,
     ) -> None:
         super().__init__(config, layer_id, rotary, method, tp)
-        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
-        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        self.q_norm = self.qk_norm(config.head_dim, config.rms_norm_eps)
+        self.k_norm = self.qk_norm(config.head_dim, config.rms_norm_eps)
 
     def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # rows of head_dim: the norm kernels take [rows, width]

@@ -88,8 +88,13 @@ class CausalLM(nn.Module, ABC):
         """One decoder layer: ``(positions, hidden, residual, fb, attn) -> (hidden,
         residual)``, ``residual`` None at the first layer."""
 
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """``[tokens]`` -> the first layer's input ``[tokens, hidden]``: the embedding rows
+        (a family may scale them)."""
+        return self.embed_tokens(ids)
+
     def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
-        hidden = self.embed_tokens(fb.input_ids)
+        hidden = self.embed(fb.input_ids)
         residual = None
         for layer in self.layers:
             hidden, residual = layer(fb.positions, hidden, residual, fb, attn)

@@ -11,6 +11,7 @@ from torch import nn
 
 from kvflow.runtime.config import DUMMY_CONFIGS, ModelConfig
 from kvflow.runtime.distributed import TPGroup
+from kvflow.runtime.layers import RotaryEmbedding
 from kvflow.runtime.models import MODELS, embedded_model_path
 from kvflow.runtime.models.causal_lm import CausalLM
 
@@ -74,16 +75,11 @@ def load_model(
     with torch.device("meta"):
         model = model_cls(config, tp=tp)
     model = model.to_empty(device=device).to(dtype)
-    # Buffers built on meta (the RoPE table) must be recomputed for real.
+    # Buffers built on meta (the RoPE tables: Gemma 3 has two) must be recomputed for real.
     for module in model.modules():
-        if hasattr(module, "cos_sin_cache"):
-            fresh = type(module)(
-                config.head_dim,
-                config.max_position_embeddings,
-                config.rope_theta,
-                config.rope_scaling,
-            )
-            module.cos_sin_cache = fresh.cos_sin_cache.to(device)
+        if isinstance(module, RotaryEmbedding):
+            with torch.device("cpu"):
+                module.cos_sin_cache = module.table().to(device)
     if load_format == "dummy":
         _init_dummy(model, seed, device)
     else:

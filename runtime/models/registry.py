@@ -20,6 +20,17 @@ for _arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"):
 MODELS.register("Qwen3ForCausalLM", "kvflow.runtime.models.qwen3:Qwen3ForCausalLM")
 MODELS.register("MixtralForCausalLM", "kvflow.runtime.models.mixtral:MixtralForCausalLM")
 MODELS.register("Qwen3MoeForCausalLM", "kvflow.runtime.models.qwen3_moe:Qwen3MoeForCausalLM")
+MODELS.register("Gemma2ForCausalLM", "kvflow.runtime.models.gemma2:Gemma2ForCausalLM")
+MODELS.register("Gemma3ForCausalLM", "kvflow.runtime.models.gemma3:Gemma3ForCausalLM")
+
+# Gemma's MLP activation (transformers' hidden_activation), the only one its module builds
+GEMMA_ACTIVATIONS = ("gelu_pytorch_tanh",)
+# NOTE: transformers' Gemma 3 reads attn_logit_softcapping but never applies it (and the
+# released configs set none), so a config that sets it has no reference to match.
+GEMMA3_SOFTCAP = (
+    "Gemma3ForCausalLM with attn_logit_softcapping is not supported "
+    "(transformers' Gemma 3 does not apply it; the released configs set none)"
+)
 
 # rope_type values kvflow.runtime.layers.RotaryEmbedding builds (tests keep them in step)
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -28,8 +39,10 @@ ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 def check_supported(config: ModelConfig, context_length: int | None = None) -> None:
     """Raise ValueError (one line) if this runtime cannot serve ``config`` at
     ``context_length`` (None: the model's own): an architecture not in :data:`MODELS` or a
-    RoPE type not in :data:`ROPE_TYPES`. Sliding attention windows are served, per layer
-    (:meth:`ModelConfig.layer_window`), by every attention backend."""
+    RoPE type not in :data:`ROPE_TYPES`, a Gemma activation other than GeGLU's tanh GELU,
+    a Gemma 3 with attention soft-capping.
+    Sliding attention windows are served, per layer (:meth:`ModelConfig.layer_window`), by
+    every attention backend, and so is soft-capping of the attention scores."""
     arch, supported = config.architecture, ", ".join(MODELS.choices())
     if arch not in MODELS.choices():
         raise ValueError(f"model architecture {arch!r} is not supported; supported: {supported}")
@@ -37,4 +50,11 @@ def check_supported(config: ModelConfig, context_length: int | None = None) -> N
         raise ValueError(
             f"{arch} uses rope_type {config.rope_type!r}, which is not supported; "
             f"supported: {', '.join(ROPE_TYPES)}"
+        )
+    if arch == "Gemma3ForCausalLM" and config.attn_logit_softcapping is not None:
+        raise ValueError(GEMMA3_SOFTCAP)
+    if arch.startswith("Gemma") and config.hidden_act not in GEMMA_ACTIVATIONS:
+        raise ValueError(
+            f"{arch} uses hidden_activation {config.hidden_act!r}, which is not supported; "
+            f"supported: {', '.join(GEMMA_ACTIVATIONS)}"
         )

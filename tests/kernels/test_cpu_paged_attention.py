@@ -192,6 +192,24 @@ def test_sliding_window_matches_reference_and_reads_no_slot_before_it(
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 2, 33)])
+@pytest.mark.parametrize("window", [None, 32])
+def test_softcap_matches_reference(dtype, heads, kv_heads, dim, window) -> None:
+    """Scores soft-capped at 1.0 (Gemma 2's ``cap * tanh(s / cap)``), decode rows and extend
+    tiles, with and without a window; the cap changes these outputs."""
+    spans = [(0, 1), (100, 1), (0, 70), (37, 5), (200, 40)]
+    q, k_buf, v_buf, table, rows, visible, _ = _disjoint_case(dtype, heads, kv_heads, dim, spans)
+    scale = 1 / math.sqrt(dim)
+    args = (q, k_buf, v_buf, table, rows, visible, scale)
+    got = paged_attention(*args, window=window, logit_cap=1.0)
+    want = paged_attention_ref(*args, window=window, logit_cap=1.0)
+    uncapped = paged_attention_ref(*args, window=window)
+    assert (uncapped.float() - want.float()).abs().max() > 0.05
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
 def test_window_of_one_returns_each_rows_own_value() -> None:
     q, k_buf, v_buf, table, rows, visible, owned = _disjoint_case(
         torch.float32, 4, 2, 16, [(5, 3), (0, 1)]

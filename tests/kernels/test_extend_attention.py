@@ -1,6 +1,6 @@
 """extend_attention_fwd against extend_attention_ref: prefix/no prefix, ragged, GQA, paged;
 a sliding window, with the prefix tiles wholly before it poisoned (NaN) to show they are not
-read."""
+read; soft-capped scores (Gemma 2)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from kvflow.kernels import extend_attention_fwd, extend_attention_ref
 
 def _run_case(
     device, dtype, num_kv_heads, group, head_dim, prefix_lens, extend_lens, page_size,
-    window=None, block_n=16,
+    window=None, block_n=16, logit_cap=None,
 ):  # fmt: skip
     gen = torch.Generator().manual_seed(sum(prefix_lens) * 13 + sum(extend_lens) + group)
     num_q_heads = num_kv_heads * group
@@ -29,8 +29,13 @@ def _run_case(
     kv_indices = paged_slots(prefix_lens, page_size, num_slots, gen)
     scale = head_dim**-0.5
     expected = extend_attention_ref(
-        q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, scale, window
+        q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, scale, window, logit_cap
     )
+    if logit_cap is not None:  # the cap must matter for these scores
+        uncapped = extend_attention_ref(
+            q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, scale, window
+        )
+        assert (uncapped.float() - expected.float()).abs().max() > 0.05
     if window is not None:  # tiles of block_n keys wholly before the first new token's window
         for prefix, slots in zip(prefix_lens, kv_indices.split(prefix_lens), strict=True):
             unread = slots[: max(0, prefix + 1 - window) // block_n * block_n].long()
@@ -51,6 +56,7 @@ def _run_case(
         max(extend_lens),
         scale,
         window,
+        logit_cap,
     )
     torch.testing.assert_close(out.cpu(), expected, **ATTENTION_TOLERANCE[dtype])
 
@@ -84,6 +90,15 @@ def test_extend_attention_window_interpret(case, window):
     _run_case(device_for("interpret"), *case, window=window)
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("window", [None, 5, 33])
+@pytest.mark.parametrize("case", INTERPRET_CASES[1:4])
+def test_extend_attention_softcap_interpret(case, window):
+    """Scores soft-capped at 1.0 (scaled scores of these inputs reach about 4) in every
+    tile kind: prefix, below the diagonal, diagonal; with and without a window."""
+    _run_case(device_for("interpret"), *case, window=window, logit_cap=1.0)
+
+
 GPU_CASES = [
     (8, 4, 128, [0], [1000], 1),
     (8, 4, 128, [0, 512, 1, 300], [129, 64, 300, 1], 16),
@@ -99,6 +114,13 @@ GPU_CASES = [
 @pytest.mark.parametrize("case", GPU_CASES)
 def test_extend_attention_gpu(dtype, case):
     _run_case(device_for("gpu"), dtype, *case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("case", GPU_CASES[1:4])
+def test_extend_attention_softcap_window_gpu(dtype, case):
+    _run_case(device_for("gpu"), dtype, *case, window=100, block_n=64, logit_cap=1.0)
 
 
 def test_extend_attention_ref_matches_sdpa():

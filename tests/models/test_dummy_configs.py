@@ -17,6 +17,9 @@ PUBLISHED_B = {
     "qwen3-8b": 8.19,
     "mistral-7b-v0.3": 7.25,
     "qwen3-30b-a3b": 30.5,
+    "gemma-2-9b": 9.24,
+    # Gemma 3 12B is 12.19B with its 0.42B SigLIP vision tower; the config is its decoder
+    "gemma-3-12b": 11.77,
 }
 
 

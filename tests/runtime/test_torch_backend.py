@@ -2,7 +2,7 @@
 
 Covers both kinds of parts (requests padded together, and one SDPA call per request), alone
 and mixed in one batch, for extend and decode, with GQA, ragged lengths and cached prefixes,
-in float32 and bfloat16; and with a sliding window.
+in float32 and bfloat16; and with a sliding window, and soft-capped scores (Gemma 2).
 """
 
 from __future__ import annotations
@@ -23,13 +23,15 @@ HEADS, KV_HEADS, DIM = 6, 2, 16
 SLOTS = 1024
 
 
-def naive_attention(q, keys, values, prefix_len, window=None):
+def naive_attention(q, keys, values, prefix_len, window=None, logit_cap=None):
     """q ``[n, H, D]`` for positions ``prefix_len..``, keys/values ``[ctx, KVH, D]``; a key
     is seen when ``q_pos - k_pos`` is in ``[0, window)`` (transformers' rule)."""
     group = HEADS // KV_HEADS
     keys = keys.float().repeat_interleave(group, dim=1)
     values = values.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("nhd,khd->hnk", q.float(), keys) / math.sqrt(DIM)
+    if logit_cap is not None:
+        scores = torch.tanh(scores / logit_cap) * logit_cap
     q_pos = torch.arange(q.shape[0])[:, None] + prefix_len
     k_pos = torch.arange(keys.shape[0])[None, :]
     hidden = (k_pos > q_pos) | (q_pos - k_pos >= (window or keys.shape[0] + 1))
@@ -37,10 +39,11 @@ def naive_attention(q, keys, values, prefix_len, window=None):
     return torch.einsum("hnk,khd->nhd", scores.softmax(-1), values)
 
 
-def make_backend(dtype, backend_cls=TorchBackend, window=None):
+def make_backend(dtype, backend_cls=TorchBackend, window=None, logit_cap=None):
     pool = KVPool(SLOTS, 1, KV_HEADS, DIM, dtype, "cpu")
     rows = ReqToTokenPool(8, 512, "cpu")
-    backend = backend_cls(pool, rows, HEADS, KV_HEADS, DIM, 1 / math.sqrt(DIM), (window,))
+    scale = 1 / math.sqrt(DIM)
+    backend = backend_cls(pool, rows, HEADS, KV_HEADS, DIM, scale, (window,), logit_cap)
     return backend, pool, rows
 
 
@@ -83,8 +86,8 @@ def run_batch(backend, rows, prefix_lens, new_lens, dtype, mode):
     for req, prefix, new in zip(reqs, prefix_lens, new_lens, strict=True):
         slots = rows.read(req, prefix + new)
         keys, values = backend.kv_pool.k_buffer[0][slots], backend.kv_pool.v_buffer[0][slots]
-        window = backend.window(0)
-        expected.append(naive_attention(q[start : start + new], keys, values, prefix, window))
+        window, cap = backend.window(0), backend.logit_cap
+        expected.append(naive_attention(q[start : start + new], keys, values, prefix, window, cap))
         start += new
         rows.free(req)
     return out, torch.cat(expected)
@@ -235,3 +238,26 @@ def test_layers_with_different_windows_share_one_plan_each():
     assert [backend.window(i) for i in range(4)] == [None, 4, 4, None]
     run_batch(backend, rows, [3, 20], [1, 1], torch.float32, ForwardMode.DECODE)
     assert set(backend.last_plan) == {None, 4}
+
+
+@pytest.mark.parametrize("backend_cls", [TorchBackend, CpuKernelBackend])
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "sdpa"])
+@pytest.mark.parametrize("window", [None, 4])
+def test_softcapped_scores_match_naive(monkeypatch, backend_cls, padded, window):
+    """Scores soft-capped at 0.5 in every kind of part (an SDPA part computes them itself:
+    SDPA cannot cap), in extend (cached prefixes, a long uncached prompt) and decode."""
+    if backend_cls is CpuKernelBackend and not cpu_kernels.available():
+        pytest.skip("no C compiler for the native kernels")
+    if not padded:
+        monkeypatch.setattr(torch_backend, "PADDED_SCORE_BYTES", 0)
+    backend, _, rows = make_backend(torch.float32, backend_cls, window, logit_cap=0.5)
+    for prefix_lens, new_lens, mode in (
+        ([0, 7, 3], [4, 2, 6], ForwardMode.EXTEND),
+        ([0], [LONG + 3], ForwardMode.EXTEND),
+        ([5, 30], [1, 1], ForwardMode.DECODE),
+    ):
+        out, expected = run_batch(backend, rows, prefix_lens, new_lens, torch.float32, mode)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+    backend.logit_cap = None  # the same batch (same seed) uncapped: the cap matters
+    _, uncapped = run_batch(backend, rows, [5, 30], [1, 1], torch.float32, ForwardMode.DECODE)
+    assert (uncapped - expected).abs().max() > 0.01
