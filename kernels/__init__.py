@@ -17,6 +17,16 @@ from kvflow.kernels.decode_attention import (
     default_num_kv_splits,
 )
 from kvflow.kernels.extend_attention import extend_attention_fwd, extend_attention_ref
+from kvflow.kernels.fp8_gemm import (
+    FP8_DTYPE,
+    FP8_MAX,
+    fp8_rowwise_mm,
+    fp8_rowwise_mm_ref,
+    per_token_group_quant_fp8,
+    per_token_group_quant_fp8_ref,
+    w8a8_block_fp8_matmul,
+    w8a8_block_fp8_matmul_ref,
+)
 from kvflow.kernels.fused_moe import fused_moe, fused_moe_ref, moe_align_block_size
 from kvflow.kernels.gemv import gemv, gemv_ref
 from kvflow.kernels.kv_store import store_kv_cache, store_kv_cache_ref
@@ -26,6 +36,8 @@ from kvflow.kernels.rotary import rotary_embedding, rotary_embedding_ref
 from kvflow.kernels.sampling import top_k_top_p_sampling_from_probs, top_k_top_p_sampling_ref
 
 __all__ = [
+    "FP8_DTYPE",
+    "FP8_MAX",
     "MAX_KV_SPLITS",
     "build_cos_sin_cache",
     "decode_attention_fwd",
@@ -35,11 +47,15 @@ __all__ = [
     "default_num_kv_splits",
     "extend_attention_fwd",
     "extend_attention_ref",
+    "fp8_rowwise_mm",
+    "fp8_rowwise_mm_ref",
     "fused_moe",
     "fused_moe_ref",
     "gemv",
     "gemv_ref",
     "moe_align_block_size",
+    "per_token_group_quant_fp8",
+    "per_token_group_quant_fp8_ref",
     "rmsnorm",
     "rmsnorm_ref",
     "rope_inv_freq",
@@ -51,4 +67,6 @@ __all__ = [
     "store_kv_cache_ref",
     "top_k_top_p_sampling_from_probs",
     "top_k_top_p_sampling_ref",
+    "w8a8_block_fp8_matmul",
+    "w8a8_block_fp8_matmul_ref",
 ]

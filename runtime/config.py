@@ -78,6 +78,9 @@ class ModelConfig:
     # mlp_only_layers (0-based), which keep a dense MLP of intermediate_size.
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    # The checkpoint's quantization_config as saved (None: float weights); parsed into a
+    # typed QuantConfig by kvflow.runtime.layers.quantization.resolve_quantization.
+    quantization_config: dict[str, Any] | None = None
 
     def layer_window(self, layer_id: int) -> int | None:
         """Layer ``layer_id``'s attention window, or None for full attention."""
@@ -152,6 +155,7 @@ class ModelConfig:
             norm_topk_prob=bool(raw.get("norm_topk_prob", arch.startswith("Mixtral"))),
             decoder_sparse_step=raw.get("decoder_sparse_step") or 1,
             mlp_only_layers=tuple(raw.get("mlp_only_layers") or ()),
+            quantization_config=raw.get("quantization_config"),
         )
 
     @classmethod
@@ -159,6 +163,10 @@ class ModelConfig:
         path = Path(path)
         file = path / "config.json" if path.is_dir() else path
         config = cls.from_dict(json.loads(file.read_text()))
+        modelopt = file.parent / "hf_quant_config.json"  # ModelOpt's, beside config.json
+        if config.quantization_config is None and modelopt.is_file():
+            saved = {"quant_method": "modelopt", **json.loads(modelopt.read_text())}
+            config = dataclasses.replace(config, quantization_config=saved)
         generation = file.parent / "generation_config.json"
         if generation.is_file():
             eos = json.loads(generation.read_text()).get("eos_token_id")
@@ -180,6 +188,10 @@ class EngineConfig:
     model_path: str | None = None
     load_format: str = "auto"  # auto | dummy
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    # SGLang's --quantization: None (the checkpoint's own format, from its config.json),
+    # fp8 (an FP8 checkpoint, or a float one quantized per channel at load), or a
+    # checkpoint format by name (kvflow.runtime.layers.quantization.QUANTIZATION_FLAG_VALUES)
+    quantization: str | None = None
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0
     context_length: int | None = None
