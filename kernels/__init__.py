@@ -20,6 +20,7 @@ from kvflow.kernels.extend_attention import extend_attention_fwd, extend_attenti
 from kvflow.kernels.fp8_gemm import (
     FP8_DTYPE,
     FP8_MAX,
+    fp8_kernels_take,
     fp8_rowwise_mm,
     fp8_rowwise_mm_ref,
     per_token_group_quant_fp8,
@@ -47,6 +48,7 @@ __all__ = [
     "default_num_kv_splits",
     "extend_attention_fwd",
     "extend_attention_ref",
+    "fp8_kernels_take",
     "fp8_rowwise_mm",
     "fp8_rowwise_mm_ref",
     "fused_moe",

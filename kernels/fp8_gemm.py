@@ -17,9 +17,12 @@ import torch
 import triton
 import triton.language as tl
 
+from kvflow.kernels._launch import is_interpreted
+
 __all__ = [
     "FP8_DTYPE",
     "FP8_MAX",
+    "fp8_kernels_take",
     "fp8_rowwise_mm",
     "fp8_rowwise_mm_ref",
     "per_token_group_quant_fp8",
@@ -81,6 +84,12 @@ def per_token_group_quant_fp8_ref(
     scales = grouped.abs().amax(dim=-1).clamp(min=_EPS) / FP8_MAX
     q = (grouped / scales[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q.view(rows, cols), scales
+
+
+def fp8_kernels_take(tensor: torch.Tensor) -> bool:
+    """Whether these kernels run on ``tensor``'s device: CUDA, or CPU under Triton's
+    interpreter (``torch._scaled_mm`` has a CPU implementation too)."""
+    return tensor.is_cuda or (tensor.device.type == "cpu" and is_interpreted(_group_quant_kernel))
 
 
 @triton.jit

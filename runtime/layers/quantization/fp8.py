@@ -14,6 +14,7 @@ from torch import nn
 from kvflow.kernels.fp8_gemm import (
     FP8_DTYPE,
     FP8_MAX,
+    fp8_kernels_take,
     fp8_rowwise_mm,
     per_token_group_quant_fp8,
     w8a8_block_fp8_matmul,
@@ -35,7 +36,7 @@ _STATE = "fp8_state"
 
 @dataclass(frozen=True)
 class _Fp8Weights:
-    """What a CUDA layer's :meth:`Fp8LinearMethod.apply` runs on: the FP8 weight ``[N, K]``
+    """What :meth:`Fp8LinearMethod.apply` runs on where the FP8 kernels run: the FP8 weight ``[N, K]``
     and either ``row_scale`` ``[1, N]`` (``torch._scaled_mm``, with ``input_scale`` a
     static per-tensor activation scale or None for per-token scales) or ``block_scale``
     (the Triton block GEMM, activations quantized per group of ``block_size[1]``)."""
@@ -58,7 +59,7 @@ class Fp8LinearMethod(LinearMethod):
     After loading, on CPU the weight is dequantized once into the model's dtype and runs
     the float path of :class:`UnquantizedLinearMethod` (no FP8 arithmetic on CPU: it keeps
     the float memory footprint and computes what the dequantized checkpoint computes). On
-    CUDA per-tensor and per-channel scales become one scale per row and run
+    CUDA (and on CPU under Triton's interpreter, for tests) per-tensor and per-channel scales become one scale per row and run
     ``torch._scaled_mm`` with activations quantized per token (or by the static
     ``input_scale``, the largest of the shards'); block scales run the Triton block GEMM
     with activations quantized per token and group of ``bk`` columns. A layer whose
@@ -113,7 +114,7 @@ class Fp8LinearMethod(LinearMethod):
         else:
             weight, scale = quantize_per_channel(layer.weight.data)
             scheme = Fp8Scheme(weight="channel", serialized=False)
-        state = self._cuda_state(layer, weight, scale, scheme) if weight.is_cuda else None
+        state = self._kernel_state(layer, weight, scale, scheme) if fp8_kernels_take(weight) else None
         if state is None:
             dtype = layer.compute_dtype
             layer.weight = nn.Parameter(
@@ -126,7 +127,7 @@ class Fp8LinearMethod(LinearMethod):
             layer.param_dtypes["weight"] = FP8_DTYPE
         setattr(layer, _STATE, state)
 
-    def _cuda_state(
+    def _kernel_state(
         self, layer: LinearLayer, weight: torch.Tensor, scale: torch.Tensor, scheme: Fp8Scheme
     ) -> _Fp8Weights | None:
         """The kernels' tensors for this layer, or None where they do not take its shapes."""
