@@ -149,7 +149,9 @@ def w8a8_block_fp8_matmul(
     rows, k = xq.shape
     n = w.shape[0]
     if w.shape[1] != k or x_scale.shape != (rows, -(-k // block_k)):
-        raise ValueError(f"shapes x {tuple(xq.shape)}, x_scale {tuple(x_scale.shape)}, w {tuple(w.shape)}")
+        raise ValueError(
+            f"shapes x {tuple(xq.shape)}, x_scale {tuple(x_scale.shape)}, w {tuple(w.shape)}"
+        )
     if x_scale.stride(1) != 1 or w_scale.stride(1) != 1:
         raise ValueError("scales need a unit stride along K")
     if w_scale.shape != (-(-n // block_n), -(-k // block_k)):
@@ -170,7 +172,9 @@ def w8a8_block_fp8_matmul(
     return out
 
 
-def _expand_blocks(scale: torch.Tensor, rows: int, cols: int, block: tuple[int, int]) -> torch.Tensor:
+def _expand_blocks(
+    scale: torch.Tensor, rows: int, cols: int, block: tuple[int, int]
+) -> torch.Tensor:
     return scale.repeat_interleave(block[0], 0)[:rows].repeat_interleave(block[1], 1)[:, :cols]
 
 
@@ -199,9 +203,7 @@ def fp8_rowwise_mm(
     contiguous) with ``w_scale`` float32 ``[1, N]`` -> ``[M, N]`` in ``out_dtype``, through
     ``torch._scaled_mm`` (row-wise scales; cuBLASLt writes bfloat16, cast after). K and N
     are multiples of 16."""
-    out = torch._scaled_mm(
-        xq, w.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=torch.bfloat16
-    )
+    out = torch._scaled_mm(xq, w.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=torch.bfloat16)
     return out if out_dtype == torch.bfloat16 else out.to(out_dtype)
 
 

@@ -65,7 +65,9 @@ def test_fp8_checkpoint_on_cuda_follows_dequantized_transformers(tmp_path, fmt):
     ]
     assert states and all(state is not None for state in states)  # FP8 kernels, no fallback
     batch = prompts()
-    results = engine.generate(input_ids=batch, sampling_params={"temperature": 0, "max_new_tokens": MAX_NEW})
+    results = engine.generate(
+        input_ids=batch, sampling_params={"temperature": 0, "max_new_tokens": MAX_NEW}
+    )
     agree = total = 0
     for ids, result in zip(batch, results, strict=True):
         logits = _teacher_forced_logits(reference, ids + result.output_ids)

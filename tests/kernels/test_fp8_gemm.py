@@ -71,7 +71,9 @@ def test_block_matmul_interpret(rows, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(("rows", "cols", "group"), [(1, 4096, 128), (37, 4096, 4096), (300, 1536, 128)])
+@pytest.mark.parametrize(
+    ("rows", "cols", "group"), [(1, 4096, 128), (37, 4096, 4096), (300, 1536, 128)]
+)
 def test_group_quant_gpu(rows, cols, group, dtype):
     _check_group_quant(device_for("gpu"), rows, cols, group, dtype)
 
@@ -94,4 +96,6 @@ def test_rowwise_scaled_mm_gpu(rows):
     got = fp8_rowwise_mm(xq.cuda(), x_scale.cuda(), w.cuda(), w_scale.cuda(), torch.float16)
     expected = fp8_rowwise_mm_ref(xq, x_scale, w, w_scale, torch.float32)
     assert got.dtype == torch.float16
-    torch.testing.assert_close(got.cpu().float(), expected, atol=2e-2 * expected.abs().max(), rtol=2e-2)
+    torch.testing.assert_close(
+        got.cpu().float(), expected, atol=2e-2 * expected.abs().max(), rtol=2e-2
+    )

@@ -123,7 +123,9 @@ def write_fp8(hf: torch.nn.Module, src: Path, dst: Path, fmt: str) -> torch.nn.M
         tensors[name] = q
         tensors[f"{module}.{scale_name}"] = scale.float().contiguous()
         if static:  # calibrated per-tensor activation scale (any positive value serves)
-            tensors[f"{module}.input_scale"] = (0.01 + 0.02 * torch.rand(1, generator=g)).reshape(())
+            tensors[f"{module}.input_scale"] = (0.01 + 0.02 * torch.rand(1, generator=g)).reshape(
+                ()
+            )
         if fmt == "modelopt" and match[3] in ("k_proj", "v_proj"):
             tensors[f"{module}.{match[3][0]}_scale"] = torch.tensor(1.0)
         state[name] = deq

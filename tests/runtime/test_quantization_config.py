@@ -38,6 +38,17 @@ CT_FP8_DYNAMIC = {  # llm-compressor FP8_DYNAMIC (RedHatAI/...-FP8-dynamic)
     },
 }
 
+CT_INT8 = {  # a W8A16 integer checkpoint: not FP8
+    **CT_FP8_DYNAMIC,
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "int", "strategy": "channel"},
+            "input_activations": None,
+        }
+    },
+}
+
 
 def test_qwen3_fp8_is_block_scaled() -> None:
     quant = resolve_quantization(QWEN3_FP8, None)
@@ -101,13 +112,7 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         ({**QWEN3_FP8, "fmt": "e5m2"}, None, "e4m3 weights only"),
         ({**QWEN3_FP8, "activation_scheme": "static"}, None, "dynamic activations"),
         ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, None, "'NVFP4' is not served"),
-        (
-            {**CT_FP8_DYNAMIC, "config_groups": {"g": {"targets": ["Linear"],
-             "weights": {"num_bits": 8, "type": "int", "strategy": "channel"},
-             "input_activations": None}}},
-            None,
-            "8-bit float weights",
-        ),  # fmt: skip
+        (CT_INT8, None, "8-bit float weights"),
         (CT_FP8_DYNAMIC, "modelopt", "contradicts the checkpoint's quant_method"),
         (None, "compressed-tensors", "the checkpoint is not quantized"),
     ],

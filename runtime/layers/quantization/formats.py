@@ -102,7 +102,7 @@ def parse_compressed_tensors(config: Mapping[str, Any]) -> QuantConfig:
             )
         block = None
         if strategy == "block":
-            structure = weights.get("block_structure") or ()
+            structure = list(weights.get("block_structure") or ())
             if len(structure) != 2 or static:
                 raise ValueError(
                     "compressed-tensors block FP8 needs a 2-D block_structure and dynamic "

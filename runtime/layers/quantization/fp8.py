@@ -32,6 +32,7 @@ __all__ = ["Fp8LinearMethod"]
 logger = logging.getLogger(__name__)
 
 _STATE = "fp8_state"
+_INPUT_SCALE = "input_scale"  # a static per-tensor activation scale, per shard
 
 
 @dataclass(frozen=True)
@@ -97,12 +98,10 @@ class Fp8LinearMethod(LinearMethod):
             scale = torch.empty(rows, -(-input_size // block_k))
         self._register(layer, self.scheme.scale_name, scale, layout)
         if self.scheme.static_input:
-            self._register(layer, "input_scale", torch.empty(shards), ParamLayout(None, None))
+            self._register(layer, _INPUT_SCALE, torch.empty(shards), ParamLayout(None, None))
 
     @staticmethod
-    def _register(
-        layer: LinearLayer, name: str, tensor: torch.Tensor, layout: ParamLayout
-    ) -> None:
+    def _register(layer: LinearLayer, name: str, tensor: torch.Tensor, layout: ParamLayout) -> None:
         layer.register_parameter(name, nn.Parameter(tensor, requires_grad=False))
         layer.param_layouts[name] = layout
         layer.param_dtypes[name] = tensor.dtype
@@ -114,7 +113,9 @@ class Fp8LinearMethod(LinearMethod):
         else:
             weight, scale = quantize_per_channel(layer.weight.data)
             scheme = Fp8Scheme(weight="channel", serialized=False)
-        state = self._kernel_state(layer, weight, scale, scheme) if fp8_kernels_take(weight) else None
+        state = (
+            self._kernel_state(layer, weight, scale, scheme) if fp8_kernels_take(weight) else None
+        )
         if state is None:
             dtype = layer.compute_dtype
             layer.weight = nn.Parameter(
@@ -137,12 +138,14 @@ class Fp8LinearMethod(LinearMethod):
             block_n, block_k = scheme.block_size
             whole = all(n % block_n == 0 for n in layer.output_sizes)
             if whole and block_k >= 16 and block_k & (block_k - 1) == 0:
-                return _Fp8Weights(weight, block_scale=scale.float().contiguous(), block_size=(block_n, block_k))
+                return _Fp8Weights(
+                    weight, block_scale=scale.float().contiguous(), block_size=(block_n, block_k)
+                )
         elif rows % 16 == 0 and cols % 16 == 0:
             row_scale = row_scales(scale, scheme, layer.output_sizes).view(1, -1).contiguous()
             input_scale = None
             if scheme.static_input:
-                input_scale = layer.input_scale.data.float().max().reshape(1, 1)
+                input_scale = getattr(layer, _INPUT_SCALE).data.float().max().reshape(1, 1)
             return _Fp8Weights(weight.contiguous(), row_scale=row_scale, input_scale=input_scale)
         logger.warning(
             "FP8 layer of %d x %d with %s scales: no FP8 kernel takes it, dequantized",

@@ -22,9 +22,7 @@ def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return q, scale
 
 
-def row_scales(
-    scale: torch.Tensor, scheme: Fp8Scheme, output_sizes: Sequence[int]
-) -> torch.Tensor:
+def row_scales(scale: torch.Tensor, scheme: Fp8Scheme, output_sizes: Sequence[int]) -> torch.Tensor:
     """One float32 scale per weight row ``[N]``, from per-shard (``tensor``) or per-channel
     scales; block scales have none."""
     if scheme.weight == "channel":
