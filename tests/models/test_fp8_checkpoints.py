@@ -9,8 +9,9 @@ FP8 arithmetic is checked in tests/gpu/test_gpu_fp8.py.
 from __future__ import annotations
 
 import pytest
-from family_parity import build_hf, engine_greedy, hf_greedy, prompts
+from family_parity import GREEDY, build_hf, engine_greedy, hf_greedy, prompts
 from fp8_checkpoints import FORMATS, online_reference, write_fp8
+from tp_ranks import run_ranks
 
 QWEN3 = {"num_key_value_heads": 2, "head_dim": 32}
 
@@ -48,3 +49,26 @@ def test_quantization_fp8_on_float_checkpoint(tmp_path):
     expected = hf_greedy(online_reference(hf), batch)
     assert expected != float_tokens  # the rounding is visible, so the test can fail
     assert engine_greedy(tmp_path, batch, quantization="fp8") == expected
+
+
+# tp 2: each rank holds whole 128-row blocks of every shard (q 256, k and v 128, MLP 256
+# rows; o_proj's and down_proj's 256 input columns), as block checkpoints need
+TP2_SHAPES = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+}
+
+
+@pytest.mark.parametrize("fmt", ["hf-fp8-block", "ct-channel-dynamic", "modelopt"])
+def test_fp8_tp2_equals_dequantized_transformers(tmp_path, fmt):
+    """Scales split with their rows (per channel, per block: also by columns in the
+    row-parallel layers) or stay whole (per tensor) on each of 2 ranks."""
+    hf = build_hf(tmp_path / "float", "LlamaForCausalLM", "LlamaConfig", **TP2_SHAPES)
+    reference = write_fp8(hf, tmp_path / "float", tmp_path / "fp8", fmt)
+    batch = prompts()[:4]
+    expected = hf_greedy(reference, batch)
+    calls = [{"input_ids": batch, "sampling_params": GREEDY}]
+    reports = run_ranks(2, str(tmp_path / "fp8"), calls, dtype="float32", skip_tokenizer_init=True)
+    assert [r["outputs"] for r in reports] == [[expected]] * 2
