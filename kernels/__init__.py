@@ -28,6 +28,7 @@ from kvflow.kernels.fp8_gemm import (
     w8a8_block_fp8_matmul,
     w8a8_block_fp8_matmul_ref,
 )
+from kvflow.kernels.fp8_gemv import fp8_gemv, fp8_gemv_ref
 from kvflow.kernels.fused_moe import fused_moe, fused_moe_ref, moe_align_block_size
 from kvflow.kernels.gemv import gemv, gemv_ref
 from kvflow.kernels.kv_store import store_kv_cache, store_kv_cache_ref
@@ -48,6 +49,8 @@ __all__ = [
     "default_num_kv_splits",
     "extend_attention_fwd",
     "extend_attention_ref",
+    "fp8_gemv",
+    "fp8_gemv_ref",
     "fp8_kernels_take",
     "fp8_rowwise_mm",
     "fp8_rowwise_mm_ref",

@@ -9,6 +9,8 @@ from kernel_testing import device_for
 
 from kvflow.kernels import (
     FP8_DTYPE,
+    fp8_gemv,
+    fp8_gemv_ref,
     fp8_rowwise_mm,
     fp8_rowwise_mm_ref,
     per_token_group_quant_fp8,
@@ -99,3 +101,40 @@ def test_rowwise_scaled_mm_gpu(rows):
     torch.testing.assert_close(
         got.cpu().float(), expected, atol=2e-2 * expected.abs().max(), rtol=2e-2
     )
+
+
+def _check_gemv(device: str, n: int, k: int, blocked: bool, dtype: torch.dtype, config=None):
+    gen = torch.Generator().manual_seed(n * 3 + k)
+    x = torch.randn(1, k, generator=gen).to(dtype)
+    w = torch.randn(n, k, generator=gen).to(FP8_DTYPE)
+    scales: dict = {}
+    if blocked:
+        block = torch.rand(-(-n // 128), -(-k // 128), generator=gen) * 1e-2 + 1e-3
+        scales = {"block_scale": block, "block_size": (128, 128)}
+    else:
+        scales = {"row_scale": torch.rand(n, generator=gen) * 1e-2 + 1e-3}
+    expected = fp8_gemv_ref(x.double(), w, **scales).float()
+    on_device = {key: v.to(device) if torch.is_tensor(v) else v for key, v in scales.items()}
+    got = fp8_gemv(
+        x.to(device), w.to(device), **on_device, **({"config": config} if config else {})
+    )
+    assert got.shape == (1, n) and got.dtype == dtype
+    tol = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2}[dtype]
+    torch.testing.assert_close(
+        got.cpu().float(), expected, atol=tol * expected.abs().max(), rtol=tol
+    )
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("blocked", [True, False], ids=["block", "row"])
+@pytest.mark.parametrize(("n", "k"), [(192, 320), (37, 256)])
+def test_fp8_gemv_interpret(n, k, blocked):
+    _check_gemv(device_for("interpret"), n, k, blocked, torch.float32, config=(4, 128, 4, 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("blocked", [True, False], ids=["block", "row"])
+@pytest.mark.parametrize(("n", "k"), [(4096, 4096), (1536, 4096), (300, 640)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fp8_gemv_gpu(n, k, blocked, dtype):
+    _check_gemv(device_for("gpu"), n, k, blocked, dtype)

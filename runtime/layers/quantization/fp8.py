@@ -19,6 +19,8 @@ from kvflow.kernels.fp8_gemm import (
     per_token_group_quant_fp8,
     w8a8_block_fp8_matmul,
 )
+from kvflow.kernels.fp8_gemv import fp8_gemv
+from kvflow.runtime.layers.matmul import one_row
 from kvflow.runtime.layers.quantization.base import LinearLayer, LinearMethod, ParamLayout
 from kvflow.runtime.layers.quantization.config import Fp8Scheme
 from kvflow.runtime.layers.quantization.fp8_utils import (
@@ -63,7 +65,8 @@ class Fp8LinearMethod(LinearMethod):
     CUDA (and on CPU under Triton's interpreter, for tests) per-tensor and per-channel scales become one scale per row and run
     ``torch._scaled_mm`` with activations quantized per token (or by the static
     ``input_scale``, the largest of the shards'); block scales run the Triton block GEMM
-    with activations quantized per token and group of ``bk`` columns. A layer whose
+    with activations quantized per token and group of ``bk`` columns. A single CUDA row
+    (batch-1 decode) runs the FP8-weight GEMV on the float activation instead. A layer whose
     shapes the kernels do not take (``K`` or ``N`` not a multiple of 16; a shard not a
     whole number of blocks) is dequantized as on CPU, with a warning.
     """
@@ -160,7 +163,9 @@ class Fp8LinearMethod(LinearMethod):
         if state is None:
             return self.float_method.apply(layer, x)
         rows = x.reshape(-1, x.shape[-1])
-        if state.block_size is not None:
+        if one_row(rows):
+            out = fp8_gemv(rows, state.weight, state.row_scale, state.block_scale, state.block_size)
+        elif state.block_size is not None:
             assert state.block_scale is not None
             xq, x_scale = per_token_group_quant_fp8(_unit_stride(rows), state.block_size[1])
             out = w8a8_block_fp8_matmul(
