@@ -17,6 +17,9 @@ import torch
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 PROJ = re.compile(r"model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+_proj)\.weight$")
+# The parts of a merged projection get different magnitudes, so their per-tensor scales
+# differ and a scale applied to the wrong part shows.
+PART_GAIN = {"q_proj": 0.5, "k_proj": 2.0, "gate_proj": 1.5, "up_proj": 0.75}
 
 
 def _tensor_quant(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,8 +102,9 @@ def _ignored(fmt: str, module: str) -> bool:
 
 
 def write_fp8(hf: torch.nn.Module, src: Path, dst: Path, fmt: str) -> torch.nn.Module:
-    """Write ``hf`` (saved float in ``src``) as an ``fmt`` FP8 checkpoint in ``dst``; return
-    ``hf`` with each quantized projection replaced by its dequantized weight."""
+    """Write ``hf`` (saved float in ``src``), its projections scaled by ``PART_GAIN``, as an
+    ``fmt`` FP8 checkpoint in ``dst``; return ``hf`` with those weights, each quantized
+    projection's replaced by its dequantized weight."""
     from safetensors.torch import save_file
 
     config, scheme, static, scale_name = FORMATS[fmt]
@@ -111,6 +115,8 @@ def write_fp8(hf: torch.nn.Module, src: Path, dst: Path, fmt: str) -> torch.nn.M
     for name, w in state.items():
         match = PROJ.match(name)
         module = name.removesuffix(".weight")
+        if match:
+            w = state[name] = w * PART_GAIN.get(match[3], 1.0)
         if not match or _ignored(fmt, module):
             tensors[name] = w.contiguous()
             continue
@@ -150,4 +156,57 @@ def online_reference(hf: torch.nn.Module) -> torch.nn.Module:
             q, scale = _channel_quant(w.float())
             state[name] = q.float() * scale
     hf.load_state_dict(state)
+    return hf
+
+
+def _fake_quant(x: torch.Tensor, group: int, static: torch.Tensor | None) -> torch.Tensor:
+    """``x`` rounded to FP8 as the FP8 GEMMs see it: by a static per-tensor scale, or per
+    token and group of ``group`` columns (absmax / 448)."""
+    rows = x.float().reshape(-1, x.shape[-1])
+    if static is not None:
+        scale = static
+    else:
+        grouped = rows.view(rows.shape[0], -1, group)
+        scale = grouped.abs().amax(-1, keepdim=True).clamp(min=1e-10) / FP8_MAX
+        deq = (grouped / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8).float() * scale
+        return deq.view(x.shape).to(x.dtype)
+    deq = (rows / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8).float() * scale
+    return deq.view(x.shape).to(x.dtype)
+
+
+_MERGED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up",
+           "up_proj": "gate_up", "o_proj": "o", "down_proj": "down"}  # fmt: skip
+
+
+def emulate_fp8_activations(hf: torch.nn.Module, dst: Path, fmt: str) -> torch.nn.Module:
+    """``hf`` (the dequantized reference of the ``fmt`` checkpoint in ``dst``) with the
+    inputs of its quantized projections rounded to FP8 as kvflow's FP8 GEMMs round them:
+    per token (group of 128 for block scales), or by the static ``input_scale``, the
+    largest of a merged projection's parts (kvflow runs q/k/v and gate/up as one GEMM).
+    ``fmt`` ``online``: the float checkpoint in ``dst`` served with ``--quantization fp8``
+    (every projection, per token)."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(dst / "model.safetensors"))
+    scheme, static = FORMATS[fmt][1:3] if fmt != "online" else ("channel", False)
+    merged_scales: dict[tuple[str, str], torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        if name.endswith(".input_scale"):
+            layer, _, part = name.removesuffix(".input_scale").rpartition(".")
+            key = (layer, _MERGED[part])
+            merged_scales[key] = torch.maximum(merged_scales.get(key, tensor), tensor)
+    for module_name, module in hf.named_modules():
+        match = PROJ.match(module_name + ".weight")
+        if not match or f"{module_name}.weight" not in tensors:
+            continue
+        if fmt != "online" and tensors[f"{module_name}.weight"].dtype != FP8:
+            continue  # left unquantized by the checkpoint
+        key = (module_name.rpartition(".")[0], _MERGED[match[3]])
+        scale = merged_scales[key].float() if static else None
+        group = 128 if scheme == "block" else module.in_features
+
+        def hook(mod, args, group=group, scale=scale):
+            return (_fake_quant(args[0], group, scale),)
+
+        module.register_forward_pre_hook(hook)
     return hf
