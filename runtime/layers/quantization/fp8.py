@@ -39,10 +39,11 @@ _INPUT_SCALE = "input_scale"  # a static per-tensor activation scale, per shard
 
 @dataclass(frozen=True)
 class _Fp8Weights:
-    """What :meth:`Fp8LinearMethod.apply` runs on where the FP8 kernels run: the FP8 weight ``[N, K]``
-    and either ``row_scale`` ``[1, N]`` (``torch._scaled_mm``, with ``input_scale`` a
-    static per-tensor activation scale or None for per-token scales) or ``block_scale``
-    (the Triton block GEMM, activations quantized per group of ``block_size[1]``)."""
+    """What :meth:`Fp8LinearMethod.apply` runs on where the FP8 kernels run: the FP8 weight
+    ``[N, K]`` and either ``row_scale`` ``[1, N]`` (``torch._scaled_mm``, with
+    ``input_scale`` a static per-tensor activation scale or None for per-token scales) or
+    ``block_scale`` (the Triton block GEMM, activations quantized per group of
+    ``block_size[1]``)."""
 
     weight: torch.Tensor
     row_scale: torch.Tensor | None = None
@@ -61,14 +62,17 @@ class Fp8LinearMethod(LinearMethod):
 
     After loading, on CPU the weight is dequantized once into the model's dtype and runs
     the float path of :class:`UnquantizedLinearMethod` (no FP8 arithmetic on CPU: it keeps
-    the float memory footprint and computes what the dequantized checkpoint computes). On
-    CUDA (and on CPU under Triton's interpreter, for tests) per-tensor and per-channel scales become one scale per row and run
-    ``torch._scaled_mm`` with activations quantized per token (or by the static
-    ``input_scale``, the largest of the shards'); block scales run the Triton block GEMM
-    with activations quantized per token and group of ``bk`` columns. A single CUDA row
-    (batch-1 decode) runs the FP8-weight GEMV on the float activation instead. A layer whose
-    shapes the kernels do not take (``K`` or ``N`` not a multiple of 16; a shard not a
-    whole number of blocks) is dequantized as on CPU, with a warning.
+    the float memory footprint and computes what the dequantized checkpoint computes; the
+    float weight replaces the FP8 one, so weights load again only into a fresh model).
+
+    On CUDA (and on CPU under Triton's interpreter, for tests) per-tensor and per-channel
+    scales become one scale per row and run ``torch._scaled_mm`` with activations
+    quantized per token (or by the static ``input_scale``, the largest of the shards');
+    block scales run the Triton block GEMM with activations quantized per token and group
+    of ``bk`` columns. A single CUDA row (batch-1 decode) runs the FP8-weight GEMV on the
+    float activation instead. A layer whose shapes the kernels do not take (``K`` or ``N``
+    not a multiple of 16; a shard not a whole number of blocks) is dequantized as on CPU,
+    with a warning.
     """
 
     def __init__(self, scheme: Fp8Scheme) -> None:
