@@ -17,6 +17,18 @@ from kvflow.kernels.decode_attention import (
     default_num_kv_splits,
 )
 from kvflow.kernels.extend_attention import extend_attention_fwd, extend_attention_ref
+from kvflow.kernels.fp8_gemm import (
+    FP8_DTYPE,
+    FP8_MAX,
+    fp8_kernels_take,
+    fp8_rowwise_mm,
+    fp8_rowwise_mm_ref,
+    per_token_group_quant_fp8,
+    per_token_group_quant_fp8_ref,
+    w8a8_block_fp8_matmul,
+    w8a8_block_fp8_matmul_ref,
+)
+from kvflow.kernels.fp8_gemv import fp8_gemv, fp8_gemv_ref
 from kvflow.kernels.fused_moe import fused_moe, fused_moe_ref, moe_align_block_size
 from kvflow.kernels.gemv import gemv, gemv_ref
 from kvflow.kernels.kv_store import store_kv_cache, store_kv_cache_ref
@@ -27,6 +39,8 @@ from kvflow.kernels.sampling import top_k_top_p_sampling_from_probs, top_k_top_p
 from kvflow.kernels.softcap import softcap_ref
 
 __all__ = [
+    "FP8_DTYPE",
+    "FP8_MAX",
     "MAX_KV_SPLITS",
     "build_cos_sin_cache",
     "decode_attention_fwd",
@@ -36,11 +50,18 @@ __all__ = [
     "default_num_kv_splits",
     "extend_attention_fwd",
     "extend_attention_ref",
+    "fp8_gemv",
+    "fp8_gemv_ref",
+    "fp8_kernels_take",
+    "fp8_rowwise_mm",
+    "fp8_rowwise_mm_ref",
     "fused_moe",
     "fused_moe_ref",
     "gemv",
     "gemv_ref",
     "moe_align_block_size",
+    "per_token_group_quant_fp8",
+    "per_token_group_quant_fp8_ref",
     "rmsnorm",
     "rmsnorm_ref",
     "rope_inv_freq",
@@ -53,4 +74,6 @@ __all__ = [
     "store_kv_cache_ref",
     "top_k_top_p_sampling_from_probs",
     "top_k_top_p_sampling_ref",
+    "w8a8_block_fp8_matmul",
+    "w8a8_block_fp8_matmul_ref",
 ]

@@ -93,6 +93,9 @@ class ModelConfig:
     # mlp_only_layers (0-based), which keep a dense MLP of intermediate_size.
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    # The checkpoint's quantization_config as saved (None: float weights); parsed into a
+    # typed QuantConfig by kvflow.runtime.layers.quantization.resolve_quantization.
+    quantization_config: dict[str, Any] | None = None
     # Gemma 2/3: the MLP's activation (others: silu); attention scores scaled by
     # query_pre_attn_scalar ** -0.5 (None: head_dim ** -0.5); tanh soft-capping
     # ``cap * tanh(x / cap)`` of the scaled attention scores and of the final logits (None:
@@ -203,6 +206,7 @@ class ModelConfig:
             attn_logit_softcapping=raw.get("attn_logit_softcapping"),
             final_logit_softcapping=raw.get("final_logit_softcapping"),
             rope_local_base_freq=float(local_base) if local_base else None,
+            quantization_config=raw.get("quantization_config"),
         )
 
     @classmethod
@@ -210,6 +214,10 @@ class ModelConfig:
         path = Path(path)
         file = path / "config.json" if path.is_dir() else path
         config = cls.from_dict(json.loads(file.read_text()))
+        modelopt = file.parent / "hf_quant_config.json"  # ModelOpt's, beside config.json
+        if config.quantization_config is None and modelopt.is_file():
+            saved = {"quant_method": "modelopt", **json.loads(modelopt.read_text())}
+            config = dataclasses.replace(config, quantization_config=saved)
         generation = file.parent / "generation_config.json"
         if generation.is_file():
             eos = json.loads(generation.read_text()).get("eos_token_id")
@@ -231,6 +239,10 @@ class EngineConfig:
     model_path: str | None = None
     load_format: str = "auto"  # auto | dummy
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    # SGLang's --quantization: None (the checkpoint's own format, from its config.json),
+    # fp8 (an FP8 checkpoint, or a float one quantized per channel at load), or a
+    # checkpoint format by name (kvflow.runtime.layers.quantization.QUANTIZATION_FLAG_VALUES)
+    quantization: str | None = None
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0
     context_length: int | None = None

@@ -77,7 +77,14 @@ class ModelRunner:
         )
         self.dtype = _pick_dtype(config, mc)
         self.model = load_model(
-            self.model_path, mc, config.load_format, self.dtype, self.device, config.seed, tp
+            self.model_path,
+            mc,
+            config.load_format,
+            self.dtype,
+            self.device,
+            config.seed,
+            tp,
+            config.quantization,
         )
         self.vocab_size = mc.vocab_size
         self.context_len = min(

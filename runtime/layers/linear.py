@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from kvflow.runtime.distributed import ShardedHeads, TPGroup, shard_range
-from kvflow.runtime.layers.quantization import LinearMethod, UnquantizedLinearMethod
+from kvflow.runtime.layers.quantization import LinearMethod, ParamLayout, UnquantizedLinearMethod
 
 __all__ = [
     "GateUpLinear",
@@ -34,7 +34,14 @@ class LinearBase(nn.Module):
     """``x`` ``[..., input_size]`` -> ``[..., output_size]``, with ``output_size`` the sum of
     ``output_sizes``: the shards a checkpoint stores as separate tensors, stacked in order
     along the output dimension and named by ``shard_ids`` (one ``None`` for a single
-    tensor). ``method`` (default unquantized) creates the parameters and runs the matmul."""
+    tensor). ``method`` (default unquantized) creates the parameters and runs the matmul.
+
+    A method may register parameters that are not weight-shaped (a quantized format's
+    scales): ``param_layouts`` says how each maps onto the weight's rows and columns
+    (:class:`~kvflow.runtime.layers.quantization.ParamLayout`; absent: weight-shaped), so
+    loading and tensor-parallel slicing place every checkpoint tensor; ``param_dtypes``
+    names the parameters kept in their own dtype (FP8 weights, float32 scales) when the
+    loader casts the model to its dtype."""
 
     # Callers run silu_mul() on it (a merged [gate; up]): a method may prepare for that.
     fuses_silu_mul: bool = False
@@ -56,23 +63,47 @@ class LinearBase(nn.Module):
         self.input_size = input_size
         self.output_sizes = tuple(output_sizes)
         self.output_size = sum(output_sizes)
-        self.method = method if method is not None else UnquantizedLinearMethod()
-        self.method.create_weights(self, input_size, self.output_sizes, bias)
+        self.has_bias = bias
+        # the dtype activations arrive in (the loader sets the model's)
+        self.compute_dtype = torch.get_default_dtype()
+        self.set_method(method if method is not None else UnquantizedLinearMethod())
+
+    def set_method(self, method: LinearMethod) -> None:
+        """Make ``method`` this layer's: its parameters replace the current ones (before
+        loading; on ``meta`` this costs nothing)."""
+        for name in list(self._parameters):
+            del self._parameters[name]
+        self.param_layouts: dict[str, ParamLayout] = {}
+        self.param_dtypes: dict[str, torch.dtype] = {}
+        self.method = method
+        method.create_weights(self, self.input_size, self.output_sizes, self.has_bias)
+
+    def layout_of(self, param: nn.Parameter) -> ParamLayout:
+        for name, own in self._parameters.items():
+            if own is param:
+                return self.param_layouts.get(name, ParamLayout())
+        raise KeyError("not a parameter of this layer")
 
     def weight_loader(
         self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None
     ) -> None:
         """Copy a checkpoint tensor into ``param``: the whole of it (``shard_id`` None), or
-        the rows of dimension 0 that shard ``shard_id`` owns; under tensor parallelism,
-        only this rank's part of it (:meth:`rank_part`)."""
+        the rows of dimension 0 that shard ``shard_id`` owns (for a per-shard scale, its
+        entry); under tensor parallelism, only this rank's part of it (:meth:`rank_part`)."""
         loaded = self.rank_part(param, loaded, shard_id)
+        layout = self.layout_of(param)
         target = param.data
         if shard_id is not None:
             if shard_id not in self.shard_ids:
                 raise KeyError(f"no shard {shard_id!r} in {self.shard_ids}")
             index = self.shard_ids.index(shard_id)
-            offset = sum(self.output_sizes[:index])
-            target = target.narrow(0, offset, self.output_sizes[index])
+            if layout.rows_per_entry is None:
+                target = target.narrow(0, index, 1)
+            else:
+                entries = [layout.entries(n) for n in self.output_sizes]
+                target = target.narrow(0, sum(entries[:index]), entries[index])
+        if target.shape != loaded.shape and target.numel() == loaded.numel() == 1:
+            loaded = loaded.reshape(target.shape)  # a scalar scale saved as [] or [1]
         if target.shape != loaded.shape:
             raise ValueError(
                 f"shard {shard_id!r}: checkpoint shape {tuple(loaded.shape)}, "
@@ -85,6 +116,36 @@ class LinearBase(nn.Module):
     ) -> torch.Tensor:
         """The part of a whole checkpoint tensor this rank holds (all of it here)."""
         return loaded
+
+    def narrow_rows(
+        self, param: nn.Parameter, loaded: torch.Tensor, start: int, length: int
+    ) -> torch.Tensor:
+        """Weight rows ``[start, start + length)`` of ``loaded``, in ``param``'s units (a
+        block scale's row covers ``rows_per_entry`` of them; a per-shard scale is whole)."""
+        per = self.layout_of(param).rows_per_entry
+        if per is None:
+            return loaded
+        if start % per or length % per:
+            raise ValueError(
+                f"rows [{start}, {start + length}) of this rank do not fall on the "
+                f"checkpoint's blocks of {per} rows: choose another --tp-size"
+            )
+        return loaded.narrow(0, start // per, length // per)
+
+    def narrow_cols(
+        self, param: nn.Parameter, loaded: torch.Tensor, start: int, end: int
+    ) -> torch.Tensor:
+        """Weight columns ``[start, end)`` of ``loaded``, in ``param``'s units (whole where
+        the parameter is not split along the input)."""
+        per = self.layout_of(param).cols_per_entry
+        if per is None:
+            return loaded
+        if start % per or (end - start) % per:
+            raise ValueError(
+                f"columns [{start}, {end}) of this rank do not fall on the checkpoint's blocks "
+                f"of {per} columns: choose another --tp-size"
+            )
+        return loaded.narrow(-1, start // per, (end - start) // per)
 
     def process_weights_after_loading(self) -> None:
         self.method.process_weights_after_loading(self)
@@ -126,7 +187,7 @@ class MergedColumnLinear(LinearBase):
         if self.tp is None or shard_id is None:
             return loaded
         local = self.output_sizes[self.shard_ids.index(shard_id)]
-        return loaded.narrow(0, self.tp.rank * local, local)
+        return self.narrow_rows(param, loaded, self.tp.rank * local, local)
 
 
 class GateUpLinear(MergedColumnLinear):
@@ -182,7 +243,7 @@ class QKVLinear(LinearBase):
             first, count = heads.first_head, heads.num_heads
         else:
             first, count = heads.first_kv_head, heads.num_kv_heads
-        return loaded.narrow(0, first * self.head_dim, count * self.head_dim)
+        return self.narrow_rows(param, loaded, first * self.head_dim, count * self.head_dim)
 
 
 class RowParallelLinear(LinearBase):
@@ -210,8 +271,8 @@ class RowParallelLinear(LinearBase):
             return loaded
         if param is self.bias:
             return loaded if self.tp.is_first else torch.zeros_like(loaded)
-        start, end = shard_range(loaded.shape[-1], self.tp.rank, self.tp.size)
-        return loaded.narrow(-1, start, end - start)
+        start, end = shard_range(self.input_size * self.tp.size, self.tp.rank, self.tp.size)
+        return self.narrow_cols(param, loaded, start, end)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.method.apply(self, x)

@@ -16,6 +16,7 @@ from kvflow.runtime.config import ModelConfig
 from kvflow.runtime.distributed import TPGroup
 from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.layers import (
+    LINEAR_METHODS,
     ExpertWeights,
     LinearBase,
     LinearMethod,
@@ -28,6 +29,7 @@ from kvflow.runtime.layers import (
     matmul_weight,
     pack_weight,
 )
+from kvflow.runtime.layers.quantization import QuantConfig
 
 __all__ = ["CausalLM"]
 
@@ -62,6 +64,7 @@ class CausalLM(nn.Module, ABC):
     ) -> None:
         super().__init__()
         self.config, self.tp = config, tp
+        self.quant_config: QuantConfig | None = None
         rotary = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
         )
@@ -93,6 +96,35 @@ class CausalLM(nn.Module, ABC):
         (a family may scale them)."""
         return self.embed_tokens(ids)
 
+    def quantize(self, quant: QuantConfig) -> None:
+        """Give every projection of the decoder layers ``quant``'s linear method, except
+        those whose Hugging Face modules ``quant`` ignores (the LM head and the embedding
+        stay float); before loading, on ``meta``. A merged projection is quantized whole:
+        a checkpoint that ignores some of its parts and not others is refused."""
+        self.quant_config = quant
+        method = LINEAR_METHODS.get(quant.linear_method)(quant.scheme)
+        for name, module in self.named_modules():
+            if not (isinstance(module, LinearBase) and name.startswith("layers.")):
+                continue
+            ignored = {quant.ignores(hf) for hf in self._hf_modules(name)}
+            if len(ignored) > 1:
+                raise ValueError(
+                    f"{name}: the checkpoint quantizes some of its merged parts and not others"
+                )
+            if not ignored.pop():
+                module.set_method(method)
+
+    def _hf_modules(self, name: str) -> list[str]:
+        """The Hugging Face module names a projection of ours loads (its merged parts)."""
+        for part, ours in self.renamed_parts.items():
+            name = name.replace(f".{ours}.", f".{part}.")
+        merged = [
+            name.removesuffix(ours) + part
+            for part, (ours, _) in self.stacked_params.items()
+            if name.endswith(f".{ours}")
+        ]
+        return [f"model.{hf}" for hf in merged or [name]]
+
     def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         hidden = self.embed(fb.input_ids)
         residual = None
@@ -121,19 +153,26 @@ class CausalLM(nn.Module, ABC):
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face-named tensors into the parameters, merged ones shard by shard;
-        raises if a tensor has no parameter or a parameter (or shard) gets no tensor."""
+        raises if a tensor has no parameter or a parameter (or shard) gets no tensor, and
+        for an FP8 tensor where the layer is not quantized (its scales would be lost)."""
         params = dict(self.named_parameters())
         modules = dict(self.named_modules())
         loaded: set[tuple[str, ShardId]] = set()
+        quant = self.quant_config
         for hf_name, tensor in weights:
             name = hf_name.removeprefix("model.")
-            if "rotary_emb" in name:
+            if "rotary_emb" in name or (quant is not None and quant.skips(name)):
                 continue
             if name == "lm_head.weight" and self.lm_head is None:
                 continue  # tied: the embedding is the head
             name, shard_id = self._param_name(name)
             if name not in params:
                 raise KeyError(f"checkpoint tensor {hf_name!r} has no matching parameter")
+            if tensor.element_size() == 1 and params[name].element_size() != 1:
+                raise ValueError(
+                    f"checkpoint tensor {hf_name!r} is {tensor.dtype} but its layer is not "
+                    "quantized: the checkpoint's quantization_config does not describe it"
+                )
             owner = modules[name.rpartition(".")[0]]
             loader = getattr(owner, "weight_loader", None)  # layers that keep a rank's part
             if loader is not None:

@@ -11,7 +11,8 @@ from torch import nn
 
 from kvflow.runtime.config import DUMMY_CONFIGS, ModelConfig
 from kvflow.runtime.distributed import TPGroup
-from kvflow.runtime.layers import RotaryEmbedding
+from kvflow.runtime.layers import LinearBase, RotaryEmbedding
+from kvflow.runtime.layers.quantization import resolve_quantization
 from kvflow.runtime.models import MODELS, embedded_model_path
 from kvflow.runtime.models.causal_lm import CausalLM
 
@@ -48,14 +49,34 @@ def _safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def _init_dummy(model: nn.Module, seed: int, device: str) -> None:
-    """Small uniform weights (norms at 1), reproducible for a seed on a given device."""
+    """Small uniform weights (norms and FP8 scales at 1), reproducible for a seed on a given
+    device."""
     generator = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or name.endswith(("_scale", "_scale_inv")):
                 param.fill_(1.0)
+            elif param.element_size() == 1:  # FP8: drawn in float32, then rounded
+                values = torch.empty(param.shape, device=device)
+                param.copy_(values.uniform_(-0.02, 0.02, generator=generator))
             else:
                 param.uniform_(-0.02, 0.02, generator=generator)
+
+
+def _cast(model: nn.Module, dtype: torch.dtype) -> None:
+    """``model.to(dtype)``, except the parameters a linear layer keeps in their own dtype
+    (its ``param_dtypes``: FP8 weights, float32 scales); its ``compute_dtype`` is
+    ``dtype``."""
+    for module in model.modules():
+        keep = module.param_dtypes if isinstance(module, LinearBase) else {}
+        if isinstance(module, LinearBase):
+            module.compute_dtype = dtype
+        for name, param in module.named_parameters(recurse=False):
+            if param.is_floating_point() and name not in keep:
+                param.data = param.data.to(dtype)
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer.is_floating_point():
+                setattr(module, name, buffer.to(dtype))
 
 
 def load_model(
@@ -66,15 +87,24 @@ def load_model(
     device: str,
     seed: int,
     tp: TPGroup | None = None,
+    quantization: str | None = None,
 ) -> CausalLM:
     """Instantiate the registered architecture on ``device``, fill its weights and let its
     layers process them (:meth:`CausalLM.process_weights_after_loading`). With ``tp``, this
     rank's part of them: each rank reads the checkpoint and keeps its part (dummy weights
-    are drawn per rank, so they differ from one tp size to another)."""
+    are drawn per rank, so they differ from one tp size to another). The weight format
+    comes from the checkpoint's ``quantization_config`` and ``quantization`` (SGLang's
+    ``--quantization``; :func:`resolve_quantization`)."""
     model_cls = MODELS.get(config.architecture)
+    quant = resolve_quantization(
+        config.quantization_config, quantization, is_moe=config.num_experts > 0
+    )
     with torch.device("meta"):
         model = model_cls(config, tp=tp)
-    model = model.to_empty(device=device).to(dtype)
+        if quant is not None:
+            model.quantize(quant)
+    model = model.to_empty(device=device)
+    _cast(model, dtype)
     # Buffers built on meta (the RoPE tables: Gemma 3 has two) must be recomputed for real.
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
@@ -85,5 +115,13 @@ def load_model(
     else:
         model.load_weights(_safetensors(path))
     model.process_weights_after_loading()
-    logger.info("loaded %s (%s, %s) on %s", config.architecture, load_format, dtype, device)
+    weights = "float" if quant is None else f"{quant.quant_method} FP8 {quant.scheme.weight}"
+    logger.info(
+        "loaded %s (%s, %s, %s weights) on %s",
+        config.architecture,
+        load_format,
+        dtype,
+        weights,
+        device,
+    )
     return model.eval()

@@ -20,6 +20,7 @@ from kvflow.runtime.attention import ATTENTION_BACKENDS
 from kvflow.runtime.cache.storage import STORAGE_BACKENDS
 from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.disagg.transport import KV_TRANSPORTS, KVTransferOptions
+from kvflow.runtime.layers.quantization import QUANTIZATION_FLAG_VALUES, resolve_quantization
 from kvflow.runtime.scheduler.policy import SCHEDULE_POLICIES
 from kvflow.runtime.server.engine_flag_help import ENGINE_FLAG_HELP, DefaultsHelpFormatter
 from kvflow.runtime.server.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
@@ -37,6 +38,7 @@ __all__ = ["ServerArgs", "build_parser", "parse_args"]
 _CHOICES = {
     "load_format": ["auto", "dummy"],
     "dtype": ["auto", "float32", "bfloat16", "float16"],
+    "quantization": list(QUANTIZATION_FLAG_VALUES),
     "device": ["auto", "cpu", "cuda"],
     "schedule_policy": list(SCHEDULE_POLICIES),
     "attention_backend": ["auto", *ATTENTION_BACKENDS.choices()],
@@ -352,6 +354,26 @@ def _chat_template(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> s
     return path
 
 
+def _check_quantization(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """Refuse a checkpoint's weight format kvflow cannot serve, or a ``--quantization``
+    that does not fit it (one line, exit 2), before any process starts. The embedded model
+    is a float Llama; a path that does not resolve is left to start-up's own message."""
+    from kvflow.runtime.config import ModelConfig
+    from kvflow.runtime.models.loader import resolve_model_path
+
+    saved, is_moe = None, False
+    if ns.model_path:
+        try:
+            config = ModelConfig.from_path(resolve_model_path(ns.model_path, ns.load_format))
+        except (OSError, ValueError, KeyError):
+            return
+        saved, is_moe = config.quantization_config, config.num_experts > 0
+    try:
+        resolve_quantization(saved, ns.quantization, is_moe)
+    except ValueError as err:
+        parser.error(str(err))
+
+
 def _check_embedding(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
     if ns.is_embedding and ns.role != "unified":
         parser.error("--is-embedding serves on the unified role only: drop --role")
@@ -367,6 +389,7 @@ def parse_args(argv: list[str]) -> ServerArgs:
             del engine_kwargs[name]
     _check_hicache(parser, ns)
     _check_embedding(parser, ns)
+    _check_quantization(parser, ns)
     if ns.max_running_requests is not None:
         engine_kwargs["max_running_requests"] = ns.max_running_requests
     else:

@@ -20,6 +20,10 @@ ENGINE_FLAG_HELP: Mapping[str, str] = {
     "or a config.json)",
     "dtype": "weights, activations and KV cache; auto: float32 on CPU, on CUDA the "
     "checkpoint's dtype (bfloat16 for a float32 checkpoint)",
+    "quantization": "weight format (SGLang's --quantization); unset: the checkpoint's own "
+    "(its config.json quantization_config: HF fp8, compressed-tensors or ModelOpt FP8); "
+    "fp8: an FP8 checkpoint, or a float one quantized per output channel at load "
+    "(docs/quantization.md)",
     "device": "auto: cuda when a GPU is visible, else cpu",
     "seed": "the server's random seed: torch's, dummy weights', and the per-request seed "
     "of sampled requests that name none (derived from it and the request id)",

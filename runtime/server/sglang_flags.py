@@ -109,7 +109,11 @@ SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
     ),
     # data types and quantization
     "--dtype": Same("auto: float32 on CPU, the checkpoint's dtype on CUDA"),
-    "--quantization": Refuse("kvflow loads unquantized checkpoints (--dtype float16|bfloat16)"),
+    "--quantization": Same(
+        "fp8 (an FP8 checkpoint, or a float one quantized per channel at load), "
+        "compressed-tensors, modelopt; unset: the checkpoint's quantization_config "
+        "(docs/quantization.md)"
+    ),
     "--kv-cache-dtype": Refuse(
         "the KV cache is kept in the model's --dtype; FP8/FP4 KV caches are not built",
         accepts=("auto",),
@@ -222,6 +226,10 @@ VALUE_RULES: Mapping[str, ValueRule] = {
     "--schedule-policy": ValueRule("kvflow's policies are lpm and fcfs"),
     "--load-balance-method": ValueRule("kvflow spreads requests round_robin or shortest_queue"),
     "--role": ValueRule("roles are unified, prefill, decode", {"null": "unified"}),
+    "--quantization": ValueRule(
+        "kvflow serves FP8 weights only: fp8, compressed-tensors or modelopt FP8 "
+        "checkpoints, or fp8 at load"
+    ),
 }
 
 

@@ -1,16 +1,35 @@
 """Linear methods (the weight format of a linear layer), chosen by name from a registry.
 
 A new format (FP8, ...) is one module here with a :class:`LinearMethod` subclass,
-registered below; kernels it needs go in ``kernels/``.
+registered below; kernels it needs go in ``kernels/``. Which method a model's layers take
+comes from its checkpoint's ``quantization_config`` and ``--quantization``
+(:func:`resolve_quantization`, ``config.py``; the checkpoint formats in ``formats.py``).
 """
 
-from kvflow.runtime.layers.quantization.base import LinearLayer, LinearMethod
+from kvflow.runtime.layers.quantization.base import LinearLayer, LinearMethod, ParamLayout
+from kvflow.runtime.layers.quantization.config import (
+    QUANTIZATION_FLAG_VALUES,
+    Fp8Scheme,
+    QuantConfig,
+    resolve_quantization,
+)
 from kvflow.runtime.layers.quantization.unquantized import UnquantizedLinearMethod
 from kvflow.runtime.utils import Registry
 
-__all__ = ["LINEAR_METHODS", "LinearLayer", "LinearMethod", "UnquantizedLinearMethod"]
+__all__ = [
+    "LINEAR_METHODS",
+    "QUANTIZATION_FLAG_VALUES",
+    "Fp8Scheme",
+    "LinearLayer",
+    "LinearMethod",
+    "ParamLayout",
+    "QuantConfig",
+    "UnquantizedLinearMethod",
+    "resolve_quantization",
+]
 
 LINEAR_METHODS: Registry[LinearMethod] = Registry("linear method")
 LINEAR_METHODS.register(
     "unquantized", "kvflow.runtime.layers.quantization.unquantized:UnquantizedLinearMethod"
 )
+LINEAR_METHODS.register("fp8", "kvflow.runtime.layers.quantization.fp8:Fp8LinearMethod")

@@ -1,0 +1,129 @@
+"""What a checkpoint's weights are: its ``quantization_config`` (``config.json``), or a
+float checkpoint quantized at load (``--quantization fp8``), parsed once into a frozen
+:class:`QuantConfig`.
+
+Each checkpoint format is one parser in :data:`QUANT_FORMATS`, keyed by the config's
+``quant_method`` (``formats.py``); :func:`resolve_quantization` picks it, checks the
+``--quantization`` flag against it and raises ``ValueError`` (one line) for anything that
+kvflow cannot serve, so the CLI refuses it before a process starts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from kvflow.runtime.utils import Registry
+
+__all__ = [
+    "QUANTIZATION_FLAG_VALUES",
+    "QUANT_FORMATS",
+    "Fp8Scheme",
+    "QuantConfig",
+    "resolve_quantization",
+]
+
+WeightScheme = Literal["tensor", "channel", "block"]
+
+
+@dataclass(frozen=True)
+class Fp8Scheme:
+    """FP8 (``float8_e4m3fn``) weights and how their scales are laid out.
+
+    ``weight``: one scale per tensor (per shard of a merged layer), per output channel, or
+    per ``block_size`` = (rows, columns) block. ``static_input``: the checkpoint holds a
+    per-tensor ``input_scale`` for the activations; else activations are quantized on the
+    fly (per token, or per group of ``block_size[1]`` columns of a token for block scales).
+    ``scale_name``: the checkpoint's name of the weight scales (``weight_scale_inv`` in the
+    block format of Hugging Face ``fp8``). ``serialized`` False: the checkpoint is float
+    and is quantized per output channel at load."""
+
+    weight: WeightScheme
+    static_input: bool = False
+    block_size: tuple[int, int] | None = None
+    scale_name: str = "weight_scale"
+    serialized: bool = True
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """The weight format of a model's linear layers. ``quant_method``: the checkpoint's (or
+    ``fp8`` for a float checkpoint quantized at load); ``ignore``: full-match regexes of
+    Hugging Face module names left unquantized (``model.layers.0.mlp.down_proj``);
+    ``skipped_suffixes``: checkpoint tensors read and dropped (FP8 KV cache scales, which
+    kvflow's KV cache in the model's dtype does not use); ``linear_method``: the
+    :data:`~kvflow.runtime.layers.quantization.LINEAR_METHODS` entry of the layers."""
+
+    quant_method: str
+    scheme: Fp8Scheme
+    ignore: tuple[str, ...] = ()
+    skipped_suffixes: tuple[str, ...] = ()
+    linear_method: str = "fp8"
+
+    def ignores(self, module_name: str) -> bool:
+        """Whether the Hugging Face module ``module_name`` stays unquantized."""
+        return any(re.fullmatch(pattern, module_name) for pattern in self.ignore)
+
+    def skips(self, tensor_name: str) -> bool:
+        return tensor_name.endswith(self.skipped_suffixes)
+
+
+# A checkpoint format's parser: its quantization_config -> QuantConfig (ValueError if not
+# served).
+QUANT_FORMATS: Registry[QuantConfig] = Registry("quantization format")
+QUANT_FORMATS.register("fp8", "kvflow.runtime.layers.quantization.formats:parse_hf_fp8")
+QUANT_FORMATS.register(
+    "compressed-tensors", "kvflow.runtime.layers.quantization.formats:parse_compressed_tensors"
+)
+QUANT_FORMATS.register("modelopt", "kvflow.runtime.layers.quantization.formats:parse_modelopt")
+
+# --quantization values: fp8 (a float checkpoint quantized at load, or any FP8 checkpoint)
+# and the checkpoint formats by name (which must then be the checkpoint's).
+QUANTIZATION_FLAG_VALUES = ("fp8", "compressed-tensors", "modelopt")
+_ONLINE = Fp8Scheme(weight="channel", serialized=False)
+
+
+def resolve_quantization(
+    checkpoint: Mapping[str, Any] | None, flag: str | None, is_moe: bool = False
+) -> QuantConfig | None:
+    """The model's weight format from its ``quantization_config`` (``checkpoint``, None for
+    a float checkpoint) and the ``--quantization`` value (``flag``); None: unquantized.
+
+    Raises ValueError for an unknown ``quant_method``, an FP8 flavour kvflow does not
+    serve, a flag that contradicts the checkpoint, or a mixture of experts (whose experts
+    have no quantized path yet)."""
+    if flag is not None and flag not in QUANTIZATION_FLAG_VALUES:
+        raise ValueError(
+            f"--quantization {flag}: kvflow serves {', '.join(QUANTIZATION_FLAG_VALUES)}"
+        )
+    if checkpoint is None:
+        if flag in (None, "fp8"):
+            if flag and is_moe:
+                raise ValueError(
+                    "--quantization fp8: mixture-of-experts models have no FP8 expert "
+                    "path in kvflow yet; serve this model unquantized"
+                )
+            return None if flag is None else QuantConfig("fp8", _ONLINE)
+        raise ValueError(
+            f"--quantization {flag}: the checkpoint is not quantized; {flag} needs a "
+            f"checkpoint saved in that format (or use --quantization fp8 to quantize at load)"
+        )
+    method = str(checkpoint.get("quant_method", ""))
+    if method not in QUANT_FORMATS.choices():
+        raise ValueError(
+            f"checkpoint quant_method {method!r} is not supported; kvflow serves FP8 "
+            f"checkpoints of quant_method {', '.join(QUANT_FORMATS.choices())}"
+        )
+    if flag not in (None, "fp8", method):
+        raise ValueError(
+            f"--quantization {flag} contradicts the checkpoint's quant_method {method!r}: "
+            "drop the flag"
+        )
+    if is_moe:
+        raise ValueError(
+            f"{method} checkpoint of a mixture-of-experts model: FP8 experts are not "
+            "served by kvflow yet"
+        )
+    return QUANT_FORMATS.get(method)(checkpoint)
