@@ -114,7 +114,6 @@ REFUSED_UNLESS_DEFAULT: dict[str, tuple[tuple[Any, ...], str]] = {
             "structural_tag",
             "logit_bias",
             # everything else that steers generation
-            "lora_path",
             "lora_id",
             "session_id",
             "session_params",
