@@ -19,8 +19,8 @@ from kvflow.kernels.decode_attention import (
 from kvflow.kernels.extend_attention import extend_attention_fwd, extend_attention_ref
 from kvflow.kernels.fused_moe import fused_moe, fused_moe_ref, moe_align_block_size
 from kvflow.kernels.gemv import gemv, gemv_ref
-from kvflow.kernels.lora import lora_expand, lora_expand_ref, lora_shrink, lora_shrink_ref
 from kvflow.kernels.kv_store import store_kv_cache, store_kv_cache_ref
+from kvflow.kernels.lora import lora_expand, lora_expand_ref, lora_shrink, lora_shrink_ref
 from kvflow.kernels.rmsnorm import rmsnorm, rmsnorm_ref
 from kvflow.kernels.rope_cache import build_cos_sin_cache, rope_inv_freq
 from kvflow.kernels.rotary import rotary_embedding, rotary_embedding_ref

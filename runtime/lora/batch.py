@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,14 +29,15 @@ class LoraBatch:
         request has an adapter."""
         if all(slot < 0 for slot in slots):
             return None
-        bounds, seg_slots = [0], []
+        bounds: list[int] = [0]
+        seg_slots: list[int] = []
         for slot, count in zip(slots, rows, strict=True):
             if seg_slots and seg_slots[-1] == slot:
                 bounds[-1] += count
             else:
                 seg_slots.append(slot)
                 bounds.append(bounds[-1] + count)
-        max_len = max(b - a for a, b in zip(bounds, bounds[1:], strict=False))
+        max_len = max(b - a for a, b in itertools.pairwise(bounds))
         packed = torch.tensor(bounds + seg_slots, dtype=torch.int32).to(device)
         return cls(packed[: len(bounds)], packed[len(bounds) :], max_len)
 

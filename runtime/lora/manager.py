@@ -74,7 +74,8 @@ class LoraManager:
         self, model: nn.Module, options: LoraOptions, dtype: torch.dtype, device: str
     ) -> None:
         self.dtype, self.device = dtype, device
-        layers = model.layers  # type: ignore[union-attr]
+        layers = model.get_submodule("layers")
+        assert isinstance(layers, nn.ModuleList), "a decoder stack (CausalLM.layers)"
         startup = parse_lora_paths(options.lora_paths)
         probe = self._shape_limits(layers, frozenset(LORA_TARGETS))
         read = [load_adapter(name, path, _unbounded_limits(probe)) for name, path in startup]
@@ -171,7 +172,9 @@ class LoraManager:
         for (layer_id, module), (a, b) in adapter.weights.items():
             target = LORA_TARGETS[module]
             lora = self.wrapped[(layer_id, target.layer)]
-            lora.write_slot(slot, target.shard, a.to(lora.a_slots), (b * adapter.scaling).to(lora.b_slots))
+            lora.write_slot(
+                slot, target.shard, a.to(lora.a_slots), (b * adapter.scaling).to(lora.b_slots)
+            )
 
     @contextmanager
     def active(self, fb: ForwardBatch) -> Iterator[None]:

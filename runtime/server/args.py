@@ -360,7 +360,9 @@ def _check_lora(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None
     given = ns.lora_paths or ns.lora_target_modules or ns.max_lora_rank
     if not ns.enable_lora:
         if given:
-            parser.error("--lora-paths, --max-lora-rank and --lora-target-modules need --enable-lora")
+            parser.error(
+                "--lora-paths, --max-lora-rank and --lora-target-modules need --enable-lora"
+            )
         return
     try:
         parse_lora_paths(ns.lora_paths)

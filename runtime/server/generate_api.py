@@ -42,7 +42,9 @@ def prepare_native(
         len(ids_list),
         body.bootstrap_token,
     )
-    adapters = body.lora_path if isinstance(body.lora_path, list) else [body.lora_path] * len(ids_list)
+    adapters = (
+        body.lora_path if isinstance(body.lora_path, list) else [body.lora_path] * len(ids_list)
+    )
     if len(adapters) != len(ids_list):
         raise RequestError(400, "give one lora_path per prompt, or a single one")
     inputs = []

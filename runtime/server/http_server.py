@@ -16,8 +16,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from kvflow import contract
-from kvflow.runtime.server.lora_api import adapter_cards, add_lora_routes
 from kvflow.runtime.server.generate_api import native_generate, prepare_native
+from kvflow.runtime.server.lora_api import adapter_cards, add_lora_routes
 from kvflow.runtime.server.openai.chat import chat_completion, prepare_chat
 from kvflow.runtime.server.openai.common import sse
 from kvflow.runtime.server.openai.completions import completion, prepare_completion

@@ -173,7 +173,7 @@ SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
     "--lora-target-modules": Same("q/k/v/o_proj, gate/up/down_proj, qkv_proj, gate_up_proj, all"),
     "--lora-backend": Refuse(
         "kvflow's LoRA runs its own segmented Triton kernels on CUDA (a torch loop on CPU)",
-        accepts=("triton", "csgmv"),
+        accepts=("triton",),
     ),
     "--speculative-algorithm": Refuse(_NO_SPEC),
     "--speculative-draft-model-path": Refuse(_NO_SPEC),

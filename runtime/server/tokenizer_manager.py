@@ -262,7 +262,7 @@ class TokenizerManager:
         """400 unless LoRA adapter ``name`` is loaded."""
         if not self.args.engine.enable_lora:
             raise RequestError(
-                400, f"LoRA adapter {name!r} requested, but this server runs without --enable-lora"
+                400, f"lora_path {name!r}: this server runs without --enable-lora (no adapters)"
             )
         if name not in self.lora_adapters:
             loaded = ", ".join(sorted(self.lora_adapters)) or "none"
@@ -270,12 +270,15 @@ class TokenizerManager:
 
     def adapter_of(self, model: str | None, lora_path: str | None) -> str | None:
         """The adapter a request asks for, SGLang's rules: ``lora_path`` if given; else an
-        OpenAI ``model`` of the form ``base:adapter`` or an adapter's name; else none."""
-        if lora_path is not None or model is None or model == self.args.model_name:
+        OpenAI ``model`` of the form ``base:adapter`` or an adapter's name; else none (and
+        always none from ``model`` without --enable-lora: any model name is the base)."""
+        if lora_path is not None or not self.args.engine.enable_lora:
+            return lora_path
+        if model is None or model == self.args.model_name:
             return lora_path
         if model in self.lora_adapters:
             return model
-        base, sep, adapter = model.partition(":")
+        _, sep, adapter = model.partition(":")
         return adapter if sep and adapter else None
 
     async def load_lora_adapter(self, name: str, path: str) -> None:

@@ -47,7 +47,9 @@ def _engine(checkpoints: dict[str, Path], **kwargs) -> Engine:
 
 
 def _greedy(engine: Engine, adapters=ADAPTERS) -> list[list[int]]:
-    results = engine.generate(input_ids=prompts(LENGTHS), sampling_params=GREEDY, lora_path=adapters)
+    results = engine.generate(
+        input_ids=prompts(LENGTHS), sampling_params=GREEDY, lora_path=adapters
+    )
     assert engine.is_memory_free()
     return [r.output_ids for r in results]
 
@@ -106,4 +108,7 @@ def test_load_and_unload_while_serving(checkpoints, expected):
     # the same name again, new weights: the cache never serves the old adapter's KV
     engine.load_lora_adapter("b", str(checkpoints["a"]))
     out = engine.generate(input_ids=prompts(LENGTHS)[2], sampling_params=GREEDY, lora_path="b")
-    assert out.output_ids == peft_greedy(checkpoints["base"], checkpoints["a"], prompts(LENGTHS)[2:3])[0]
+    assert (
+        out.output_ids
+        == peft_greedy(checkpoints["base"], checkpoints["a"], prompts(LENGTHS)[2:3])[0]
+    )

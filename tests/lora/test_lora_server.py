@@ -4,16 +4,13 @@ the OpenAI ``model`` field (``base:adapter`` or the adapter's name), /v1/models,
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from lora_adapters import ALL_MODULES, MAX_NEW, build_adapter, build_base, peft_greedy, prompts
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
-from server_process import ServerProcess  # noqa: E402
+from server_process import ServerProcess
 
 GENERATE = {"temperature": 0, "max_new_tokens": MAX_NEW, "ignore_eos": True}
 
@@ -94,12 +91,17 @@ def test_load_and_unload_while_serving(server, checkpoints, tmp_path):
     again = httpx.post(f"{server.url}/load_lora_adapter", json=body, timeout=60)
     assert again.status_code == 400 and "loaded already" in again.text
     response = _generate(server, ids, "b")
-    assert response.json()["output_ids"] == peft_greedy(checkpoints["base"], checkpoints["b"], [ids])[0]
+    assert (
+        response.json()["output_ids"]
+        == peft_greedy(checkpoints["base"], checkpoints["b"], [ids])[0]
+    )
     # an adapter this server cannot apply: rank 16 > --max-lora-rank 8
     big = tmp_path / "big"
     build_adapter(checkpoints["base"], big, seed=3, r=16, lora_alpha=16, target_modules=["q_proj"])
     refused = httpx.post(
-        f"{server.url}/load_lora_adapter", json={"lora_name": "big", "lora_path": str(big)}, timeout=60
+        f"{server.url}/load_lora_adapter",
+        json={"lora_name": "big", "lora_path": str(big)},
+        timeout=60,
     )
     assert refused.status_code == 400 and "--max-lora-rank" in refused.text
     _unload_refused_in_flight(server, "b", ids)
