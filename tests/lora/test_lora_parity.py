@@ -112,3 +112,30 @@ def test_load_and_unload_while_serving(checkpoints, expected):
         out.output_ids
         == peft_greedy(checkpoints["base"], checkpoints["a"], prompts(LENGTHS)[2:3])[0]
     )
+
+
+def test_hicache_storage_keys_carry_the_adapter(checkpoints, tmp_path):
+    """HiCache's file store: pages one engine wrote under adapter "a" are found by a fresh
+    engine for "a", never for "b" (the page keys are salted with the adapter's key)."""
+    ids = prompts((130,))[0]  # past the storage tier's shortest prefetch
+    options = {
+        "page_size": 16,
+        "hicache_host_memory_gb": 0.01,
+        "hicache_storage": "file",
+        "hicache_storage_path": str(tmp_path / "l3"),
+        "hicache_prefetch_timeout": 5.0,
+    }
+    first = _engine(checkpoints, **options)
+    first.generate(input_ids=ids, sampling_params=GREEDY, lora_path="a")
+    storage = first.scheduler.cache.storage
+    assert storage is not None and storage.io.drain(30.0)
+    first.scheduler.cache.poll()
+    assert storage.io.stats().write_pages > 0
+    second = _engine(checkpoints, **options)
+    other = second.generate(input_ids=ids, sampling_params=GREEDY, lora_path="b")
+    assert second.scheduler.kv.hit_tokens.storage == 0
+    assert other.output_ids == peft_greedy(checkpoints["base"], checkpoints["b"], [ids])[0]
+    same = second.generate(input_ids=ids, sampling_params=GREEDY, lora_path="a")
+    assert second.scheduler.kv.hit_tokens.storage > 0
+    assert same.output_ids == peft_greedy(checkpoints["base"], checkpoints["a"], [ids])[0]
+    assert first.is_memory_free() and second.is_memory_free()
