@@ -3,6 +3,7 @@ projections, and the adapter layout of each forward."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -36,12 +37,19 @@ class LoraOptions:
 
 
 def parse_lora_paths(entries: Sequence[str]) -> list[tuple[str, str]]:
-    """SGLang's ``--lora-paths`` entries, ``name=path`` or a bare path (named by itself),
-    as (name, path); raises ValueError on an empty part or a repeated name."""
+    """SGLang's ``--lora-paths`` entries, ``name=path``, a bare path (named by itself) or
+    a JSON object ``{"lora_name": ..., "lora_path": ...}``, as (name, path); raises
+    ValueError on an empty part or a repeated name."""
     pairs: list[tuple[str, str]] = []
     for entry in entries:
         name, sep, path = entry.partition("=")
-        if not sep:
+        if entry.lstrip().startswith("{"):
+            try:
+                spec = json.loads(entry)
+                name, path = str(spec["lora_name"]), str(spec["lora_path"])
+            except (ValueError, KeyError, TypeError) as err:
+                raise ValueError(f"--lora-paths {entry!r}: not SGLang's JSON entry") from err
+        elif not sep:
             name = path = entry
         if not name or not path:
             raise ValueError(f"--lora-paths {entry!r}: expected NAME=PATH or PATH")

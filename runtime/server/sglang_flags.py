@@ -167,7 +167,7 @@ SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
     "--watchdog-timeout": Same(),
     # LoRA and speculative decoding
     "--enable-lora": Same("--tp-size 1 only; CUDA graphs are off with it"),
-    "--lora-paths": Same("NAME=PATH or PATH entries (SGLang's JSON entries are not taken)"),
+    "--lora-paths": Same("NAME=PATH, PATH or JSON entries; pinned is accepted, no effect"),
     "--max-loras-per-batch": Same("device slots; the base model takes none"),
     "--max-lora-rank": Same(),
     "--lora-target-modules": Same("q/k/v/o_proj, gate/up/down_proj, qkv_proj, gate_up_proj, all"),

@@ -110,6 +110,8 @@ def test_segments_merge_neighbours_on_one_slot():
 
 def test_names_and_targets():
     assert parse_lora_paths(["a=/x", "/y"]) == [("a", "/x"), ("/y", "/y")]
+    entry = '{"lora_name": "j", "lora_path": "/p=q", "pinned": true}'  # SGLang's JSON form
+    assert parse_lora_paths([entry]) == [("j", "/p=q")]
     with pytest.raises(ValueError, match="twice"):
         parse_lora_paths(["a=/x", "a=/y"])
     assert resolve_target_modules(("qkv_proj", "down_proj")) == {
