@@ -32,6 +32,7 @@ from kvflow.kernels.fp8_gemv import fp8_gemv, fp8_gemv_ref
 from kvflow.kernels.fused_moe import fused_moe, fused_moe_ref, moe_align_block_size
 from kvflow.kernels.gemv import gemv, gemv_ref
 from kvflow.kernels.kv_store import store_kv_cache, store_kv_cache_ref
+from kvflow.kernels.lora import lora_expand, lora_expand_ref, lora_shrink, lora_shrink_ref
 from kvflow.kernels.rmsnorm import rmsnorm, rmsnorm_ref
 from kvflow.kernels.rope_cache import build_cos_sin_cache, rope_inv_freq
 from kvflow.kernels.rotary import rotary_embedding, rotary_embedding_ref
@@ -59,6 +60,10 @@ __all__ = [
     "fused_moe_ref",
     "gemv",
     "gemv_ref",
+    "lora_expand",
+    "lora_expand_ref",
+    "lora_shrink",
+    "lora_shrink_ref",
     "moe_align_block_size",
     "per_token_group_quant_fp8",
     "per_token_group_quant_fp8_ref",

@@ -297,6 +297,15 @@ class EngineConfig:
     attention_backend: str = "auto"
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 160
+    # LoRA (SGLang's names; kvflow.runtime.lora): adapters in PEFT's format, "NAME=PATH" or
+    # "PATH"; max_lora_rank 0 and no target modules: from the start-up adapters. CUDA graphs
+    # are off with LoRA (the adapter layout changes per step).
+    enable_lora: bool = False
+    lora_paths: tuple[str, ...] = ()
+    max_loras_per_batch: int = 8
+    max_lora_rank: int = 0
+    lora_target_modules: tuple[str, ...] = ()
+
     # CPU: threads of torch's ops and of the native kernels' pool in the engine's process;
     # 0: auto (every core this process may run on, shared among the tp_size x dp_size
     # ranks). NOTE: the native kernels (every op of a decode step) do not run on OpenMP, whose barrier waits for a descheduled sibling when
@@ -332,7 +341,7 @@ class EngineConfig:
             chunked_prefill_size=chunk,
             mixed_chunk_size=mixed_chunk,
             attention_backend=backend,
-            disable_cuda_graph=self.disable_cuda_graph or not on_cuda,
+            disable_cuda_graph=self.disable_cuda_graph or not on_cuda or self.enable_lora,
             cpu_threads=threads,
         )
 

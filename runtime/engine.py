@@ -73,6 +73,7 @@ class Engine:
             self.tokenizer,
             self.runner.device,
             self.runner.pooling,
+            self.runner.lora,
         )
         self._rids = itertools.count()
 
@@ -88,16 +89,33 @@ class Engine:
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
         extra_key: str | None = None,
+        lora_path: str | Sequence[str | None] | None = None,
     ) -> GenerateResult | list[GenerateResult]:
         """Generate for one prompt (returns a result, or ``n`` results) or a list of prompts
         (returns a flat list, ``n`` per prompt, in order). All prompts run together:
-        continuous batching in one scheduler.
+        continuous batching in one scheduler. ``lora_path``: a loaded LoRA adapter's name
+        for every prompt, or one per prompt (None: the base model).
         """
         single, prompts = self._normalize_inputs(prompt, input_ids)
         params_list = self._normalize_params(sampling_params, len(prompts))
+        adapters = (
+            [lora_path] * len(prompts)
+            if lora_path is None or isinstance(lora_path, str)
+            else list(lora_path)
+        )
+        if len(adapters) != len(prompts):
+            raise ValueError("give one lora_path per prompt, or a single one")
         groups: list[list[Req]] = []
-        for ids, params in zip(prompts, params_list, strict=True):
-            groups.append(self._make_reqs(ids, params, return_logprob, top_logprobs_num, extra_key))
+        for ids, params, adapter in zip(prompts, params_list, adapters, strict=True):
+            message = GenerateRequest(
+                input_ids=ids,
+                sampling=params,
+                return_logprob=return_logprob,
+                top_logprobs_num=top_logprobs_num,
+                extra_key=extra_key,
+                lora_path=adapter,
+            )
+            groups.append(self._make_reqs(message))
         results = self._run([req for group in groups for req in group])
         flat = [results[req.rid] for group in groups for req in group]
         if single and params_list[0].n == 1:
@@ -131,6 +149,20 @@ class Engine:
             raise ValueError("the tokenizer was skipped (skip_tokenizer_init)")
         return list(self.tokenizer.encode(text))
 
+    def load_lora_adapter(self, lora_name: str, lora_path: str) -> None:
+        """Read a LoRA adapter (PEFT's format) into host memory (needs ``enable_lora``)."""
+        if self.runner.lora is None:
+            raise ValueError("LoRA adapters need enable_lora=True")
+        self.runner.lora.load(lora_name, lora_path)
+
+    def unload_lora_adapter(self, lora_name: str) -> None:
+        """Forget an adapter; refused while requests on it are queued or running."""
+        if self.runner.lora is None:
+            raise ValueError("LoRA adapters need enable_lora=True")
+        if self.scheduler.requests_on_adapter(lora_name):
+            raise ValueError(f"LoRA adapter {lora_name!r} has requests in flight")
+        self.runner.lora.unload(lora_name)
+
     def flush_cache(self) -> bool:
         return self.scheduler.flush_cache()
 
@@ -161,25 +193,11 @@ class Engine:
             raise ValueError("give one sampling_params per prompt, or a single one")
         return [p if isinstance(p, SamplingParams) else SamplingParams.from_dict(p) for p in params]
 
-    def _make_reqs(
-        self,
-        ids: list[int],
-        params: SamplingParams,
-        return_logprob: bool,
-        top_logprobs_num: int,
-        extra_key: str | None,
-    ) -> list[Req]:
-        vocab = self.runner.vocab_size
-        if any(not 0 <= t < vocab for t in ids):
+    def _make_reqs(self, message: GenerateRequest) -> list[Req]:
+        vocab, params = self.runner.vocab_size, message.sampling
+        if any(not 0 <= t < vocab for t in message.input_ids):
             raise ValueError(f"input token ids must be in [0, {vocab})")
         params.validate(vocab)
-        message = GenerateRequest(
-            input_ids=ids,
-            sampling=params,
-            return_logprob=return_logprob,
-            top_logprobs_num=top_logprobs_num,
-            extra_key=extra_key,
-        )
         samples = params.expand_n()
         if len(samples) > 1:
             # Prefill the shared prompt once; the n samples then hit the prefix cache.

@@ -36,6 +36,8 @@ class ForwardBatch:
     extend_seq_lens_cpu: list[int] = field(default_factory=list)  # EXTEND only
     # EXTEND only: logit rows each request needs before its last token's (prompt logprobs)
     extend_logit_extras_cpu: list[int] = field(default_factory=list)
+    # each request's LoRA adapter (None: the base model); empty without adapters
+    lora_paths: list[str | None] = field(default_factory=list)
     attn_metadata: Any = None  # filled by the attention backend's init_forward_metadata
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
@@ -11,6 +12,7 @@ from kvflow.runtime.config import EngineConfig, ModelConfig
 from kvflow.runtime.cuda_graph import CudaGraphRunner, GraphAttention
 from kvflow.runtime.distributed import ShardedHeads, TPGroup, check_tensor_parallel
 from kvflow.runtime.forward_batch import ForwardBatch
+from kvflow.runtime.lora import LoraManager, LoraOptions
 from kvflow.runtime.mem import KVPool, ReqToTokenPool, TokenToKVPoolAllocator
 from kvflow.runtime.models.loader import load_model, resolve_model_path
 from kvflow.runtime.pooling import PoolingType, pooling_of
@@ -86,6 +88,20 @@ class ModelRunner:
             tp,
             config.quantization,
         )
+        # LoRA adapters (--enable-lora): their projections wrapped, their host registry
+        self.lora: LoraManager | None = None
+        if config.enable_lora:
+            if config.tp_size > 1:
+                raise ValueError(
+                    "--enable-lora runs with --tp-size 1 (sharded adapters are not built)"
+                )
+            options = LoraOptions(
+                config.lora_paths,
+                config.max_loras_per_batch,
+                config.max_lora_rank,
+                config.lora_target_modules,
+            )
+            self.lora = LoraManager(self.model, options, self.dtype, self.device)
         self.vocab_size = mc.vocab_size
         self.context_len = min(
             config.context_length or mc.max_position_embeddings, mc.max_position_embeddings
@@ -158,7 +174,8 @@ class ModelRunner:
 
     def run_model(self, fb: ForwardBatch) -> torch.Tensor:
         """The model on a batch whose attention metadata is ready: last-position logits."""
-        hidden = self.model(fb, self.attn)
+        with self._adapters(fb):
+            hidden = self.model(fb, self.attn)
         return self.model.compute_logits(hidden if fb.is_decode else hidden[fb.logits_rows()])
 
     @torch.inference_mode()
@@ -174,7 +191,16 @@ class ModelRunner:
         (embeddings pool them; no logits)."""
         assert not fb.is_decode, "embeddings run prefill steps only"
         self.attn.init_forward_metadata(fb)
-        return self.model(fb, self.attn)
+        with self._adapters(fb):
+            return self.model(fb, self.attn)
+
+    def _adapters(self, fb: ForwardBatch) -> AbstractContextManager[None]:
+        """The batch's LoRA adapters for one forward (nothing without --enable-lora)."""
+        if self.lora is None:
+            if fb.lora_paths:
+                raise ValueError("a request names a LoRA adapter; start with --enable-lora")
+            return nullcontext()
+        return self.lora.active(fb)
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:

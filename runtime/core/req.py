@@ -50,6 +50,8 @@ class Req:
         self.origin_input_ids = list(message.input_ids)
         self.output_ids: list[int] = []
         sampling = self.sampling = message.sampling
+        self.lora_path = message.lora_path
+        # the prefix cache's namespace; ReqFactory adds the adapter's key to it
         self.extra_key = message.extra_key
         self.bootstrap: Bootstrap | None = message.bootstrap  # PD roles: the peer's room
         self.return_logprob = message.return_logprob

@@ -41,6 +41,7 @@ def build_extend_batch(
         extend_prefix_lens_cpu=prefix_lens,
         extend_seq_lens_cpu=list(extend_lens),
         extend_logit_extras_cpu=list(logit_extras),
+        lora_paths=_lora_paths(reqs),
     )
 
 
@@ -84,4 +85,11 @@ def build_decode_batch(
         req_pool_indices=req_pool_indices,
         seq_lens=seq_lens_dev,
         seq_lens_cpu=seq_lens,
+        lora_paths=_lora_paths(reqs),
     )
+
+
+def _lora_paths(reqs: Sequence[Req]) -> list[str | None]:
+    """Each request's adapter; empty when none has one (the forward skips LoRA)."""
+    paths = [r.lora_path for r in reqs]
+    return paths if any(p is not None for p in paths) else []

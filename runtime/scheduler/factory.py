@@ -9,6 +9,7 @@ from typing import Any
 from kvflow.runtime.config import EngineConfig, ModelConfig
 from kvflow.runtime.core import Req
 from kvflow.runtime.grammar import GrammarBackend, grammar_spec
+from kvflow.runtime.lora import LoraManager
 from kvflow.runtime.pooling import Pool, PoolingType
 from kvflow.runtime.scheduler.input_logprobs import InputLogprobs
 from kvflow.runtime.wire import GenerateRequest
@@ -35,8 +36,10 @@ class ReqFactory:
         tokenizer: Any,
         device: str,
         pooling: PoolingType | None = None,
+        lora: LoraManager | None = None,
     ) -> None:
         self.config = config
+        self.lora = lora  # the runner's adapters (--enable-lora)
         self.pooling = pooling
         self.model_config = model_config
         self.tokenizer = tokenizer
@@ -63,6 +66,12 @@ class ReqFactory:
             device=self.device,
             seed=default_seed(self.config.seed, message.request_id),
         )
+        if message.lora_path is not None:
+            if self.lora is None:
+                raise ValueError("LoRA adapters are not enabled on this server (--enable-lora)")
+            # the same tokens under two adapters are different KV: one namespace each
+            namespace = (message.extra_key, self.lora.key_of(message.lora_path))
+            req.extra_key = "\x00".join(part for part in namespace if part is not None)
         start = message.logprob_start_len
         if message.return_logprob and 0 <= start < len(message.input_ids):
             req.input_logprobs = InputLogprobs(

@@ -31,6 +31,8 @@ class SchedulerPort:
         self.kv_pool = runner.kv_pool  # what the KV layout describes to peers
         self.model_config = runner.model_config
         self.page_size = runner.page_size
+        # decode: pre-allocated requests not yet running, by rid -> their LoRA adapter
+        self._joining: dict[str, str | None] = {}
 
     # -- both roles ------------------------------------------------------------------------
     def check_fits(self, req: Req) -> None:
@@ -72,6 +74,11 @@ class SchedulerPort:
         """Take a row and slots for the whole prompt if they fit beside the running
         requests' reserved growth; nothing is taken otherwise."""
         sched = self._scheduler
+        lora = sched.runner.lora
+        if lora is not None:  # its adapter needs a device slot beside the others in flight
+            adapters = {r.lora_path for r in sched.running} | set(self._joining.values())
+            if not lora.fits(adapters | {req.lora_path}):
+                return False
         kv = sched.kv
         prompt_len = len(req.origin_input_ids)
         reserved = sum(sched.reserve(r) for r in sched.running)
@@ -82,6 +89,7 @@ class SchedulerPort:
         if kv.grow(req, prompt_len) is None:
             sched.cache.release_req(req)
             return False
+        self._joining[req.rid] = req.lora_path
         return True
 
     def zero_prompt_slots(self, req: Req) -> list[int]:
@@ -96,6 +104,7 @@ class SchedulerPort:
 
     def free(self, req: Req) -> None:
         """Give back a pre-allocated request's row and slots (it never joins)."""
+        self._joining.pop(req.rid, None)
         self._scheduler.cache.release_req(req)
 
     def join_running(
@@ -103,4 +112,5 @@ class SchedulerPort:
     ) -> list[TokenOutput]:
         """A pre-allocated request whose prompt KV arrived joins the running batch with the
         prefill's first token (``None``: the prefill sampled none, it ends here)."""
+        self._joining.pop(req.rid, None)
         return self._scheduler.add_prefilled(req, first_token, logprob, top)

@@ -171,6 +171,12 @@ class Scheduler:
             + len(self.storage_wait)
         )
 
+    def requests_on_adapter(self, name: str) -> int:
+        """Requests in flight here (queued, running, parked) on LoRA adapter ``name``."""
+        reqs = [*self.waiting, *self.running, *self.grammar_wait, *self.storage_wait]
+        reqs += [*self.parked, *([self.chunked] if self.chunked else [])]
+        return sum(req.lora_path == name for req in reqs)
+
     def flush_cache(self) -> bool:
         """Drop every cached prefix; refused (False) while any request is in flight."""
         if self.has_work():
@@ -321,7 +327,13 @@ class Scheduler:
             return matched[req.rid]
 
         now = self.lockstep.now()
+        # LoRA: the step's adapters (the running requests' too, which decode with it or
+        # right after) must each get one of the --max-loras-per-batch device slots
+        adapters = {r.lora_path for r in self.running} | {r.lora_path for r, _ in plan}
+        lora = self.runner.lora
         for req in order_waiting(cfg.schedule_policy, self.waiting, match_len, now):
+            if lora is not None and not lora.fits(adapters | {req.lora_path}):
+                continue  # its adapter waits for a slot; requests on resident ones go on
             cached = match_len(req)
             if radix and batch_prefixes.should_wait(req, cached):
                 continue  # a request in this batch caches its prefix: it hits next step
@@ -333,6 +345,7 @@ class Scheduler:
             take = min(take, extend_len)
             budget.consume(take, self.reserve(req), take == extend_len)
             self.waiting.remove(req)
+            adapters.add(req.lora_path)
             plan.append((req, take))
             batch_prefixes.add(req)
             if take < extend_len:

@@ -21,6 +21,7 @@ from kvflow.runtime.cache.storage import STORAGE_BACKENDS
 from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.disagg.transport import KV_TRANSPORTS, KVTransferOptions
 from kvflow.runtime.layers.quantization import QUANTIZATION_FLAG_VALUES, resolve_quantization
+from kvflow.runtime.lora import parse_lora_paths, resolve_target_modules
 from kvflow.runtime.scheduler.policy import SCHEDULE_POLICIES
 from kvflow.runtime.server.engine_flag_help import ENGINE_FLAG_HELP, DefaultsHelpFormatter
 from kvflow.runtime.server.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
@@ -229,7 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         base = _base_type(resolved_types[f.name])
         text = ENGINE_FLAG_HELP.get(f.name, "")  # tests/server/test_engine_flag_help.py
-        if base is bool:
+        if typing.get_origin(base) is tuple:  # tuple[str, ...]: one or more values
+            add(engine, flag, nargs="+", default=f.default, help=text)
+        elif base is bool:
             add(engine, flag, action="store_true", default=f.default, help=text)
         else:
             add(
@@ -374,6 +377,33 @@ def _check_quantization(parser: argparse.ArgumentParser, ns: argparse.Namespace)
         parser.error(str(err))
 
 
+def _check_lora(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """SGLang's LoRA flags: valid values, and --enable-lora where they are given."""
+    given = ns.lora_paths or ns.lora_target_modules or ns.max_lora_rank
+    if not ns.enable_lora:
+        if given:
+            parser.error(
+                "--lora-paths, --max-lora-rank and --lora-target-modules need --enable-lora"
+            )
+        return
+    try:
+        parse_lora_paths(ns.lora_paths)
+        resolve_target_modules(tuple(ns.lora_target_modules))
+    except ValueError as err:
+        parser.error(str(err))
+    if ns.max_loras_per_batch < 1 or ns.max_lora_rank < 0:
+        parser.error("--max-loras-per-batch must be >= 1 and --max-lora-rank >= 0")
+    if not ns.lora_paths and not (ns.max_lora_rank and ns.lora_target_modules):
+        parser.error(
+            "--enable-lora without --lora-paths needs --max-lora-rank and --lora-target-modules "
+            "(the adapters loaded later must fit them)"
+        )
+    if ns.tp_size > 1:
+        parser.error("--enable-lora runs with --tp-size 1 (sharded adapters are not built)")
+    if ns.is_embedding:
+        parser.error("--enable-lora serves generation: drop --is-embedding")
+
+
 def _check_embedding(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
     if ns.is_embedding and ns.role != "unified":
         parser.error("--is-embedding serves on the unified role only: drop --role")
@@ -390,6 +420,9 @@ def parse_args(argv: list[str]) -> ServerArgs:
     _check_hicache(parser, ns)
     _check_embedding(parser, ns)
     _check_quantization(parser, ns)
+    _check_lora(parser, ns)
+    for name in ("lora_paths", "lora_target_modules"):
+        engine_kwargs[name] = tuple(engine_kwargs[name])
     if ns.max_running_requests is not None:
         engine_kwargs["max_running_requests"] = ns.max_running_requests
     else:

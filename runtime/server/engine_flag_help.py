@@ -45,6 +45,15 @@ ENGINE_FLAG_HELP: Mapping[str, str] = {
     "disable_radix_cache": "no prefix cache: every prompt is prefilled in full",
     "hicache_prefetch_timeout": "HiCache: seconds a request waits for its pages from the "
     "shared store before it runs with what has arrived",
+    "enable_lora": "serve LoRA adapters (PEFT's format) beside the base model: requests "
+    "pick one with lora_path or the OpenAI model field (base:adapter or its name)",
+    "lora_paths": "adapters loaded at start, NAME=PATH or PATH (then named PATH); more "
+    "come through POST /load_lora_adapter",
+    "max_loras_per_batch": "device slots for adapters: the most distinct adapters one "
+    "batch runs (least recently used ones are evicted to host memory)",
+    "max_lora_rank": "largest adapter rank accepted; 0: the largest of --lora-paths",
+    "lora_target_modules": "projections adapters may target: q_proj k_proj v_proj o_proj "
+    "gate_proj up_proj down_proj (qkv_proj, gate_up_proj, all); unset: those of --lora-paths",
     "tp_size": "tensor parallelism: ranks (a process and a GPU each) that shard one copy "
     "of the model",
     "dp_size": "data parallelism: independent groups of --tp-size ranks behind one "

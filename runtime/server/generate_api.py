@@ -42,8 +42,15 @@ def prepare_native(
         len(ids_list),
         body.bootstrap_token,
     )
+    adapters = (
+        body.lora_path if isinstance(body.lora_path, list) else [body.lora_path] * len(ids_list)
+    )
+    if len(adapters) != len(ids_list):
+        raise RequestError(400, "give one lora_path per prompt, or a single one")
     inputs = []
-    for ids, params, bootstrap in zip(ids_list, raw_list, bootstraps, strict=True):
+    for ids, params, bootstrap, adapter in zip(
+        ids_list, raw_list, bootstraps, adapters, strict=True
+    ):
         try:
             sampling = SamplingParams.from_dict(check_sampling_fields(params, SAMPLING_KEYS))
         except ValueError as err:
@@ -58,6 +65,7 @@ def prepare_native(
                 top_logprobs_num=body.top_logprobs_num,
                 logprob_start_len=body.logprob_start_len,
                 extra_key=body.cache_namespace,
+                lora_path=adapter,
                 bootstrap=bootstrap,
             )
         )

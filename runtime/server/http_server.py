@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 
 from kvflow import contract
 from kvflow.runtime.server.generate_api import native_generate, prepare_native
+from kvflow.runtime.server.lora_api import adapter_cards, add_lora_routes
 from kvflow.runtime.server.openai.chat import chat_completion, prepare_chat
 from kvflow.runtime.server.openai.common import sse
 from kvflow.runtime.server.openai.completions import completion, prepare_completion
@@ -231,16 +232,21 @@ def create_app(tm: TokenizerManager) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": [model_card(), *adapter_cards(tm)]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> Response:
+        adapter = next((c for c in adapter_cards(tm) if c["id"] == model_id), None)
+        if adapter is not None:
+            return JSONResponse(adapter)
         if model_id != tm.args.model_name:
             return _error(
                 404,
                 f"the model {model_id!r} does not exist; this server serves {tm.args.model_name!r}",
             )
         return JSONResponse(model_card())
+
+    add_lora_routes(app, tm)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:

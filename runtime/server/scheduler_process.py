@@ -131,6 +131,7 @@ class SchedulerLoop:
             tokenizer,
             self.runner.device,
             self.runner.pooling,
+            self.runner.lora,
         )
         self.watchdog = Watchdog(args.watchdog_timeout)
         self._last_stats = 0.0
@@ -203,9 +204,33 @@ class SchedulerLoop:
             return ControlReply(message.request_id, self.scheduler.flush_cache())
         if message.kind == "get_stats":
             return ControlReply(message.request_id, True, {"stats": self.stats()})
+        if message.kind in ("load_lora_adapter", "unload_lora_adapter"):
+            try:
+                self._lora_control(message.kind, message.payload)
+            except ValueError as err:
+                return ControlReply(message.request_id, False, {"error": str(err)})
+            return ControlReply(message.request_id, True)
         return ControlReply(
             message.request_id, False, {"error": f"unknown control {message.kind!r}"}
         )
+
+    def _lora_control(self, kind: str, payload: dict[str, Any]) -> None:
+        """Load or unload an adapter between steps; an unload is refused while requests on
+        the adapter are in flight (ValueError says how many)."""
+        lora = self.runner.lora
+        if lora is None:
+            raise ValueError("LoRA adapters are not enabled on this server (--enable-lora)")
+        name = str(payload["lora_name"])
+        if kind == "load_lora_adapter":
+            lora.load(name, str(payload["lora_path"]))
+            return
+        in_flight = self.scheduler.requests_on_adapter(name)
+        if in_flight:
+            raise ValueError(
+                f"LoRA adapter {name!r} has {in_flight} requests in flight; unload it once "
+                "they finish"
+            )
+        lora.unload(name)
 
     def stats(self) -> SchedulerStats:
         sched, alloc = self.scheduler, self.runner.allocator

@@ -75,7 +75,6 @@ class ValueRule:
 
 _NO_HUB = "kvflow loads local folders only (no model hub): download first"
 _ONE_NODE = "kvflow serve runs on one node; scale out with replicas behind kvflow router"
-_NO_LORA = "LoRA adapters are not built in kvflow; serve a model with the adapter merged"
 _NO_SPEC = "speculative decoding is not built in kvflow"
 
 SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
@@ -171,9 +170,15 @@ SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
     "--grammar-backend": Refuse("structured output runs on xgrammar only", accepts=("xgrammar",)),
     "--watchdog-timeout": Same(),
     # LoRA and speculative decoding
-    "--enable-lora": Refuse(_NO_LORA, nargs=0),
-    "--lora-paths": Refuse(_NO_LORA, nargs="+"),
-    "--max-loras-per-batch": Refuse(_NO_LORA),
+    "--enable-lora": Same("--tp-size 1 only; CUDA graphs are off with it"),
+    "--lora-paths": Same("NAME=PATH, PATH or JSON entries; pinned is accepted, no effect"),
+    "--max-loras-per-batch": Same("device slots; the base model takes none"),
+    "--max-lora-rank": Same(),
+    "--lora-target-modules": Same("q/k/v/o_proj, gate/up/down_proj, qkv_proj, gate_up_proj, all"),
+    "--lora-backend": Refuse(
+        "kvflow's LoRA runs its own segmented Triton kernels on CUDA (a torch loop on CPU)",
+        accepts=("triton",),
+    ),
     "--speculative-algorithm": Refuse(_NO_SPEC),
     "--speculative-draft-model-path": Refuse(_NO_SPEC),
     "--speculative-num-steps": Refuse(_NO_SPEC),

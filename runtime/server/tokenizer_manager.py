@@ -21,6 +21,7 @@ import zmq
 import zmq.asyncio
 
 from kvflow.runtime.grammar import GrammarError, check_grammar, grammar_spec
+from kvflow.runtime.lora import parse_lora_paths
 from kvflow.runtime.server.args import ServerArgs
 from kvflow.runtime.server.bootstrap_fields import check_sample_rooms
 from kvflow.runtime.server.dp_dispatch import DataParallelDispatcher, merge_stats
@@ -97,6 +98,9 @@ class TokenizerManager:
         self._group_stats: dict[int, SchedulerStats] = {}
         self._control: dict[str, asyncio.Future] = {}
         self._ids = itertools.count()
+        # LoRA adapters the schedulers hold, name -> path (SGLang's --lora-paths, then
+        # /load_lora_adapter and /unload_lora_adapter)
+        self.lora_adapters: dict[str, str] = dict(parse_lora_paths(engine.lora_paths))
         self.dead_reason: str | None = None
         self.draining = False
         self._recv_task: asyncio.Task | None = None
@@ -225,6 +229,8 @@ class TokenizerManager:
         self.check_token_ids(ids)
         if inp.embed != self.is_embedding:
             raise RequestError(400, _EMBEDDING_ONLY if self.is_embedding else _NO_EMBEDDING)
+        if inp.lora_path is not None:
+            self.check_adapter(inp.lora_path)
         if not inp.probe:  # the probe runs on any role (scheduler_process skips the role)
             self._check_role(inp)
         try:
@@ -251,6 +257,54 @@ class TokenizerManager:
                 f"the prompt + max_tokens ({total}) exceeds the KV cache "
                 f"({self.max_total_tokens} tokens)",
             )
+
+    def check_adapter(self, name: str) -> None:
+        """400 unless LoRA adapter ``name`` is loaded."""
+        if not self.args.engine.enable_lora:
+            raise RequestError(
+                400, f"lora_path {name!r}: this server runs without --enable-lora (no adapters)"
+            )
+        if name not in self.lora_adapters:
+            loaded = ", ".join(sorted(self.lora_adapters)) or "none"
+            raise RequestError(400, f"unknown LoRA adapter {name!r} (loaded: {loaded})")
+
+    def adapter_of(self, model: str | None, lora_path: str | None) -> str | None:
+        """The adapter a request asks for, SGLang's rules: ``lora_path`` if given; else an
+        OpenAI ``model`` of the form ``base:adapter`` or an adapter's name; else none (and
+        always none from ``model`` without --enable-lora: any model name is the base)."""
+        if lora_path is not None or not self.args.engine.enable_lora:
+            return lora_path
+        if model is None or model == self.args.model_name:
+            return lora_path
+        if model in self.lora_adapters:
+            return model
+        _, sep, adapter = model.partition(":")
+        return adapter if sep and adapter else None
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Every scheduler group reads the adapter; 400 with their reason if one cannot."""
+        if not self.args.engine.enable_lora:
+            raise RequestError(400, "LoRA adapters need --enable-lora")
+        if name in self.lora_adapters:
+            raise RequestError(400, f"a LoRA adapter named {name!r} is loaded already")
+        reply = await self.control("load_lora_adapter", {"lora_name": name, "lora_path": path})
+        if not reply.ok:
+            raise RequestError(400, reply.payload.get("error", "loading the adapter failed"))
+        self.lora_adapters[name] = path
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """Unload an adapter; refused (400) while requests on it are in flight. New
+        requests naming it are refused from the moment this starts."""
+        self.check_adapter(name)
+        path = self.lora_adapters.pop(name)
+        try:
+            reply = await self.control("unload_lora_adapter", {"lora_name": name})
+        except BaseException:
+            self.lora_adapters[name] = path
+            raise
+        if not reply.ok:
+            self.lora_adapters[name] = path
+            raise RequestError(400, reply.payload.get("error", "unloading the adapter failed"))
 
     async def check_grammar(self, inp: GenerateRequest) -> None:
         """400 with xgrammar's message unless the request's grammar (if any) builds. A
@@ -311,6 +365,7 @@ class TokenizerManager:
                     input_ids=inp.input_ids,
                     sampling=inp.sampling.prefill_only(),
                     extra_key=inp.extra_key,
+                    lora_path=inp.lora_path,
                 )
                 warm_handle = self._start(warm, INTERNAL_OWNER, group)
                 try:
@@ -349,7 +404,7 @@ class TokenizerManager:
             state.abort_error = RequestError(503, message)
             self.abort(rid, message)
 
-    async def control(self, kind: str) -> ControlReply:
+    async def control(self, kind: str, payload: dict[str, Any] | None = None) -> ControlReply:
         """Ask every scheduler group; ``ok`` when all are, their stats added up."""
         if self.dead_reason:
             raise RequestError(503, f"server unhealthy: {self.dead_reason}")
@@ -361,7 +416,7 @@ class TokenizerManager:
             fut: asyncio.Future = loop.create_future()
             self._control[request_id] = fut
             futures.append(fut)
-            self.to_scheduler.send_to(group, ControlRequest(request_id, kind))
+            self.to_scheduler.send_to(group, ControlRequest(request_id, kind, payload or {}))
         try:
             replies = await asyncio.wait_for(asyncio.gather(*futures), _CONTROL_TIMEOUT_S)
         except TimeoutError as err:

@@ -50,6 +50,7 @@ class GenerateRequest:
     top_logprobs_num: int = 0
     logprob_start_len: int = -1  # SGLang's: >= 0 with return_logprob asks for prompt logprobs
     extra_key: str | None = None  # cache namespace: prefixes are shared only within one
+    lora_path: str | None = None  # SGLang's: the LoRA adapter's name (None: the base model)
     bootstrap: Bootstrap | None = None  # prefill/decode roles: the pairing with the peer
     probe: bool = False  # /health_generate's own: runs on any role past its queues, no room
     # SGLang's EmbeddingReqInput: the prompt's pooled hidden state instead of tokens (an
@@ -72,10 +73,13 @@ class AbortRequest:
 
 @dataclass(frozen=True)
 class ControlRequest:
-    """A request/reply exchange with the scheduler: ``flush_cache`` or ``get_stats``."""
+    """A request/reply exchange with the scheduler: ``flush_cache``, ``get_stats``,
+    ``load_lora_adapter`` or ``unload_lora_adapter`` (``payload``: SGLang's body,
+    ``lora_name`` and ``lora_path``)."""
 
     request_id: str
     kind: str
+    payload: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,6 @@ def test_ignored_fields_leave_the_answer_unchanged(server, path):
 
 
 REFUSED_CASES = [
-    (CHAT, "lora_path", "adapter-1"),
     (CHAT, "return_hidden_states", True),
     (CHAT, "stop_regex", "\\d"),
     (CHAT, "functions", [{"name": "f"}]),
@@ -103,7 +102,6 @@ REFUSED_CASES = [
     ("/v1/completions", "best_of", 3),
     ("/v1/completions", "no_stop_trim", True),
     ("/generate", "return_hidden_states", True),
-    ("/generate", "lora_path", "adapter-1"),
     ("/generate", "image_data", "http://x/y.png"),
     ("/generate", "session_params", {"id": "s"}),
 ]
@@ -117,6 +115,15 @@ def test_fields_that_would_change_the_answer_are_refused_when_set(server, path, 
     assert f"'{name}'" in message and "not supported by kvflow" in message
     default = REFUSED_UNLESS_DEFAULT[name][0][0]
     assert _post(server, path, {**BASE[path], name: default}).status_code == 200
+
+
+@pytest.mark.parametrize("path", [CHAT, "/generate"])
+def test_lora_path_without_enable_lora_is_400(server, path):
+    """SGLang's lora_path is honoured with --enable-lora (tests/lora); without it, a 400."""
+    response = _post(server, path, {**BASE[path], "lora_path": "adapter-1"})
+    assert response.status_code == 400, response.text
+    assert "--enable-lora" in response.json()["error"]["message"]
+    assert _post(server, path, {**BASE[path], "lora_path": None}).status_code == 200
 
 
 def test_sglang_sampling_params_are_honoured_or_ignored(server):

@@ -63,6 +63,7 @@ def prepare_chat(
         return_logprob=want_logprobs,
         top_logprobs_num=body.top_logprobs or 0,
         extra_key=body.cache_namespace,
+        lora_path=tm.adapter_of(body.model, body.lora_path),
         bootstrap=bootstrap_of(
             body.bootstrap_host, body.bootstrap_port, body.bootstrap_room, body.bootstrap_token
         ),

@@ -71,6 +71,7 @@ def prepare_completion(
                 return_logprob=body.logprobs is not None,
                 top_logprobs_num=body.logprobs or 0,
                 extra_key=body.cache_namespace,
+                lora_path=tm.adapter_of(body.model, body.lora_path),
                 bootstrap=bootstrap,
             )
         )

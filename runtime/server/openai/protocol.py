@@ -100,6 +100,8 @@ class _SamplingFields(_CheckedFields):
     rid: str | None = None
     extra_key: str | None = None
     cache_salt: str | None = None
+    # SGLang: a LoRA adapter's name (else ``model`` as "base:adapter" or the adapter's name)
+    lora_path: str | None = None
 
     @property
     def cache_namespace(self) -> str | None:
@@ -266,6 +268,8 @@ class GenerateRequestBody(_CheckedFields):
     bootstrap_token: str | list[str] | None = None  # the router's signature of each pair
     # not SGLang's, but its router adds it to every body; ignored (one model per server)
     model: str | None = None
+    # SGLang's: a LoRA adapter's name for every prompt, or one per prompt (None: the base)
+    lora_path: str | list[str | None] | None = None
 
     @property
     def cache_namespace(self) -> str | None:

@@ -1,0 +1,72 @@
+"""A linear layer with the batch's LoRA deltas added to its output."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kvflow.runtime.layers import LinearBase, silu_and_mul
+from kvflow.runtime.lora.batch import LoraBatch
+
+__all__ = ["LoraContext", "LoraLinear"]
+
+
+class LoraContext:
+    """The adapter layout of the forward being run (``batch``, None: no adapter in it),
+    shared by every :class:`LoraLinear` of a model; set for one forward by
+    :meth:`~kvflow.runtime.lora.LoraManager.active`."""
+
+    def __init__(self) -> None:
+        self.batch: LoraBatch | None = None
+
+
+class LoraLinear(nn.Module):
+    """Wraps a projection (``base``, any :class:`LinearBase`, any weight method): ``y =
+    base(x) + scaling * (x @ A.T) @ B.T`` per request's adapter.
+
+    Each of the layer's shards (q, k, v of a merged QKV; gate, up) gets ``max_rank`` rows
+    of the stacked ``A`` and columns of ``B``: ``a_slots`` ``[slots, shards * max_rank,
+    input_size]``, ``b_slots`` ``[slots, output_size, shards * max_rank]``, B block-diagonal
+    over the shards, zero where an adapter's rank or targets leave room."""
+
+    def __init__(
+        self,
+        base: LinearBase,
+        context: LoraContext,
+        num_slots: int,
+        max_rank: int,
+        dtype: torch.dtype,
+        device: str,
+    ) -> None:
+        super().__init__()
+        self.base = base
+        self.context = context
+        self.max_rank = max_rank
+        self.output_sizes = base.output_sizes
+        width = len(base.output_sizes) * max_rank
+        self.a_slots = torch.zeros(num_slots, width, base.input_size, dtype=dtype, device=device)
+        self.b_slots = torch.zeros(num_slots, base.output_size, width, dtype=dtype, device=device)
+
+    def clear_slot(self, slot: int) -> None:
+        self.a_slots[slot].zero_()
+        self.b_slots[slot].zero_()
+
+    def write_slot(self, slot: int, shard: int, a: torch.Tensor, b: torch.Tensor) -> None:
+        """Shard ``shard``'s ``a`` ``[r, input_size]`` and ``b`` ``[shard rows, r]`` (scaled)."""
+        rank, first = a.shape[0], shard * self.max_rank
+        row = sum(self.output_sizes[:shard])
+        self.a_slots[slot, first : first + rank].copy_(a)
+        self.b_slots[slot, row : row + b.shape[0], first : first + rank].copy_(b)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.base(x)
+        batch = self.context.batch
+        if batch is None:
+            return out
+        return batch.add_delta(x, out, self.a_slots, self.b_slots)
+
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """A merged ``[gate; up]``'s ``silu(gate) * up`` (the delta is added before it)."""
+        if self.context.batch is None:
+            return self.base.silu_mul(x)  # type: ignore[operator]
+        return silu_and_mul(self.forward(x))

@@ -1,0 +1,207 @@
+"""The adapters of one model runner: the host registry, the device slots, the wrapped
+projections, and the adapter layout of each forward."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kvflow.runtime.forward_batch import ForwardBatch
+from kvflow.runtime.layers import LinearBase
+from kvflow.runtime.lora.adapter import LoraAdapter, LoraLimits, load_adapter
+from kvflow.runtime.lora.batch import LoraBatch
+from kvflow.runtime.lora.layers import LoraContext, LoraLinear
+from kvflow.runtime.lora.slots import LoraSlots
+from kvflow.runtime.lora.targets import LORA_TARGETS, resolve_target_modules
+
+__all__ = ["LoraManager", "LoraOptions", "parse_lora_paths"]
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoraOptions:
+    """SGLang's LoRA flags, as :class:`~kvflow.runtime.config.EngineConfig` holds them.
+    ``max_lora_rank`` 0 and empty ``lora_target_modules``: inferred from the start-up
+    adapters (the largest rank, every module they target)."""
+
+    lora_paths: tuple[str, ...] = ()
+    max_loras_per_batch: int = 8
+    max_lora_rank: int = 0
+    lora_target_modules: tuple[str, ...] = ()
+
+
+def parse_lora_paths(entries: Sequence[str]) -> list[tuple[str, str]]:
+    """SGLang's ``--lora-paths`` entries, ``name=path``, a bare path (named by itself) or
+    a JSON object ``{"lora_name": ..., "lora_path": ...}``, as (name, path); raises
+    ValueError on an empty part or a repeated name."""
+    pairs: list[tuple[str, str]] = []
+    for entry in entries:
+        name, sep, path = entry.partition("=")
+        if entry.lstrip().startswith("{"):
+            try:
+                spec = json.loads(entry)
+                name, path = str(spec["lora_name"]), str(spec["lora_path"])
+            except (ValueError, KeyError, TypeError) as err:
+                raise ValueError(f"--lora-paths {entry!r}: not SGLang's JSON entry") from err
+        elif not sep:
+            name = path = entry
+        if not name or not path:
+            raise ValueError(f"--lora-paths {entry!r}: expected NAME=PATH or PATH")
+        if any(name == seen for seen, _ in pairs):
+            raise ValueError(f"--lora-paths names adapter {name!r} twice")
+        pairs.append((name, path))
+    return pairs
+
+
+def _unbounded_limits(model_limits: LoraLimits) -> LoraLimits:
+    return LoraLimits(
+        1 << 30,
+        frozenset(LORA_TARGETS),
+        model_limits.num_layers,
+        model_limits.in_features,
+        model_limits.out_features,
+    )
+
+
+class LoraManager:
+    """Adapters by name in host memory, ``max_loras_per_batch`` device slots of
+    ``max_lora_rank`` (LRU), and every targeted projection of ``model`` wrapped in a
+    :class:`LoraLinear`. Not thread-safe: the scheduler's loop drives it.
+
+    :meth:`active` runs one forward with its requests' adapters (``fb.lora_paths``) in
+    slots; the scheduler admits no batch with more adapters than slots
+    (:meth:`fits`)."""
+
+    def __init__(
+        self, model: nn.Module, options: LoraOptions, dtype: torch.dtype, device: str
+    ) -> None:
+        self.dtype, self.device = dtype, device
+        layers = model.get_submodule("layers")
+        assert isinstance(layers, nn.ModuleList), "a decoder stack (CausalLM.layers)"
+        startup = parse_lora_paths(options.lora_paths)
+        probe = self._shape_limits(layers, frozenset(LORA_TARGETS))
+        read = [load_adapter(name, path, _unbounded_limits(probe)) for name, path in startup]
+        max_rank = options.max_lora_rank or max((a.rank for a in read), default=0)
+        if options.lora_target_modules:
+            targets = resolve_target_modules(options.lora_target_modules)
+        else:
+            targets = frozenset().union(*(a.target_modules for a in read))
+        if not max_rank or not targets:
+            raise ValueError(
+                "--enable-lora without start-up adapters (--lora-paths) needs "
+                "--max-lora-rank and --lora-target-modules"
+            )
+        self.limits = self._shape_limits(layers, targets, max_rank)
+        self.context = LoraContext()
+        self.wrapped = self._wrap(layers, targets, options.max_loras_per_batch, max_rank)
+        self.slots = LoraSlots(options.max_loras_per_batch)
+        self.adapters: dict[str, LoraAdapter] = {}
+        for name, path in startup:
+            self.load(name, path)
+
+    # -- model surgery ---------------------------------------------------------------------
+    @staticmethod
+    def _shape_limits(
+        layers: nn.ModuleList, targets: frozenset[str], max_rank: int = 1
+    ) -> LoraLimits:
+        """The input width and output rows of each targeted module (layer 0's shapes; a
+        layer where a target is not a dense projection is refused by :meth:`_wrap`)."""
+        in_features, out_features = {}, {}
+        for module in targets:
+            target = LORA_TARGETS[module]
+            layer = layers[0].get_submodule(target.layer)
+            if isinstance(layer, LoraLinear):
+                layer = layer.base
+            if isinstance(layer, LinearBase):
+                in_features[module] = layer.input_size
+                out_features[module] = layer.output_sizes[target.shard]
+        return LoraLimits(max_rank, targets, len(layers), in_features, out_features)
+
+    def _wrap(
+        self, layers: nn.ModuleList, targets: frozenset[str], num_slots: int, max_rank: int
+    ) -> dict[tuple[int, str], LoraLinear]:
+        wrapped: dict[tuple[int, str], LoraLinear] = {}
+        paths = sorted({LORA_TARGETS[m].layer for m in targets})
+        for layer_id, layer in enumerate(layers):
+            for path in paths:
+                parent_path, _, attr = path.rpartition(".")
+                parent = layer.get_submodule(parent_path)
+                base = getattr(parent, attr, None)
+                if not isinstance(base, LinearBase):
+                    raise ValueError(
+                        f"layer {layer_id}'s {path} is not a dense projection (mixture-of-"
+                        "experts MLPs take no adapters): narrow --lora-target-modules"
+                    )
+                lora = LoraLinear(base, self.context, num_slots, max_rank, self.dtype, self.device)
+                setattr(parent, attr, lora)
+                wrapped[(layer_id, path)] = lora
+        return wrapped
+
+    # -- the registry ----------------------------------------------------------------------
+    def load(self, name: str, path: str) -> LoraAdapter:
+        """Read an adapter into host memory under ``name``; raises ValueError (a bad
+        adapter, one this server cannot apply, or a name in use)."""
+        if name in self.adapters:
+            raise ValueError(f"a LoRA adapter named {name!r} is loaded already; unload it first")
+        adapter = load_adapter(name, path, self.limits)
+        self.adapters[name] = adapter
+        logger.info("LoRA adapter %s loaded from %s (rank %d)", name, path, adapter.rank)
+        return adapter
+
+    def unload(self, name: str) -> None:
+        """Forget an adapter (the caller checks that no request uses it)."""
+        if name not in self.adapters:
+            raise ValueError(f"no LoRA adapter named {name!r} is loaded")
+        del self.adapters[name]
+        self.slots.drop(name)
+        logger.info("LoRA adapter %s unloaded", name)
+
+    def key_of(self, name: str) -> str:
+        """The prefix-cache namespace of requests on adapter ``name``."""
+        if name not in self.adapters:
+            raise ValueError(f"no LoRA adapter named {name!r} is loaded")
+        return f"lora:{self.adapters[name].key}"
+
+    def fits(self, names: set[str | None]) -> bool:
+        """Whether a batch of requests on these adapters (None: the base model) gets a
+        slot for each."""
+        return len(names - {None}) <= self.slots.num_slots
+
+    # -- one forward -----------------------------------------------------------------------
+    def _write(self, adapter: LoraAdapter, slot: int) -> None:
+        for lora in self.wrapped.values():
+            lora.clear_slot(slot)
+        for (layer_id, module), (a, b) in adapter.weights.items():
+            target = LORA_TARGETS[module]
+            lora = self.wrapped[(layer_id, target.layer)]
+            lora.write_slot(
+                slot, target.shard, a.to(lora.a_slots), (b * adapter.scaling).to(lora.b_slots)
+            )
+
+    @contextmanager
+    def active(self, fb: ForwardBatch) -> Iterator[None]:
+        """Run one forward with ``fb``'s adapters in device slots (loaded on a miss,
+        evicting the least recently used ones the batch does not need)."""
+        names = [n for n in fb.lora_paths if n is not None]
+        if not names:
+            yield
+            return
+        for name in names:
+            if name not in self.adapters:
+                raise ValueError(f"no LoRA adapter named {name!r} is loaded")
+        plan = self.slots.plan(names)
+        for name, slot in plan.loads:
+            self._write(self.adapters[name], slot)
+        slots = [-1 if n is None else plan.slots[n] for n in fb.lora_paths]
+        rows = [1] * fb.batch_size if fb.is_decode else fb.extend_seq_lens_cpu
+        self.context.batch = LoraBatch.of(slots, rows, self.device)
+        try:
+            yield
+        finally:
+            self.context.batch = None

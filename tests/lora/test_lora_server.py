@@ -1,0 +1,128 @@
+"""LoRA over HTTP with SGLang's interface: start-up adapters, ``lora_path`` on /generate,
+the OpenAI ``model`` field (``base:adapter`` or the adapter's name), /v1/models, and
+/load_lora_adapter and /unload_lora_adapter while serving; unknown adapters are 400s."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from lora_adapters import ALL_MODULES, MAX_NEW, build_adapter, build_base, peft_greedy, prompts
+from server_process import ServerProcess
+
+GENERATE = {"temperature": 0, "max_new_tokens": MAX_NEW, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("lora-server")
+    base, a, b = root / "base", root / "adapter-a", root / "adapter-b"
+    build_base(base)
+    build_adapter(base, a, seed=1, r=8, lora_alpha=16, target_modules=ALL_MODULES)
+    build_adapter(base, b, seed=2, r=4, lora_alpha=8, target_modules=["q_proj", "o_proj"])
+    return {"base": base, "a": a, "b": b}
+
+
+@pytest.fixture(scope="module")
+def server(checkpoints, tmp_path_factory) -> Iterator[ServerProcess]:
+    proc = ServerProcess(
+        "--model-path", str(checkpoints["base"]), "--skip-tokenizer-init", "--dtype", "float32",
+        "--enable-lora", "--lora-paths", f"a={checkpoints['a']}", "--max-loras-per-batch", "2",
+        "--max-lora-rank", "8", "--lora-target-modules", "all",
+        log=tmp_path_factory.mktemp("lora-server") / "server.log",
+    )  # fmt: skip
+    yield proc
+    proc.stop()
+
+
+def _generate(server: ServerProcess, ids, lora_path=None) -> httpx.Response:
+    body = {"input_ids": ids, "sampling_params": GENERATE, "lora_path": lora_path}
+    return httpx.post(f"{server.url}/generate", json=body, timeout=120)
+
+
+def _completion_logprobs(server: ServerProcess, ids: list[int], model: str) -> list[float]:
+    body = {"model": model, "prompt": ids, "max_tokens": 4, "temperature": 0, "logprobs": 0}
+    response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["logprobs"]["token_logprobs"]
+
+
+def test_generate_picks_the_adapter_per_prompt(server, checkpoints):
+    batch = prompts((6, 19, 11))
+    response = _generate(server, batch, ["a", None, "a"])
+    assert response.status_code == 200, response.text
+    got = [item["output_ids"] for item in response.json()]
+    want_a = peft_greedy(checkpoints["base"], checkpoints["a"], batch)
+    want_base = peft_greedy(checkpoints["base"], None, batch)
+    assert got == [want_a[0], want_base[1], want_a[2]]
+
+
+def test_model_field_forms(server):
+    ids = prompts((13,))[0]
+    by_name = _completion_logprobs(server, ids, "a")
+    assert _completion_logprobs(server, ids, "base:a") == by_name
+    base = _completion_logprobs(server, ids, "base")
+    assert base != by_name
+    assert _completion_logprobs(server, ids, "some-client-name") == base  # not an adapter
+
+
+def test_unknown_adapters_are_400(server):
+    ids = prompts((5,))[0]
+    response = _generate(server, ids, "nope")
+    assert response.status_code == 400 and "unknown LoRA adapter 'nope'" in response.text
+    body = {"model": "base:nope", "prompt": ids, "max_tokens": 2}
+    response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 400 and "unknown LoRA adapter 'nope'" in response.text
+    bad = httpx.post(f"{server.url}/unload_lora_adapter", json={"lora_name": "nope"}, timeout=60)
+    assert bad.status_code == 400
+
+
+def test_load_and_unload_while_serving(server, checkpoints, tmp_path):
+    ids = prompts((9,))[0]
+    models = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]
+    assert [m["id"] for m in models] == ["base", "a"] and models[1]["parent"] == "base"
+    body = {"lora_name": "b", "lora_path": str(checkpoints["b"])}
+    loaded = httpx.post(f"{server.url}/load_lora_adapter", json=body, timeout=120)
+    assert loaded.status_code == 200, loaded.text
+    assert set(loaded.json()["loaded_adapters"]) == {"a", "b"}
+    assert "b" in [m["id"] for m in httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]]
+    again = httpx.post(f"{server.url}/load_lora_adapter", json=body, timeout=60)
+    assert again.status_code == 400 and "loaded already" in again.text
+    response = _generate(server, ids, "b")
+    assert (
+        response.json()["output_ids"]
+        == peft_greedy(checkpoints["base"], checkpoints["b"], [ids])[0]
+    )
+    # an adapter this server cannot apply: rank 16 > --max-lora-rank 8
+    big = tmp_path / "big"
+    build_adapter(checkpoints["base"], big, seed=3, r=16, lora_alpha=16, target_modules=["q_proj"])
+    refused = httpx.post(
+        f"{server.url}/load_lora_adapter",
+        json={"lora_name": "big", "lora_path": str(big)},
+        timeout=60,
+    )
+    assert refused.status_code == 400 and "--max-lora-rank" in refused.text
+    _unload_refused_in_flight(server, "b", ids)
+    unloaded = httpx.post(f"{server.url}/unload_lora_adapter", json={"lora_name": "b"}, timeout=60)
+    assert unloaded.status_code == 200 and set(unloaded.json()["loaded_adapters"]) == {"a"}
+    assert _generate(server, ids, "b").status_code == 400
+    server.wait_idle_and_free()
+
+
+def _unload_refused_in_flight(server: ServerProcess, name: str, ids: list[int]) -> None:
+    """While a request on ``name`` streams, unloading it is a 400 (it is refused, not
+    queued); the request finishes unharmed."""
+    params = {**GENERATE, "max_new_tokens": 200}
+    body = {"input_ids": ids, "sampling_params": params, "lora_path": name, "stream": True}
+    with httpx.stream("POST", f"{server.url}/generate", json=body, timeout=120) as stream:
+        lines = stream.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+        refused = httpx.post(
+            f"{server.url}/unload_lora_adapter", json={"lora_name": name}, timeout=60
+        )
+        assert refused.status_code == 400 and "in flight" in refused.text
+        chunks = [line for line in lines if line.startswith("data:")]
+    assert chunks[-1] == "data: [DONE]"
+    assert '"length"' in chunks[-2]  # it ran to its max_new_tokens
