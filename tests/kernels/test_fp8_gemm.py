@@ -37,7 +37,11 @@ def _check_group_quant(device: str, rows: int, cols: int, group: int, dtype: tor
         flushed = (got == 0) & (expected.abs() <= 2**-6)
         assert (carry | flushed)[wrong].all()
     else:
-        assert wrong.float().mean() < 1e-3  # fp32 division may differ in the last bit
+        # x / scale in fp32 may land on the other side of a rounding boundary than the
+        # reference's: such values are one e4m3 step (2^-3 of the value) away, and rare.
+        step = expected.abs().clamp_min(2**-9) * 2**-3
+        assert ((got - expected).abs() <= step)[wrong].all()
+        assert wrong.float().mean() < 1e-2
     deq = expected * scales_ref.repeat_interleave(group, 1)
     # e4m3 keeps 3 mantissa bits: within 2^-4 of each value, small ones within the
     # subnormal step
@@ -54,7 +58,9 @@ def _check_block_matmul(device, rows, n, k, block, out_dtype):
     args = (x_scale, w, w_scale, block, out_dtype)
     got = w8a8_block_fp8_matmul(xq.to(device), *(a.to(device) for a in args[:3]), *args[3:])
     expected = w8a8_block_fp8_matmul_ref(xq, *args).float()
-    tol = 1.6e-2 if out_dtype == torch.bfloat16 else 1e-4
+    # NOTE: Hopper's FP8 tensor cores accumulate with about 14 mantissa bits (the DeepSeek-V3
+    # report), not fp32's 23: float32 outputs are compared at 2e-3 of the largest value.
+    tol = 1.6e-2 if out_dtype == torch.bfloat16 else (1e-4 if device == "cpu" else 2e-3)
     scale = expected.abs().max()
     torch.testing.assert_close(got.cpu().float(), expected, atol=tol * scale, rtol=tol)
 
