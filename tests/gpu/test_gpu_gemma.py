@@ -19,6 +19,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
+# test_gemma_family imports tests/parallel/tp_ranks.py
+sys.path.insert(0, str(Path(__file__).parents[1] / "parallel"))
 from family_parity import MAX_NEW, engine_greedy, prompts
 from test_gemma_family import WINDOW, build_gemma
 
