@@ -92,6 +92,11 @@ class CudaGraphRunner:
         for bs in reversed(self.sizes):  # largest first: later graphs reuse its pool memory
             fb = self._static_batch(bs)
             attn.fill_replay(fb, bs)
+            # The warm-up runs on the side stream: it must see the inputs and the attention
+            # metadata that the current stream has just written (without the wait it raced
+            # them, reading whatever the reused memory held: an engine built after another
+            # in one process looked up stale token ids, a device-side index assert).
+            stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(2):  # warm up (Triton autotuning, lazy init) outside capture
                     self.run_model(fb)
