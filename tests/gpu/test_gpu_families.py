@@ -18,6 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
 from family_parity import build_hf, engine_greedy, hf_greedy, prompts
+from prefill_logits import assert_as_close_as_transformers, last_logits
 
 pytestmark = [
     pytest.mark.gpu,
@@ -58,7 +59,6 @@ def test_real_shapes_logits_close_in_bf16(tmp_path, name):
     import transformers
 
     from kvflow.runtime.config import DUMMY_CONFIGS, EngineConfig
-    from kvflow.runtime.forward_batch import ForwardBatch, ForwardMode
     from kvflow.runtime.model_runner import ModelRunner
 
     raw = json.loads(DUMMY_CONFIGS[name].read_text()) | {"num_hidden_layers": LAYERS}
@@ -90,25 +90,4 @@ def test_real_shapes_logits_close_in_bf16(tmp_path, name):
             skip_tokenizer_init=True,
         ).resolved()
     )
-    row = runner.req_to_token.alloc()
-    slots = torch.tensor(runner.allocator.alloc_for_request(0, 0, PROMPT), device="cuda")
-    runner.req_to_token.write(row, 0, slots)
-    fb = ForwardBatch(
-        mode=ForwardMode.EXTEND,
-        input_ids=ids,
-        positions=torch.arange(PROMPT, device="cuda"),
-        out_cache_loc=slots,
-        req_pool_indices=torch.tensor([row], device="cuda"),
-        seq_lens=torch.tensor([PROMPT], device="cuda"),
-        seq_lens_cpu=[PROMPT],
-        extend_prefix_lens_cpu=[0],
-        extend_seq_lens_cpu=[PROMPT],
-    )
-    ours = runner.forward(fb)[0].float()
-    hf_err = (hf_bf16 - reference).abs()
-    our_err = (ours - reference).abs()
-    print(
-        f"{name}: max |err| kvflow {our_err.max():.4f} transformers-bf16 {hf_err.max():.4f}; "
-        f"mean {our_err.mean():.5f} vs {hf_err.mean():.5f}"
-    )
-    assert our_err.max() <= 1.5 * hf_err.max() and our_err.mean() <= 1.5 * hf_err.mean()
+    assert_as_close_as_transformers(name, last_logits(runner, ids), hf_bf16, reference)

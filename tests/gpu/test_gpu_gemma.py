@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
 # test_gemma_family imports tests/parallel/tp_ranks.py
 sys.path.insert(0, str(Path(__file__).parents[1] / "parallel"))
 from family_parity import MAX_NEW, engine_greedy, prompts
+from prefill_logits import assert_as_close_as_transformers, last_logits
 from test_gemma_family import WINDOW, build_gemma
 
 pytestmark = [
@@ -86,7 +87,6 @@ def test_real_shapes_logits_close_in_bf16(name, config_cls, model_cls):
     import transformers
 
     from kvflow.runtime.config import DUMMY_CONFIGS, EngineConfig
-    from kvflow.runtime.forward_batch import ForwardBatch, ForwardMode
     from kvflow.runtime.model_runner import ModelRunner
 
     raw = json.loads(DUMMY_CONFIGS[name].read_text())
@@ -118,24 +118,4 @@ def test_real_shapes_logits_close_in_bf16(name, config_cls, model_cls):
     del hf
     gc.collect()
     torch.cuda.empty_cache()
-    row = runner.req_to_token.alloc()
-    slots = torch.tensor(runner.allocator.alloc_for_request(0, 0, length), device="cuda")
-    runner.req_to_token.write(row, 0, slots)
-    fb = ForwardBatch(
-        mode=ForwardMode.EXTEND,
-        input_ids=ids,
-        positions=torch.arange(length, device="cuda"),
-        out_cache_loc=slots,
-        req_pool_indices=torch.tensor([row], device="cuda"),
-        seq_lens=torch.tensor([length], device="cuda"),
-        seq_lens_cpu=[length],
-        extend_prefix_lens_cpu=[0],
-        extend_seq_lens_cpu=[length],
-    )
-    ours = runner.forward(fb)[0].float()
-    hf_err, our_err = (hf_bf16 - reference).abs(), (ours - reference).abs()
-    print(
-        f"{name}: max |err| kvflow {our_err.max():.4f} transformers-bf16 {hf_err.max():.4f}; "
-        f"mean {our_err.mean():.4f} vs {hf_err.mean():.4f}"
-    )
-    assert our_err.max() <= 1.5 * hf_err.max() and our_err.mean() <= 1.5 * hf_err.mean()
+    assert_as_close_as_transformers(name, last_logits(runner, ids), hf_bf16, reference)

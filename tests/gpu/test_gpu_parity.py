@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from prefill_logits import assert_as_close_as_transformers, last_logits
 
 pytestmark = [
     pytest.mark.gpu,
@@ -107,7 +108,6 @@ def test_llama_8b_shapes_logits_close_in_bf16():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from kvflow.runtime.config import DUMMY_CONFIGS, EngineConfig
-    from kvflow.runtime.forward_batch import ForwardBatch, ForwardMode
     from kvflow.runtime.model_runner import ModelRunner
 
     raw = json.loads(DUMMY_CONFIGS["llama-3.1-8b"].read_text())
@@ -133,28 +133,8 @@ def test_llama_8b_shapes_logits_close_in_bf16():
     runner.model.load_weights((name, tensor) for name, tensor in hf.state_dict().items())
     del hf
     gc.collect()
-    row = runner.req_to_token.alloc()
-    slots = torch.tensor(runner.allocator.alloc_for_request(0, 0, 48), device="cuda")
-    runner.req_to_token.write(row, 0, slots)
-    fb = ForwardBatch(
-        mode=ForwardMode.EXTEND,
-        input_ids=ids,
-        positions=torch.arange(48, device="cuda"),
-        out_cache_loc=slots,
-        req_pool_indices=torch.tensor([row], device="cuda"),
-        seq_lens=torch.tensor([48], device="cuda"),
-        seq_lens_cpu=[48],
-        extend_prefix_lens_cpu=[0],
-        extend_seq_lens_cpu=[48],
-    )
-    ours = runner.forward(fb)[0].float()
-    hf_err = (hf_bf16 - reference).abs()
-    our_err = (ours - reference).abs()
-    print(
-        f"max |err| kvflow {our_err.max():.4f} transformers-bf16 {hf_err.max():.4f}; "
-        f"mean {our_err.mean():.4f} vs {hf_err.mean():.4f}"
-    )
-    assert our_err.max() <= 1.5 * hf_err.max() and our_err.mean() <= 1.5 * hf_err.mean()
+    ours = last_logits(runner, ids)
+    assert_as_close_as_transformers("llama-3.1-8b", ours, hf_bf16, reference)
 
 
 def test_mixed_chunk_with_staggered_arrivals_matches_plain(small_model):
