@@ -214,7 +214,11 @@ TRITON_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+# Gemma 2 only: its alternating local/global layers and soft-capped scores are what the
+# kernels do differently; Gemma 3 adds nothing inside them (q/k norm and its two RoPE tables
+# are outside the attention kernels) and runs on Triton in tests/gpu/test_gpu_gemma.py. Each
+# interpreted run costs about 50 s of make test.
+@pytest.mark.parametrize("family", ["gemma2"])
 def test_gemma_triton_backend_equals_transformers(tmp_path, family):
     """The Triton decode and extend kernels (interpreted on CPU) soft-cap and slide the
     same way."""
