@@ -41,6 +41,19 @@ def peak_bw() -> float:
     return next((bw for key, bw in PEAK_BW.items() if key in gpu_name()), 3.35e12)
 
 
+def time_cuda(fn, iters: int, warmup: int = 1) -> float:
+    """Seconds per call of ``fn`` on the GPU: ``warmup`` calls, then ``iters`` timed between
+    two synchronizations."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / iters
+
+
 def make_engine(model: str = MODEL, **kwargs):
     from kvflow.runtime.engine import Engine
 

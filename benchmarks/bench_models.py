@@ -22,21 +22,9 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from bench_gpu import _driver_version, bench_decode, gpu_name, peak_bw
+from bench_gpu import _driver_version, bench_decode, gpu_name, peak_bw, time_cuda
 
 MODELS = ("llama-3.1-8b", "qwen3-8b", "mistral-7b-v0.3", "qwen3-30b-a3b")
-
-
-def _time(fn, iters: int) -> float:
-    """Seconds per call, after warm-up, each call synchronized (the loop syncs anyway)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / iters
 
 
 def bench_experts(model: str, batch_sizes=(1, 32), iters: int = 200) -> list[dict]:
@@ -58,8 +46,12 @@ def bench_experts(model: str, batch_sizes=(1, 32), iters: int = 200) -> list[dic
         x = torch.randn(bs, hidden, device=dev, dtype=dt, generator=gen)
         logits = torch.randn(bs, experts, device=dev, generator=gen)
         topk = select_experts(logits, top_k, renormalize=bool(mc.norm_topk_prob))
-        fused_s = _time(partial(kernels.fused_moe, x, w13, w2, topk.weights, topk.ids), iters)
-        loop_s = _time(partial(fused_experts_ref, x, w13, w2, topk), max(iters // 10, 10))
+        fused_s = time_cuda(
+            partial(kernels.fused_moe, x, w13, w2, topk.weights, topk.ids), iters, warmup=3
+        )
+        loop_s = time_cuda(
+            partial(fused_experts_ref, x, w13, w2, topk), max(iters // 10, 10), warmup=3
+        )
         got = kernels.fused_moe(x, w13, w2, topk.weights, topk.ids).float()
         want = fused_experts_ref(x, w13, w2, topk).float()
         distinct = int(topk.ids.unique().numel())

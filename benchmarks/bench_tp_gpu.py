@@ -19,7 +19,6 @@ import multiprocessing as mp
 import random
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,26 +33,14 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _time_cuda(fn: Any, iters: int) -> float:
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / iters
-
-
 def _decode_rows(engine: Any, batch_sizes: list[int], context: int, steps: int) -> list[dict]:
-    from bench_gpu import admit_decode_batch
+    from bench_gpu import admit_decode_batch, time_cuda
 
     rng = random.Random(0)
     rows = []
     for bs in batch_sizes:
         reqs = admit_decode_batch(engine, bs, context, steps, rng)
-        step_s = _time_cuda(engine.scheduler.step, steps)
+        step_s = time_cuda(engine.scheduler.step, steps)
         rows.append({"batch": bs, "step_ms": step_s * 1e3, "tokens_per_s": bs / step_s})
         for req in reqs:
             engine.scheduler.abort_request(req.rid)
@@ -64,6 +51,7 @@ def _decode_rows(engine: Any, batch_sizes: list[int], context: int, steps: int) 
 def _collective_rows(group: Any, hidden: int, layers: int, batch_sizes: list[int]) -> list[dict]:
     """The decode step's all-reduces alone: eager, and captured in one CUDA graph."""
     import torch
+    from bench_gpu import time_cuda
 
     rows = []
     for bs in batch_sizes:
@@ -74,7 +62,7 @@ def _collective_rows(group: Any, hidden: int, layers: int, batch_sizes: list[int
             for _ in range(count):
                 group.all_reduce(x)
 
-        eager_s = _time_cuda(step, 20)
+        eager_s = time_cuda(step, 20)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -83,7 +71,7 @@ def _collective_rows(group: Any, hidden: int, layers: int, batch_sizes: list[int
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step()
-        graph_s = _time_cuda(graph.replay, 20)
+        graph_s = time_cuda(graph.replay, 20)
         rows.append(
             {
                 "batch": bs,

@@ -6,7 +6,6 @@ it keeps. No cluster, no image build."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -28,11 +27,8 @@ def _blobs(layout: Path) -> set[str]:
 
 @pytest.fixture
 def layout(tmp_path: Path) -> Path:
-    if shutil.which("umoci") is None:
-        message = "umoci not found (scripts/setup.sh installs it)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+    if shutil.which("umoci") is None:  # in CI the root conftest fails this skip
+        pytest.skip("umoci not found (scripts/setup.sh installs it)")
     path = tmp_path / "store"
     _umoci("init", "--layout", str(path))
     for tag in ("app.a", "app.b", "other.c"):

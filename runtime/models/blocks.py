@@ -29,7 +29,24 @@ from kvflow.runtime.layers import (
     SparseMoE,
 )
 
-__all__ = ["Attention", "DecoderLayer", "GatedMLP", "QKNormAttention", "layer_mlp"]
+__all__ = [
+    "MERGED_PROJECTIONS",
+    "Attention",
+    "DecoderLayer",
+    "GatedMLP",
+    "QKNormAttention",
+    "layer_mlp",
+]
+
+# The Hugging Face projections these blocks merge: checkpoint name part -> (our merged
+# layer, its shard id); a family's ``stacked_params`` (see CausalLM) when it keeps them.
+MERGED_PROJECTIONS: dict[str, tuple[str, int | str]] = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
 
 
 class Attention(nn.Module):

@@ -24,7 +24,7 @@ from kvflow.runtime.layers import (
     RowParallelLinear,
     gelu_tanh_and_mul,
 )
-from kvflow.runtime.models.blocks import Attention
+from kvflow.runtime.models.blocks import MERGED_PROJECTIONS, Attention
 from kvflow.runtime.models.causal_lm import CausalLM
 
 __all__ = ["Gemma2ForCausalLM", "GemmaDecoderLayer", "GemmaMLP"]
@@ -97,13 +97,7 @@ class Gemma2ForCausalLM(CausalLM):
 
     attention: ClassVar[type[Attention]] = Attention
 
-    stacked_params = {
-        "q_proj": ("qkv_proj", "q"),
-        "k_proj": ("qkv_proj", "k"),
-        "v_proj": ("qkv_proj", "v"),
-        "gate_proj": ("gate_up_proj", 0),
-        "up_proj": ("gate_up_proj", 1),
-    }
+    stacked_params = MERGED_PROJECTIONS
 
     def __init__(
         self,

@@ -14,7 +14,7 @@ from torch import nn
 
 from kvflow.runtime.distributed import TPGroup
 from kvflow.runtime.layers import LinearMethod, RotaryEmbedding
-from kvflow.runtime.models.blocks import Attention, DecoderLayer, layer_mlp
+from kvflow.runtime.models.blocks import MERGED_PROJECTIONS, Attention, DecoderLayer, layer_mlp
 from kvflow.runtime.models.causal_lm import CausalLM
 
 __all__ = ["LlamaForCausalLM"]
@@ -27,13 +27,7 @@ class LlamaForCausalLM(CausalLM):
 
     attention: ClassVar[type[Attention]] = Attention
 
-    stacked_params = {
-        "q_proj": ("qkv_proj", "q"),
-        "k_proj": ("qkv_proj", "k"),
-        "v_proj": ("qkv_proj", "v"),
-        "gate_proj": ("gate_up_proj", 0),
-        "up_proj": ("gate_up_proj", 1),
-    }
+    stacked_params = MERGED_PROJECTIONS
 
     def build_layer(
         self,

@@ -7,6 +7,33 @@ from __future__ import annotations
 import torch
 
 
+def transformers_logits(hf, ids: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``hf``'s last-position logits in float32 (the reference), then in bf16 (``hf`` is
+    left cast to bf16); ``kwargs`` go to its forward."""
+    with torch.no_grad():
+        reference = hf(ids[None], **kwargs).logits[0, -1].float()
+        hf.to(torch.bfloat16)
+        return reference, hf(ids[None], **kwargs).logits[0, -1].float()
+
+
+def bf16_runner(model_path: str, load_format: str = "auto", max_total_tokens: int = 4096):
+    """A bare bf16 :class:`ModelRunner` on CUDA, without CUDA graphs."""
+    from kvflow.runtime.config import EngineConfig
+    from kvflow.runtime.model_runner import ModelRunner
+
+    config = EngineConfig(
+        model_path=model_path,
+        load_format=load_format,
+        dtype="bfloat16",
+        device="cuda",
+        max_total_tokens=max_total_tokens,
+        max_running_requests=4,
+        disable_cuda_graph=True,
+        skip_tokenizer_init=True,
+    )
+    return ModelRunner(config.resolved())
+
+
 def last_logits(runner, ids: torch.Tensor) -> torch.Tensor:
     """The float32 logits of the last position of ``ids`` (one request, no cached prefix)."""
     from kvflow.runtime.forward_batch import ForwardBatch, ForwardMode

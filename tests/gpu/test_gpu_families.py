@@ -18,7 +18,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
 from family_parity import build_hf, engine_greedy, hf_greedy, prompts
-from prefill_logits import assert_as_close_as_transformers, last_logits
+from prefill_logits import (
+    assert_as_close_as_transformers,
+    bf16_runner,
+    last_logits,
+    transformers_logits,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -58,8 +63,7 @@ def test_real_shapes_logits_close_in_bf16(tmp_path, name):
     transformers' float32 logits as transformers' own bf16 logits are."""
     import transformers
 
-    from kvflow.runtime.config import DUMMY_CONFIGS, EngineConfig
-    from kvflow.runtime.model_runner import ModelRunner
+    from kvflow.runtime.config import DUMMY_CONFIGS
 
     raw = json.loads(DUMMY_CONFIGS[name].read_text()) | {"num_hidden_layers": LAYERS}
     config = transformers.AutoConfig.for_model(raw.pop("model_type"), **raw)
@@ -70,24 +74,10 @@ def test_real_shapes_logits_close_in_bf16(tmp_path, name):
     for _, param in hf.named_parameters():
         if param.dim() > 1:
             param.data.normal_(0, 0.02)
-    with torch.no_grad():
-        reference = hf(ids[None]).logits[0, -1].float()
-        hf = hf.to(torch.bfloat16)
-        hf_bf16 = hf(ids[None]).logits[0, -1].float()
+    reference, hf_bf16 = transformers_logits(hf, ids)
     hf.save_pretrained(tmp_path)
     del hf
     gc.collect()
     torch.cuda.empty_cache()
-
-    runner = ModelRunner(
-        EngineConfig(
-            model_path=str(tmp_path),
-            dtype="bfloat16",
-            device="cuda",
-            max_total_tokens=4096,
-            max_running_requests=4,
-            disable_cuda_graph=True,
-            skip_tokenizer_init=True,
-        ).resolved()
-    )
+    runner = bf16_runner(str(tmp_path))
     assert_as_close_as_transformers(name, last_logits(runner, ids), hf_bf16, reference)

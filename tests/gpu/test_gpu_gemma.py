@@ -22,7 +22,12 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
 # test_gemma_family imports tests/parallel/tp_ranks.py
 sys.path.insert(0, str(Path(__file__).parents[1] / "parallel"))
 from family_parity import MAX_NEW, engine_greedy, prompts
-from prefill_logits import assert_as_close_as_transformers, last_logits
+from prefill_logits import (
+    assert_as_close_as_transformers,
+    bf16_runner,
+    last_logits,
+    transformers_logits,
+)
 from test_gemma_family import WINDOW, build_gemma
 
 pytestmark = [
@@ -86,8 +91,7 @@ def test_real_shapes_logits_close_in_bf16(name, config_cls, model_cls):
     than transformers' own bf16 (1.5x slack)."""
     import transformers
 
-    from kvflow.runtime.config import DUMMY_CONFIGS, EngineConfig
-    from kvflow.runtime.model_runner import ModelRunner
+    from kvflow.runtime.config import DUMMY_CONFIGS
 
     raw = json.loads(DUMMY_CONFIGS[name].read_text())
     length = 5000
@@ -99,21 +103,8 @@ def test_real_shapes_logits_close_in_bf16(name, config_cls, model_cls):
     for param_name, param in hf.named_parameters():  # Gemma norms are offsets from 1
         if param_name.endswith("norm.weight"):
             param.data.normal_(0, 0.1)
-    with torch.no_grad():
-        reference = hf(ids[None], logits_to_keep=1).logits[0, -1].float()
-        hf = hf.to(torch.bfloat16)
-        hf_bf16 = hf(ids[None], logits_to_keep=1).logits[0, -1].float()
-    config = EngineConfig(
-        model_path=name,
-        load_format="dummy",
-        dtype="bfloat16",
-        device="cuda",
-        max_total_tokens=length + 64,
-        max_running_requests=4,
-        disable_cuda_graph=True,
-        skip_tokenizer_init=True,
-    ).resolved()
-    runner = ModelRunner(config)
+    reference, hf_bf16 = transformers_logits(hf, ids, logits_to_keep=1)
+    runner = bf16_runner(name, load_format="dummy", max_total_tokens=length + 64)
     runner.model.load_weights((n, t) for n, t in hf.state_dict().items())
     del hf
     gc.collect()

@@ -10,7 +10,12 @@ import json
 
 import pytest
 import torch
-from prefill_logits import assert_as_close_as_transformers, last_logits
+from prefill_logits import (
+    assert_as_close_as_transformers,
+    bf16_runner,
+    last_logits,
+    transformers_logits,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -107,29 +112,15 @@ def test_llama_8b_shapes_logits_close_in_bf16():
     """Against an fp32 reference, kvflow's bf16 logits are as close as transformers' own bf16."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from kvflow.runtime.config import DUMMY_CONFIGS, EngineConfig
-    from kvflow.runtime.model_runner import ModelRunner
+    from kvflow.runtime.config import DUMMY_CONFIGS
 
     raw = json.loads(DUMMY_CONFIGS["llama-3.1-8b"].read_text())
     torch.manual_seed(0)
     ids = torch.randint(0, raw["vocab_size"], (48,), device="cuda")
     with torch.device("cuda"):
         hf = LlamaForCausalLM(LlamaConfig(**raw)).to(torch.float32).eval()
-    with torch.no_grad():
-        reference = hf(ids[None]).logits[0, -1].float()
-        hf = hf.to(torch.bfloat16)
-        hf_bf16 = hf(ids[None]).logits[0, -1].float()
-    config = EngineConfig(
-        model_path="llama-3.1-8b",
-        load_format="dummy",
-        dtype="bfloat16",
-        device="cuda",
-        max_total_tokens=4096,
-        max_running_requests=4,
-        disable_cuda_graph=True,
-        skip_tokenizer_init=True,
-    ).resolved()
-    runner = ModelRunner(config)
+    reference, hf_bf16 = transformers_logits(hf, ids)
+    runner = bf16_runner("llama-3.1-8b", load_format="dummy")
     runner.model.load_weights((name, tensor) for name, tensor in hf.state_dict().items())
     del hf
     gc.collect()

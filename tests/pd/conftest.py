@@ -21,7 +21,7 @@ from pd_flags import COMMON, PD_INTERNAL_KEY, trusting
 from router_process import RouterProcess
 from server_process import ServerProcess, free_port
 from sglang_router_process import SglangRouterProcess, start_sglang_router
-from shared_resource import Shared
+from shared_resource import Shared, stop_unwanted
 
 
 class PDStack(NamedTuple):
@@ -90,9 +90,6 @@ def _start_pd(model_path: Path, logs: Path) -> tuple[PDStack, Callable[[], objec
     return stack, stop
 
 
-_SHARED: list[Shared[PDStack]] = []
-
-
 @pytest.fixture(scope="session")
 def shared_pd(model_path, tmp_path_factory) -> Iterator[Shared[PDStack]]:
     # Stopped as soon as the next test does not use it (the modules that do are consecutive).
@@ -100,10 +97,8 @@ def shared_pd(model_path, tmp_path_factory) -> Iterator[Shared[PDStack]]:
         lambda: _start_pd(model_path, tmp_path_factory.mktemp("pd")),
         lambda item: "pd" in getattr(item, "fixturenames", ()),
     )
-    _SHARED.append(shared)
-    yield shared
-    _SHARED.remove(shared)
-    shared.stop()
+    with shared:
+        yield shared
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +112,7 @@ def pd(shared_pd: Shared[PDStack]) -> PDStack:
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """After the last consecutive test of the shared PD stack (and after its module's
     fixtures, such as ``sglang_router``, are torn down), stop the stack."""
-    for shared in _SHARED:
-        shared.after(nextitem)
+    stop_unwanted(nextitem)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from server_process import ServerProcess
-from shared_resource import Shared
+from shared_resource import Shared, stop_unwanted
 
 HERE = Path(__file__).parent
 
@@ -16,9 +16,6 @@ HERE = Path(__file__).parent
 def embedded_ready(model_path) -> Path:
     """Convert the embedded model before any server races to do it."""
     return model_path
-
-
-_SHARED: list[Shared[ServerProcess]] = []
 
 
 @pytest.fixture(scope="session")
@@ -36,10 +33,8 @@ def shared_server(embedded_ready, tmp_path_factory) -> Iterator[Shared[ServerPro
     # Kept while the tests of this directory run (the modules that use it are not
     # consecutive: others between them start servers of their own).
     shared: Shared[ServerProcess] = Shared(start, lambda item: HERE in Path(item.path).parents)
-    _SHARED.append(shared)
-    yield shared
-    _SHARED.remove(shared)
-    shared.stop()
+    with shared:
+        yield shared
 
 
 @pytest.fixture(scope="module")
@@ -51,5 +46,4 @@ def server(shared_server: Shared[ServerProcess]) -> ServerProcess:
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    for shared in _SHARED:
-        shared.after(nextitem)
+    stop_unwanted(nextitem)

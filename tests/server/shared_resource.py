@@ -1,19 +1,23 @@
 """A costly resource (servers) shared by consecutive tests instead of started per module.
 
-A conftest holds one :class:`Shared` in a session fixture, hands its value out through a
-module-scoped fixture, and stops it from ``pytest_runtest_teardown`` once the next test
-no longer wants it (:meth:`Shared.after`): it never stays in memory beside later
-directories' servers, and a later user simply starts it again.
+A conftest makes one :class:`Shared` in a session fixture (``with shared:`` around its
+yield), hands its value out through a module-scoped fixture, and calls
+:func:`stop_unwanted` from ``pytest_runtest_teardown``: each live resource stops once the
+next test no longer wants it, so it never stays in memory beside later directories'
+servers, and a later user simply starts it again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from types import TracebackType
+from typing import Any, Generic, TypeVar
 
 import pytest
 
 T = TypeVar("T")
+
+_LIVE: list[Shared[Any]] = []  # entered and not yet exited
 
 
 class Shared(Generic[T]):
@@ -43,3 +47,23 @@ class Shared(Generic[T]):
         """Called after each test's teardown: stop unless the next test wants it."""
         if nextitem is None or not self._wanted(nextitem):
             self.stop()
+
+    def __enter__(self) -> Shared[T]:
+        _LIVE.append(self)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        _LIVE.remove(self)
+        self.stop()
+
+
+def stop_unwanted(nextitem: pytest.Item | None) -> None:
+    """For ``pytest_runtest_teardown`` (``trylast``, after the test's own fixtures are torn
+    down): every live resource the next test does not want is stopped."""
+    for shared in _LIVE:
+        shared.after(nextitem)
