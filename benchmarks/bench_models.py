@@ -2,8 +2,8 @@
 
     python benchmarks/bench_models.py --json-out models.json
 
-For every shipped dummy config named (default: Qwen3-8B, Mistral-7B-v0.3, Qwen3-30B-A3B,
-with Llama-3.1-8B as the reference the other results are read against): the decode step at
+For every shipped dummy config named (default: Qwen3-8B, Mistral-7B-v0.3, Gemma-2-9B,
+Qwen3-30B-A3B, with Llama-3.1-8B as the reference the other results are read against): the decode step at
 batch 1 and 32 with 1,024-token contexts (CUDA graphs, ``bench_gpu.bench_decode``) and its
 fraction of HBM bandwidth (weights read, for a mixture of experts only the experts the
 batch routes to, plus the KV read). For a mixture of experts also one layer's experts
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from bench_gpu import _driver_version, bench_decode, gpu_name, peak_bw, time_cuda
 
-MODELS = ("llama-3.1-8b", "qwen3-8b", "mistral-7b-v0.3", "qwen3-30b-a3b")
+MODELS = ("llama-3.1-8b", "qwen3-8b", "mistral-7b-v0.3", "gemma-2-9b", "qwen3-30b-a3b")
 
 
 def bench_experts(model: str, batch_sizes=(1, 32), iters: int = 200) -> list[dict]:
