@@ -1,11 +1,13 @@
 """The image build's OCI layout (`e2e.k8s.realnode.oci.Store`) on a small layout made with
 umoci: pruning tags deletes exactly the blobs `umoci gc` would, and the kept images stay
-whole. The build's context (`_context_files`) skips ignored folders without changing what
+whole; a step's overlay upper becomes a layer that unpacks to what the step saw. The
+build's context (`_context_files`) skips ignored folders without changing what
 it keeps. No cluster, no image build."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 from e2e.k8s.env import K8sEnv
 from e2e.k8s.realnode.imagebuild import ImageRecipe, _Build
 from e2e.k8s.realnode.oci import Store
+from e2e.k8s.realnode.overlay import OverlayRoot, layer_tar
 
 
 def _umoci(*args: str) -> None:
@@ -101,3 +104,62 @@ def test_context_files_skip_ignored_folders_and_keep_the_same_files(tmp_path: Pa
         "runtime/deep/er/mod.py",
     ]
     assert build._context_files("pyproject.toml") == [repo / "pyproject.toml"]
+
+
+def _tree(root: Path) -> dict[str, tuple[str, str]]:
+    """Every entry under `root`: its kind and content (file bytes, link target)."""
+    out: dict[str, tuple[str, str]] = {}
+    for path in sorted(root.rglob("*")):
+        name = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            out[name] = ("link", os.readlink(path))
+        elif path.is_dir():
+            out[name] = ("dir", oct(path.stat().st_mode & 0o7777))
+        else:
+            out[name] = ("file", path.read_text() + oct(path.stat().st_mode & 0o7777))
+    return out
+
+
+def test_a_step_on_an_overlay_becomes_a_layer_that_unpacks_to_what_the_step_saw(
+    layout: Path, tmp_path: Path
+) -> None:
+    """Changes made on an `OverlayRoot` (new, changed and deleted files, a folder replaced
+    whole, links) stored by `layer_tar` + `Store.add_layer` unpack (`Store.rootfs`, zstd
+    and whiteouts applied) to exactly the tree the step saw; the lower stays untouched."""
+    if os.geteuid() != 0 or shutil.which("zstd") is None:  # CI runs as root with zstd
+        pytest.skip("overlay mounts need root; zstd (Debian's zstd) compresses the layer")
+    store = Store(layout)
+    base = tmp_path / "base"
+    for name, text in {"keep": "k", "change": "c", "gone": "g", "d/x": "x", "d/y": "y",
+                       "e/old": "o", "bin/tool": "t"}.items():  # fmt: skip
+        (base / name).parent.mkdir(parents=True, exist_ok=True)
+        (base / name).write_text(text)
+    (base / "lib").symlink_to("bin")
+    subprocess.run(["tar", "-cf", str(tmp_path / "base.tar"), "-C", str(base), "."], check=True)
+    store.add_layer("app.a", "app.base", tmp_path / "base.tar")
+    lower = store.rootfs("app.base")
+    assert _tree(lower) == _tree(base)
+    before = _tree(lower)
+
+    root = OverlayRoot([lower], tmp_path / "overlay")
+    with root.mounted():
+        merged = root.merged
+        (merged / "change").write_text("changed")
+        (merged / "gone").unlink()
+        (merged / "d" / "x").unlink()
+        shutil.rmtree(merged / "e")
+        (merged / "e").mkdir()
+        (merged / "e" / "new").write_text("n")
+        (merged / "new" / "deep").mkdir(parents=True)
+        (merged / "new" / "deep" / "f").write_text("f")
+        os.link(merged / "new" / "deep" / "f", merged / "hard")
+        (merged / "d" / "ln").symlink_to("../keep")
+        (merged / "bin" / "tool").chmod(0o755)
+        seen = _tree(merged)
+        upper = root.seal()
+        layer_tar(upper, tmp_path / "layer.tar")
+    store.add_layer("app.base", "app.step", tmp_path / "layer.tar")
+
+    assert _tree(store.rootfs("app.step")) == seen
+    assert "gone" not in seen and "e/old" not in seen and seen["e/new"][0] == "file"
+    assert _tree(lower) == before

@@ -13,11 +13,12 @@ PYTHON=${PYTHON:-python3}
 # prometheus: the dashboard tests evaluate every panel's PromQL against a real one.
 # mmdebstrap: the Debian root of the operator image the e2e tests build without a registry.
 # pigz: the real node's containerd unpacks gzip layers through unpigz when it is on PATH
-# (the 3.4 GB CPU runtime image in about half the time of Go's gzip here).
+# (the 3.4 GB CPU runtime image in about half the time of Go's gzip here); zstd: the image
+# build stores its layers zstd-compressed (e2e/k8s/realnode/overlay.py), faster still.
 missing=()
 for pkg in libibverbs1 librdmacm1 openssl \
            containerd runc containernetworking-plugins umoci iptables gcc libc6-dev \
-           prometheus mmdebstrap pigz; do
+           prometheus mmdebstrap pigz zstd; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then

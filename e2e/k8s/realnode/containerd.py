@@ -86,8 +86,14 @@ def ctr(
     cfg: RealNodeConfig, *args: str, check: bool = True, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     """`ctr` against this node's containerd, in the CRI namespace."""
-    argv = ["ctr", "--address", str(cfg.containerd_socket), "-n", CRI_NAMESPACE, *args]
-    return subprocess.run(argv, capture_output=True, text=True, check=check, timeout=timeout)
+    return subprocess.run(
+        ctr_argv(cfg, *args), capture_output=True, text=True, check=check, timeout=timeout
+    )
+
+
+def ctr_argv(cfg: RealNodeConfig, *args: str) -> list[str]:
+    """The command line of `ctr *args` against this node's containerd (CRI namespace)."""
+    return ["ctr", "--address", str(cfg.containerd_socket), "-n", CRI_NAMESPACE, *args]
 
 
 def containerd_component(cfg: RealNodeConfig) -> Component:

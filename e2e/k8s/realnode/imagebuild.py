@@ -14,10 +14,13 @@ bookworm root instead, so the Dockerfile stays the one description of the image:
   (`wheelhouse`): pip resolves the Dockerfile's requirements offline, to the versions the
   tests run with. `COPY` (from the build context, `.dockerignore` applied, or `--from` a
   stage), `ENV`, `WORKDIR`, `USER` and the metadata instructions do what Docker does.
-- Every `RUN` and `COPY` is a layer (umoci), tagged in one OCI layout under
+- Every `RUN` and `COPY` is a layer, tagged in one OCI layout under
   `<cache>/images/store` by a hash of everything it depends on: a step whose inputs did
-  not change is reused, as Docker's cache would. `import_built()` hands the result to the
-  node's containerd under the chart's image name.
+  not change is reused, as Docker's cache would. Steps run on an overlayfs over the last
+  reused image, kept unpacked between builds, and each step's upper directory is its
+  layer (`overlay`, stored zstd-compressed): re-running the last step of a multi-GB
+  image reads none of it. `import_built()` streams the result into the node's
+  containerd under the chart's image name.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from .config import RealNodeConfig
 from .dockerfile import Stage, Step, exec_form, expand, parse_dockerfile
 from .images import import_image
 from .oci import Store
+from .overlay import OverlayRoot, layer_tar
 from .wheelhouse import repack_installed
 
 __all__ = ["BuiltImage", "ImageRecipe", "Unbuildable", "build_image", "import_built"]
@@ -324,16 +328,22 @@ class _Build:
         if not todo:
             return (tags[done] if done is not None else _ensure_base(self.store, packages)), state
         start_tag = tags[done] if done is not None else _ensure_base(self.store, packages)
-        with (
-            tempfile.TemporaryDirectory(dir=self.store.path.parent) as work,
-            self.store.bundle(start_tag, Path(work) / "bundle") as rootfs,
-        ):
-            for i in todo:
-                step, step_state, _ = replayed[i]
-                started = time.monotonic()
-                self._execute(step, step_state, rootfs, Path(work))
-                self.store.commit(rootfs.parent, tags[i])
-                say(f"{self.recipe.name}: {step.keyword} {step.text[:60]!r}: {elapsed(started)}")
+        below = self.store.rootfs(start_tag)
+        with tempfile.TemporaryDirectory(dir=self.store.path.parent) as work:
+            root = OverlayRoot([below], Path(work) / "overlay")
+            previous = start_tag
+            with root.mounted():
+                for i in todo:
+                    step, step_state, _ = replayed[i]
+                    started = time.monotonic()
+                    self._execute(step, step_state, root.merged, Path(work))
+                    layer_tar(root.seal(), Path(work) / "layer.tar")
+                    self.store.add_layer(previous, tags[i], Path(work) / "layer.tar")
+                    (Path(work) / "layer.tar").unlink()
+                    previous = tags[i]
+                    say(
+                        f"{self.recipe.name}: {step.keyword} {step.text[:60]!r}: {elapsed(started)}"
+                    )
         return tags[layered[-1]] if layered else start_tag, state
 
     def _execute(self, step: Step, state: _State, rootfs: Path, work: Path) -> None:
@@ -345,9 +355,9 @@ class _Build:
             target = rootfs / Path(state.workdir, dest).relative_to("/")
             if step.copy_from is not None:
                 tag, _ = self.build_stage(self._stage_index(step.copy_from))
-                with self.store.bundle(tag, work / "from") as other:
-                    for source in sources:
-                        _copy(other / source.lstrip("/"), target, dest, len(sources))
+                other = self.store.rootfs(tag)
+                for source in sources:
+                    _copy(other / source.lstrip("/"), target, dest, len(sources))
             else:
                 for source in sources:
                     _copy(self._context_copy(source, work), target, dest, len(sources))
@@ -479,13 +489,8 @@ def _config(build: _Build, index: int) -> list[str]:
 def import_built(cfg: RealNodeConfig, image: BuiltImage) -> str:
     """Import `image` into the node's containerd as its recipe's reference; return that."""
     _, tag = image.recipe.reference.rsplit(":", 1)
-    tar = cfg.images_dir / f"{image.recipe.name}.tar"
-    tar.parent.mkdir(parents=True, exist_ok=True)
-    Store(image.store).export(image.tag, tag, tar)
-    try:
-        import_image(cfg, tar, image.recipe.reference)
-    finally:
-        tar.unlink(missing_ok=True)
+    store = Store(image.store)
+    import_image(cfg, lambda out: store.export(image.tag, tag, out), image.recipe.reference)
     return image.recipe.reference
 
 

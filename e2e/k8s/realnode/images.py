@@ -14,14 +14,15 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import IO
 
 from ..bins.gotool import GoTool
 from ..env import K8sEnv
 from ..versions import K8sVersions
 from .config import RealNodeConfig
-from .containerd import PAUSE_IMAGE, ctr
+from .containerd import PAUSE_IMAGE, ctr, ctr_argv
 
 __all__ = [
     "HOST_BASE_IMAGE",
@@ -76,12 +77,33 @@ def oci_image(work: Path, name: str, rootfs: Path, config: Sequence[str]) -> Pat
     return tar
 
 
-def import_image(cfg: RealNodeConfig, tar: Path, reference: str) -> None:
-    """Import an OCI tar into the node's containerd as `reference` (`<repo>:<tag>`)."""
+def import_image(
+    cfg: RealNodeConfig, tar: Path | Callable[[IO[bytes]], None], reference: str
+) -> None:
+    """Import an OCI tar into the node's containerd as `reference` (`<repo>:<tag>`): a tar
+    file, or a function that writes one to the stream it is given (`ctr` reads it from
+    its stdin: a multi-GB image is not written to disk once more on the way)."""
     base = reference.rsplit(":", 1)[0]
     # NOTE: the CPU runtime image is ~3.4 GB; its import took 60-120 s on a 2-core machine
     # and once ran past 120 s with a cold page cache, so it gets a wider bound.
-    ctr(cfg, "images", "import", "--base-name", base, str(tar), timeout=600)
+    if isinstance(tar, Path):
+        ctr(cfg, "images", "import", "--base-name", base, str(tar), timeout=600)
+    else:
+        argv = ctr_argv(cfg, "images", "import", "--base-name", base, "-")
+        with subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE) as importer:
+            assert importer.stdin is not None and importer.stderr is not None
+            try:
+                with importer.stdin:
+                    tar(importer.stdin)
+            except BrokenPipeError:
+                pass  # ctr stopped reading: its exit status and message say why
+            try:
+                _, err = importer.communicate(timeout=600)
+            except subprocess.TimeoutExpired:
+                importer.kill()
+                raise
+        if importer.returncode != 0:
+            raise RuntimeError(f"ctr images import {reference} failed: {err.decode()[-2000:]}")
     listed = ctr(cfg, "images", "ls", "-q").stdout.split()
     if reference not in listed:
         raise RuntimeError(f"{reference} missing after import; containerd has {listed}")
