@@ -29,6 +29,7 @@ from kvflow.runtime.scheduler.budget import RESERVE_CLIP, PrefillBudget
 from kvflow.runtime.scheduler.kv import DecodeGrowth, KVManager
 from kvflow.runtime.scheduler.policy import order_waiting
 from kvflow.runtime.scheduler.sharing import BatchPrefixes
+from kvflow.runtime.scheduler.verify import make_spec_worker
 from kvflow.runtime.wire import FinishReason, TokenOutput
 
 __all__ = ["Scheduler"]
@@ -108,8 +109,6 @@ class Scheduler:
         self.parked: list[Req] = []
         # Speculative decoding (--speculative-algorithm): verify steps replace decode steps
         # (never built ahead: the step after depends on how many drafts were accepted).
-        from kvflow.runtime.speculative import make_spec_worker
-
         self.spec = make_spec_worker(config, runner, self.kv)
         if self.spec is not None:
             self.prepare_next_decode = self.launch_ahead = False

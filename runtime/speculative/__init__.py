@@ -2,7 +2,8 @@
 the verify step the scheduler runs in place of a decode step.
 
 NGRAM drafts from the request's own tokens; STANDALONE from a smaller model of the same
-tokenizer. EAGLE is not built (refused at start-up).
+tokenizer. EAGLE is not built (refused at start-up). The verify step that scores the drafts
+is the scheduler's (``kvflow.runtime.scheduler.verify``).
 """
 
 from __future__ import annotations
@@ -14,11 +15,8 @@ from kvflow.runtime.utils import Registry
 
 if TYPE_CHECKING:
     from kvflow.runtime.config import EngineConfig
-    from kvflow.runtime.model_runner import ModelRunner
-    from kvflow.runtime.scheduler.kv import KVManager
-    from kvflow.runtime.speculative.worker import SpecWorker
 
-__all__ = ["DRAFTERS", "Drafter", "check_speculative", "make_spec_worker"]
+__all__ = ["DRAFTERS", "Drafter", "check_speculative"]
 
 # Each factory takes (config, target runner) and returns a Drafter.
 DRAFTERS: Registry[Drafter] = Registry("speculative algorithm")
@@ -84,14 +82,3 @@ def check_speculative(config: EngineConfig, role: str = "unified") -> None:
             )
     elif config.speculative_draft_model_path:
         raise ValueError(f"--speculative-draft-model-path: {algorithm} uses no draft model")
-
-
-def make_spec_worker(config: EngineConfig, runner: ModelRunner, kv: KVManager) -> SpecWorker | None:
-    """The scheduler's verify step for ``config`` (resolved), or None without speculation."""
-    if config.speculative_algorithm is None:
-        return None
-    check_speculative(config)
-    from kvflow.runtime.speculative.worker import SpecWorker
-
-    drafter = DRAFTERS.get(config.speculative_algorithm)(config, runner)
-    return SpecWorker(runner, kv, drafter, config.speculative_num_draft_tokens)

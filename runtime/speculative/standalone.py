@@ -22,7 +22,6 @@ import torch
 from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.core import Req
 from kvflow.runtime.model_runner import ModelRunner
-from kvflow.runtime.scheduler.batch import host_to_device
 from kvflow.runtime.speculative.base import Drafter
 from kvflow.runtime.speculative.batch import build_token_batch
 
@@ -85,7 +84,7 @@ class StandaloneDrafter(Drafter):
         slots = runner.allocator.alloc_for_request(seq.kv_len, seq.last_loc, num_new)
         if slots is None:
             return False
-        on_device = host_to_device(slots, str(runner.req_to_token.req_to_token.device))
+        on_device = torch.tensor(slots, dtype=torch.int64, device=runner.device)
         runner.req_to_token.write(seq.row, seq.kv_len, on_device)
         seq.slots = slots
         return True
@@ -126,7 +125,7 @@ class StandaloneDrafter(Drafter):
                 [active[k][2].row for k in group],
                 [starts[k] for k in group],
                 [feed[k] for k in group],
-                host_to_device(slots, self.runner.device),
+                torch.tensor(slots, dtype=torch.int64, device=self.runner.device),
                 self.runner.device,
                 all_logits=False,
             )

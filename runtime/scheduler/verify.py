@@ -1,4 +1,4 @@
-"""The verify step: drafts from a :class:`Drafter`, scored by one forward of the target.
+"""The verify step of speculative decoding: drafts from a :class:`Drafter`, scored by one forward of the target.
 
 Per request, the target runs its last token and its draft ``d_1..d_k`` at positions
 ``kv_len .. kv_len + k`` (extend-style attention over the drafted positions, a logits row
@@ -19,21 +19,22 @@ from typing import NamedTuple
 
 import torch
 
+from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.core import Req
 from kvflow.runtime.model_runner import ModelRunner
 from kvflow.runtime.sampling import SamplingBatch, needs_adjust
 from kvflow.runtime.scheduler.batch import host_to_device
 from kvflow.runtime.scheduler.kv import KVManager
+from kvflow.runtime.speculative import DRAFTERS, Drafter, check_speculative
 from kvflow.runtime.speculative.accept import (
     Verdict,
     accept_greedy,
     accept_sampled,
     target_probs,
 )
-from kvflow.runtime.speculative.base import Drafter
 from kvflow.runtime.speculative.batch import build_token_batch
 
-__all__ = ["SpecWorker", "StepTokens"]
+__all__ = ["SpecWorker", "StepTokens", "make_spec_worker"]
 
 TopLogprobs = list[tuple[int, float]] | None
 
@@ -183,3 +184,12 @@ def _logprobs(
         else:
             tops.append(None)
     return chosen, tops
+
+
+def make_spec_worker(config: EngineConfig, runner: ModelRunner, kv: KVManager) -> SpecWorker | None:
+    """The scheduler's verify step for ``config`` (resolved), or None without speculation."""
+    if config.speculative_algorithm is None:
+        return None
+    check_speculative(config)
+    drafter = DRAFTERS.get(config.speculative_algorithm)(config, runner)
+    return SpecWorker(runner, kv, drafter, config.speculative_num_draft_tokens)
