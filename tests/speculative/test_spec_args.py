@@ -13,8 +13,16 @@ def test_ngram_and_standalone_parse() -> None:
     assert args.engine.speculative_algorithm == "NGRAM"
     assert args.engine.resolved().speculative_num_draft_tokens == 6
     args = parse_args(
-        ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "/m"]
-        + ["--speculative-num-steps", "2", "--speculative-eagle-topk", "1"]
+        [
+            "--speculative-algorithm",
+            "STANDALONE",
+            "--speculative-draft-model-path",
+            "/m",
+            "--speculative-num-steps",
+            "2",
+            "--speculative-eagle-topk",
+            "1",
+        ]
     )
     resolved = args.engine.resolved()
     assert (resolved.speculative_num_steps, resolved.speculative_num_draft_tokens) == (2, 3)
@@ -28,8 +36,15 @@ def test_ngram_and_standalone_parse() -> None:
         (["--speculative-algorithm", "NGRAM", "--tp-size", "2"], "not built with --tp-size > 1"),
         (["--speculative-algorithm", "NGRAM", "--dp-size", "2"], "not built with --dp-size > 1"),
         (
-            ["--speculative-algorithm", "NGRAM", "--enable-lora", "--max-lora-rank", "8"]
-            + ["--lora-target-modules", "q_proj"],
+            [
+                "--speculative-algorithm",
+                "NGRAM",
+                "--enable-lora",
+                "--max-lora-rank",
+                "8",
+                "--lora-target-modules",
+                "q_proj",
+            ],
             "not built with --enable-lora",
         ),
         (["--speculative-algorithm", "NGRAM", "--role", "prefill"], "--role prefill"),
@@ -41,8 +56,16 @@ def test_ngram_and_standalone_parse() -> None:
         ),
         (["--speculative-num-steps", "3"], "add --speculative-algorithm"),
         (
-            ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "/m"]
-            + ["--speculative-num-steps", "3", "--speculative-num-draft-tokens", "8"],
+            [
+                "--speculative-algorithm",
+                "STANDALONE",
+                "--speculative-draft-model-path",
+                "/m",
+                "--speculative-num-steps",
+                "3",
+                "--speculative-num-draft-tokens",
+                "8",
+            ],
             "must be --speculative-num-steps + 1",
         ),
     ],
