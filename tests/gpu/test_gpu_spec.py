@@ -46,7 +46,7 @@ SETTINGS = dict(
 def _prompts() -> list[list[int]]:
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 999, (n,), generator=g).tolist() for n in (5, 40, 130, 9)]
-    return prompts + [[7, 8, 9, 10] * 10]  # repeats: NGRAM drafts
+    return [*prompts, [7, 8, 9, 10] * 10]  # repeats: NGRAM drafts
 
 
 def _greedy(engine) -> list[list[int]]:
