@@ -70,6 +70,8 @@ class StandaloneDrafter(Drafter):
         self._reqs: dict[int, Req] = {}
 
     def _seq(self, req: Req) -> _DraftSeq | None:
+        if self._reqs.get(id(req), req) is not req:  # another request at a reused address
+            self.forget(self._reqs[id(req)])
         seq = self._seqs.get(id(req))
         if seq is None:
             row = self.runner.req_to_token.alloc()
@@ -100,8 +102,8 @@ class StandaloneDrafter(Drafter):
             seq = self._seqs.get(id(req))
             if seq is not None:
                 seq.num_drafts = 0
-            if limit <= 0:
-                continue
+            if limit <= 0 or req.seq_len + limit > self.runner.context_len:
+                continue  # (the draft's context may be shorter than the target's)
             seq = self._seq(req)
             if seq is None or not self._take(seq, req.seq_len - seq.kv_len + limit - 1):
                 continue

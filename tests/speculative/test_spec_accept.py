@@ -77,9 +77,11 @@ def test_target_probs_follow_the_samplers_filters():
 
 
 def test_suffix_draft_takes_what_followed_the_longest_latest_match():
+    # (drafts: at most as many as the match is long)
     tokens = [1, 2, 3, 4, 9, 2, 3, 5, 6, 1, 2, 3]
     assert suffix_draft(tokens, 3) == [4, 9, 2]  # "1 2 3" matched at the start
     assert suffix_draft([7, 8, 7, 8, 7, 8], 2) == [7, 8]
     assert suffix_draft([1, 2, 3, 4], 3) == []  # nothing repeats
     assert suffix_draft([1, 2, 1, 2], 0) == []
-    assert suffix_draft([5, 1, 2, 6, 1, 2], 4) == [6, 1, 2]  # runs up to the end
+    assert suffix_draft([5, 1, 2, 6, 1, 2], 4) == [6, 1]  # no more drafts than matched
+    assert suffix_draft([9, 5, 1, 2, 6, 9, 5, 1, 2], 8) == [6, 9, 5, 1]  # 4 matched
