@@ -76,7 +76,7 @@ def _one(engine: Any, ids: list[int], max_new: int) -> tuple[list[int], float]:
 def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
     from kvflow.runtime.engine import Engine
 
-    common = {"cpu_kv_cache_gb": 0.25, "max_running_requests": 4}
+    common: dict[str, Any] = {"cpu_kv_cache_gb": 0.25, "max_running_requests": 4}
     engines = {
         "plain": Engine(**common),
         "ngram": Engine(

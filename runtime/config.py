@@ -345,6 +345,7 @@ class EngineConfig:
         backend = self.attention_backend
         if backend == "auto":
             backend = "triton" if on_cuda else _cpu_backend()
+        spec_steps, spec_topk, spec_draft_tokens = _resolved_speculative(self)
         return dataclasses.replace(
             self,
             device=device,
@@ -358,21 +359,25 @@ class EngineConfig:
                 or self.enable_lora
                 or self.speculative_algorithm is not None
             ),
-            **_resolved_speculative(self),
+            speculative_num_steps=spec_steps,
+            speculative_eagle_topk=spec_topk,
+            speculative_num_draft_tokens=spec_draft_tokens,
             cpu_threads=threads,
         )
 
 
-def _resolved_speculative(config: EngineConfig) -> dict[str, int]:
-    """The speculative sizes with their "auto" (0) values resolved (unchanged when off)."""
+def _resolved_speculative(config: EngineConfig) -> tuple[int, int, int]:
+    """(num_steps, eagle_topk, num_draft_tokens) with their "auto" (0) values resolved;
+    unchanged when speculation is off."""
     if config.speculative_algorithm is None:
-        return {}
+        return (
+            config.speculative_num_steps,
+            config.speculative_eagle_topk,
+            config.speculative_num_draft_tokens,
+        )
     steps = config.speculative_num_steps or 3
-    return {
-        "speculative_num_steps": steps,
-        "speculative_eagle_topk": config.speculative_eagle_topk or 1,
-        "speculative_num_draft_tokens": config.speculative_num_draft_tokens or steps + 1,
-    }
+    draft_tokens = config.speculative_num_draft_tokens or steps + 1
+    return steps, config.speculative_eagle_topk or 1, draft_tokens
 
 
 def _cpu_backend() -> str:
