@@ -66,3 +66,14 @@ BENCH_HICACHE_ARGS ?=
 .PHONY: bench-hicache
 bench-hicache: $(STAMP) ## HiCache tiers: multi-turn TTFT off/L2/L2+file/L2+mooncake, warm start (benchmarks/results/hicache.md)
 	$(PY) benchmarks/bench_hicache.py $(BENCH_HICACHE_ARGS)
+
+# Speculative decoding (benchmarks/bench_spec.py): NGRAM vs no speculation on the embedded
+# model at one stream, a workload that quotes its prompt and one that does not, rounds
+# interleaved, outputs checked token for token; ~10 minutes on 2 cores. The GPU mode
+# (`bench_spec.py gpu`: Llama-3.1-8B shapes, forced accept lengths, STANDALONE) is for the
+# accelerator machine. BENCH_SPEC_ARGS adds flags, e.g. "--rounds 5".
+BENCH_SPEC_ARGS ?=
+
+.PHONY: bench-spec
+bench-spec: $(STAMP) ## speculative decoding: NGRAM vs none at one stream, quoting and fresh workloads (benchmarks/results/spec.md)
+	$(PY) -P benchmarks/bench_spec.py cpu --out benchmarks/results/spec.md $(BENCH_SPEC_ARGS)

@@ -305,6 +305,17 @@ class EngineConfig:
     max_loras_per_batch: int = 8
     max_lora_rank: int = 0
     lora_target_modules: tuple[str, ...] = ()
+    # Speculative decoding (SGLang's names; kvflow.runtime.speculative): NGRAM drafts from
+    # the request's own tokens, STANDALONE from a smaller model of the same tokenizer (its
+    # own KV pool); the target verifies the drafts in one forward. num_draft_tokens counts
+    # the verified positions (the last real token plus num_draft_tokens - 1 drafts); 0:
+    # num_steps + 1. num_steps 0: auto (3). eagle_topk 0: auto (1; only chains are built).
+    # CUDA graphs are off with speculation (draft and verify steps run eagerly).
+    speculative_algorithm: str | None = None
+    speculative_draft_model_path: str | None = None
+    speculative_num_steps: int = 0
+    speculative_eagle_topk: int = 0
+    speculative_num_draft_tokens: int = 0
 
     # CPU: threads of torch's ops and of the native kernels' pool in the engine's process;
     # 0: auto (every core this process may run on, shared among the tp_size x dp_size
@@ -334,6 +345,7 @@ class EngineConfig:
         backend = self.attention_backend
         if backend == "auto":
             backend = "triton" if on_cuda else _cpu_backend()
+        spec_steps, spec_topk, spec_draft_tokens = _resolved_speculative(self)
         return dataclasses.replace(
             self,
             device=device,
@@ -341,9 +353,31 @@ class EngineConfig:
             chunked_prefill_size=chunk,
             mixed_chunk_size=mixed_chunk,
             attention_backend=backend,
-            disable_cuda_graph=self.disable_cuda_graph or not on_cuda or self.enable_lora,
+            disable_cuda_graph=(
+                self.disable_cuda_graph
+                or not on_cuda
+                or self.enable_lora
+                or self.speculative_algorithm is not None
+            ),
+            speculative_num_steps=spec_steps,
+            speculative_eagle_topk=spec_topk,
+            speculative_num_draft_tokens=spec_draft_tokens,
             cpu_threads=threads,
         )
+
+
+def _resolved_speculative(config: EngineConfig) -> tuple[int, int, int]:
+    """(num_steps, eagle_topk, num_draft_tokens) with their "auto" (0) values resolved;
+    unchanged when speculation is off."""
+    if config.speculative_algorithm is None:
+        return (
+            config.speculative_num_steps,
+            config.speculative_eagle_topk,
+            config.speculative_num_draft_tokens,
+        )
+    steps = config.speculative_num_steps or 3
+    draft_tokens = config.speculative_num_draft_tokens or steps + 1
+    return steps, config.speculative_eagle_topk or 1, draft_tokens
 
 
 def _cpu_backend() -> str:

@@ -168,7 +168,12 @@ class Engine:
 
     def is_memory_free(self) -> bool:
         """True when no request holds KV memory or a request row (the leak check)."""
-        return not self.scheduler.has_work() and self.scheduler.kv.is_fully_free()
+        spec = self.scheduler.spec
+        return (
+            not self.scheduler.has_work()
+            and self.scheduler.kv.is_fully_free()
+            and (spec is None or spec.is_memory_free())
+        )
 
     # -- internals -------------------------------------------------------------------------
     def _normalize_inputs(self, prompt, input_ids) -> tuple[bool, list[list[int]]]:

@@ -125,8 +125,13 @@ class Req:
 
     def next_token_generator(self) -> torch.Generator | None:
         """The generator for drawing the next output token (None for greedy requests)."""
+        return self.token_generator(len(self.output_ids))
+
+    def token_generator(self, index: int) -> torch.Generator | None:
+        """The generator for drawing output token ``index`` (a speculative step draws
+        several tokens ahead of ``output_ids``); None for greedy requests."""
         if self._generator is not None:
-            self._generator.manual_seed(position_seed(self.seed, len(self.output_ids)))
+            self._generator.manual_seed(position_seed(self.seed, index))
         return self._generator
 
     def reset_kv_state(self) -> None:

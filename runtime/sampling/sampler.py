@@ -15,7 +15,14 @@ if TYPE_CHECKING:
     from kvflow.runtime.core import Req
     from kvflow.runtime.distributed import TPGroup
 
-__all__ = ["PendingSample", "SampleOutput", "Sampler", "SamplingBatch"]
+__all__ = [
+    "PendingSample",
+    "SampleOutput",
+    "Sampler",
+    "SamplingBatch",
+    "filtered_out",
+    "needs_adjust",
+]
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,31 @@ class PendingSample:
         return chosen, tops
 
 
+def filtered_out(
+    sorted_probs: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor, min_ps: torch.Tensor
+) -> torch.Tensor:
+    """Which entries of each row of ``sorted_probs`` ([B, V], descending) top-k, top-p and
+    min-p drop (``[B]`` parameters each); the first entry is always kept."""
+    rank = torch.arange(sorted_probs.shape[-1], device=sorted_probs.device)[None, :]
+    drop = rank >= top_ks[:, None]
+    # top-p keeps the smallest head whose mass reaches top_p (always the first token)
+    drop |= (sorted_probs.cumsum(dim=-1) - sorted_probs) > top_ps[:, None]
+    drop |= sorted_probs < min_ps[:, None] * sorted_probs[:, :1]
+    return drop
+
+
+def needs_adjust(req: Req) -> bool:
+    """Whether the request's logits change per token before sampling (penalties, logit
+    bias, a grammar, min_new_tokens still banning its stop tokens)."""
+    params = req.sampling
+    return (
+        params.has_penalties
+        or bool(params.logit_bias)
+        or req.grammar is not None
+        or (len(req.output_ids) < params.min_new_tokens and bool(req.stop_token_set))
+    )
+
+
 class Sampler:
     """Turns a batch's last-position logits ``[B, vocab]`` into one token per request.
 
@@ -168,13 +200,7 @@ class Sampler:
 
     @staticmethod
     def _needs_adjust(req: Req) -> bool:
-        params = req.sampling
-        return (
-            params.has_penalties
-            or bool(params.logit_bias)
-            or req.grammar is not None
-            or (len(req.output_ids) < params.min_new_tokens and bool(req.stop_token_set))
-        )
+        return needs_adjust(req)
 
     def _sample_rows(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         if batch.needs_filter:
@@ -182,11 +208,7 @@ class Sampler:
                 batch.top_ks is not None and batch.top_ps is not None and batch.min_ps is not None
             )
             sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
-            rank = torch.arange(probs.shape[-1], device=probs.device)[None, :]
-            drop = rank >= batch.top_ks[:, None]
-            # top-p keeps the smallest head whose mass reaches top_p (always the first token)
-            drop |= (sorted_probs.cumsum(dim=-1) - sorted_probs) > batch.top_ps[:, None]
-            drop |= sorted_probs < batch.min_ps[:, None] * sorted_probs[:, :1]
+            drop = filtered_out(sorted_probs, batch.top_ks, batch.top_ps, batch.min_ps)
             probs, index = sorted_probs.masked_fill(drop, 0.0), sorted_ids
         else:
             index = None

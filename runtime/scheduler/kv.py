@@ -172,6 +172,28 @@ class KVManager:
         table.view(-1).index_copy_(0, flat_dev, slots_dev.to(table.dtype))
         return slots_dev
 
+    def grow_host(self, req: Req, num_new: int) -> list[int] | None:
+        """:meth:`grow`, returning the slots as a host list (None: nothing taken)."""
+        slots = self._alloc_host(req, num_new)
+        if slots is None:
+            return None
+        on_device = host_to_device(slots, str(self.req_to_token.req_to_token.device))
+        self.req_to_token.write(req.req_pool_idx, req.kv_len, on_device)
+        req.kv_reserved_len = req.kv_len + num_new
+        return slots
+
+    def shrink(self, req: Req, slots: list[int], start: int) -> None:
+        """After a step that took ``slots`` for positions ``start:`` and kept only those
+        below ``req.kv_len``: give back the pages wholly past ``kv_len`` (the rest of the
+        page ``kv_len - 1`` is in stays the request's, for its next tokens)."""
+        page = self.page_size
+        keep_end = -(-req.kv_len // page) * page  # kv_len rounded up to a page boundary
+        dead = slots[max(keep_end - start, 0) :]
+        if dead:
+            self.allocator.free(torch.tensor(dead, dtype=torch.int64))
+        req.last_loc = slots[req.kv_len - 1 - start] if req.kv_len > start else None
+        req.kv_reserved_len = req.kv_len
+
     def is_fully_free(self) -> bool:
         """True when no request holds memory (cached prefixes may remain, all unlocked)."""
         cached = self.cache.total_size()

@@ -9,6 +9,7 @@ by the server.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -28,6 +29,7 @@ from kvflow.runtime.scheduler.budget import RESERVE_CLIP, PrefillBudget
 from kvflow.runtime.scheduler.kv import DecodeGrowth, KVManager
 from kvflow.runtime.scheduler.policy import order_waiting
 from kvflow.runtime.scheduler.sharing import BatchPrefixes
+from kvflow.runtime.scheduler.verify import make_spec_worker
 from kvflow.runtime.wire import FinishReason, TokenOutput
 
 __all__ = ["Scheduler"]
@@ -105,6 +107,11 @@ class Scheduler:
         # wait here for the role to take them (SchedulerPort.take_parked).
         self.park_finished = park_finished
         self.parked: list[Req] = []
+        # Speculative decoding (--speculative-algorithm): verify steps replace decode steps
+        # (never built ahead: the step after depends on how many drafts were accepted).
+        self.spec = make_spec_worker(config, runner, self.kv)
+        if self.spec is not None:
+            self.prepare_next_decode = self.launch_ahead = False
 
     # -- requests in and out ---------------------------------------------------------------
     def add_request(self, req: Req) -> None:
@@ -148,6 +155,7 @@ class Scheduler:
                 return self.make_output(req, [])
         for active in [*self.running, *([self.chunked] if self.chunked else [])]:
             if active.rid == rid:
+                self._forget_draft(active)
                 self.cache.release_req(active)
                 if active is self.chunked:
                     self.chunked = None
@@ -185,7 +193,12 @@ class Scheduler:
         self.cache.reset()
         return True
 
+    def _forget_draft(self, req: Req) -> None:
+        if self.spec is not None:
+            self.spec.forget(req)
+
     def _release_finished(self, req: Req) -> None:
+        self._forget_draft(req)
         if self.park_finished and req.bootstrap is not None:
             self.parked.append(req)  # its KV stays locked in its row until released
         else:
@@ -266,6 +279,7 @@ class Scheduler:
         if self.chunked is not None and id(self.chunked) in failed:
             self.chunked = None
         for req in self._batch:
+            self._forget_draft(req)
             if req.req_pool_idx >= 0:
                 self.cache.release_req(req)
             if not req.finished:
@@ -281,7 +295,7 @@ class Scheduler:
         if plan:
             return self._run_embed(plan) if self.config.is_embedding else self._run_extend(plan)
         if self.running:
-            return self._run_decode()
+            return self._run_decode() if self.spec is None else self._run_verify()
         return []
 
     def reserve(self, req: Req) -> int:
@@ -473,6 +487,50 @@ class Scheduler:
         self._prepare_next(reqs, pending)
         return outputs + self._commit(reqs, pending.resolve())
 
+    def _run_verify(self) -> list[TokenOutput]:
+        """A speculative step in place of a decode step: every running request verifies its
+        draft (if any) in one forward and keeps one or more tokens (``SpecWorker``)."""
+        outputs = self._make_room_for_decode()
+        if not self.running:
+            return outputs
+        assert self.spec is not None
+        reqs = self._batch = list(self.running)
+        steps = self.spec.run(reqs)
+        self.forward_steps += 1
+        self.new_token_ratio = max(
+            MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
+        )
+        for req, step in zip(reqs, steps, strict=True):
+            start = req.kv_len
+            kept = 0
+            for token in step.tokens:
+                kept += 1
+                try:
+                    req.append_token(token, self.runner.context_len)
+                except Exception as err:  # isolated: this request fails, the batch goes on
+                    logger.exception("request %s failed on token %d", req.rid, token)
+                    req.abort(f"internal error: {type(err).__name__}: {err}")
+                if req.finished:  # a stop, EOS or length inside the accepted tokens
+                    break
+            req.kv_len = start + kept
+            self.spec.settle(req, kept)
+            self.generated_tokens += kept
+            if req.return_logprob:
+                req.output_logprobs += step.logprobs[:kept]
+                req.output_top_logprobs += step.top_logprobs[:kept]
+            if req.finished:
+                self._release_finished(req)
+            out = self.make_output(req, step.tokens[:kept])
+            if req.return_logprob:
+                out = dataclasses.replace(
+                    out,
+                    new_logprobs=step.logprobs[:kept],
+                    new_top_logprobs=step.top_logprobs[:kept],
+                )
+            outputs.append(out)
+        self.running = [r for r in self.running if not r.finished]
+        return outputs
+
     def _prepare_next(self, reqs: list[Req], pending: PendingSample) -> None:
         """Build (and maybe launch) the decode step after this one while the GPU still runs
         this one; called after this step's sampling is queued, which reads the logits
@@ -513,6 +571,7 @@ class Scheduler:
                 break
             if len(self.running) == 1:
                 req = self.running.pop()
+                self._forget_draft(req)
                 self.cache.release_req(req)
                 req.abort("the KV cache is too small for this request")
                 outputs.append(self.make_output(req, []))
@@ -521,6 +580,7 @@ class Scheduler:
             # the cheapest to rebuild relative to the memory it frees.
             victim = min(self.running, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
             self.running.remove(victim)
+            self._forget_draft(victim)
             self.cache.release_req(victim)
             victim.retractions += 1
             self.num_retractions += 1

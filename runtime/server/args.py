@@ -31,6 +31,7 @@ from kvflow.runtime.server.sglang_flags import (
     aliases_of,
     value_type,
 )
+from kvflow.runtime.speculative import DRAFTERS, check_speculative
 from kvflow.runtime.wire.hicache import HICACHE_WRITE_POLICIES
 from kvflow.runtime.wire.pair_token import PairTrust
 
@@ -44,6 +45,7 @@ _CHOICES = {
     "schedule_policy": list(SCHEDULE_POLICIES),
     "attention_backend": ["auto", *ATTENTION_BACKENDS.choices()],
     "load_balance_method": ["round_robin", "shortest_queue"],
+    "speculative_algorithm": list(DRAFTERS.choices()),
 }
 # Contract flags that map onto EngineConfig fields of the same name (None: not given).
 _CONTRACT_ENGINE_FIELDS = contract.HICACHE_ENGINE_FIELDS
@@ -428,6 +430,10 @@ def parse_args(argv: list[str]) -> ServerArgs:
     else:
         engine_kwargs["max_running_requests"] = EngineConfig.max_running_requests
     engine_cfg = EngineConfig(model_path=ns.model_path or None, **engine_kwargs)
+    try:
+        check_speculative(engine_cfg, ns.role)
+    except ValueError as err:
+        parser.error(str(err))
     return ServerArgs(
         engine=engine_cfg,
         host=ns.host,

@@ -328,7 +328,13 @@ def create_app(tm: TokenizerManager) -> FastAPI:
             "engine": _jsonable(vars(tm.args.engine)),
             **tm.info,
             "in_flight_requests": tm.num_in_flight,
-            "stats": {**vars(stats), "token_usage": stats.token_usage},
+            "stats": {
+                **vars(stats),
+                "token_usage": stats.token_usage,
+                "spec_accept_length": stats.spec_accept_length,
+            },
+            # SGLang's place for it (its bench_serving reads it from here)
+            "internal_states": [{"avg_spec_accept_length": stats.spec_accept_length}],
             # one entry per data-parallel group (--dp-size), in group order
             "dp_stats": [vars(s) for s in reply.payload["stats_per_group"]],
         }

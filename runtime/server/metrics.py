@@ -52,6 +52,7 @@ METRIC_NAMES = {
     "sglang:num_transfer_failed_reqs_total": "prefill role: KV writes that failed",
     "sglang:kv_transfer_speed_gb_s": "prefill role: GB/s of the latest KV write",
     "sglang:kv_transfer_latency_ms": "prefill role: milliseconds of the latest KV write",
+    "sglang:spec_accept_length": "speculative decoding: tokens kept per request per verify step (accepted drafts + 1), since start; 0 without speculation",
 }
 # Every metric carries model_name; these carry more labels.
 _EXTRA_LABELS = {
@@ -115,6 +116,7 @@ class RuntimeMetrics:
         self.transfer_failed = counter("sglang:num_transfer_failed_reqs_total")
         self.transfer_speed = gauge("sglang:kv_transfer_speed_gb_s")
         self.transfer_latency = gauge("sglang:kv_transfer_latency_ms")
+        self.spec_accept_length = gauge("sglang:spec_accept_length")
         info = gauge("sglang:cache_config_info")
         info.labels(model_name, str(page_size), str(num_pages)).set(1)
         for metric in (
@@ -124,7 +126,7 @@ class RuntimeMetrics:
             self.prefill_inflight,
             self.decode_prealloc, self.decode_transfer, self.transfer_bytes,
             self.transfer_seconds, self.transfer_failed, self.transfer_speed,
-            self.transfer_latency,
+            self.transfer_latency, self.spec_accept_length,
         ):  # fmt: skip
             metric.labels(model_name)
         for reason in REJECT_REASONS:
@@ -148,6 +150,7 @@ class RuntimeMetrics:
         self.grammar_queued.labels(self.model).set(stats.num_grammar_queue_reqs)
         self.token_usage.labels(self.model).set(stats.token_usage)
         self.cache_usage.labels(self.model).set(stats.cached_tokens / max(stats.kv_total_tokens, 1))
+        self.spec_accept_length.labels(self.model).set(stats.spec_accept_length)
         self._observe_disagg(stats)
         now = time.monotonic() if now is None else now
         window = self._generated

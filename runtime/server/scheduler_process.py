@@ -262,6 +262,8 @@ class SchedulerLoop:
             hicache=sched.cache.tier_stats(sched.kv.hit_tokens),
             num_grammar_queue_reqs=len(sched.grammar_wait),
             dp_rank=self.place.dp_rank,
+            spec_verified_reqs=sched.spec.verified_reqs if sched.spec else 0,
+            spec_emitted_tokens=sched.spec.emitted_tokens if sched.spec else 0,
         )
 
     def _publish_stats(self, force: bool = False) -> None:

@@ -75,7 +75,6 @@ class ValueRule:
 
 _NO_HUB = "kvflow loads local folders only (no model hub): download first"
 _ONE_NODE = "kvflow serve runs on one node; scale out with replicas behind kvflow router"
-_NO_SPEC = "speculative decoding is not built in kvflow"
 
 SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
     # model and tokenizer
@@ -179,11 +178,14 @@ SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
         "kvflow's LoRA runs its own segmented Triton kernels on CUDA (a torch loop on CPU)",
         accepts=("triton",),
     ),
-    "--speculative-algorithm": Refuse(_NO_SPEC),
-    "--speculative-draft-model-path": Refuse(_NO_SPEC),
-    "--speculative-num-steps": Refuse(_NO_SPEC),
-    "--speculative-eagle-topk": Refuse(_NO_SPEC),
-    "--speculative-num-draft-tokens": Refuse(_NO_SPEC),
+    "--speculative-algorithm": Same(
+        "NGRAM | STANDALONE; EAGLE and EAGLE3 are refused (not built); not with --tp-size > 1, "
+        "--dp-size > 1, --enable-lora, --is-embedding or --role prefill; CUDA graphs off"
+    ),
+    "--speculative-draft-model-path": Same("STANDALONE's draft model (the same vocabulary)"),
+    "--speculative-num-steps": Same("STANDALONE's draft forwards per step"),
+    "--speculative-eagle-topk": Same("1 only (chain drafts)"),
+    "--speculative-num-draft-tokens": Same("positions verified per step (last token + drafts)"),
     # HTTP server and API
     "--host": Same(),
     "--port": Same("kvflow's default is 8000 (SGLang's 30000)"),
@@ -231,6 +233,9 @@ VALUE_RULES: Mapping[str, ValueRule] = {
     "--schedule-policy": ValueRule("kvflow's policies are lpm and fcfs"),
     "--load-balance-method": ValueRule("kvflow spreads requests round_robin or shortest_queue"),
     "--role": ValueRule("roles are unified, prefill, decode", {"null": "unified"}),
+    "--speculative-algorithm": ValueRule(
+        "kvflow drafts with NGRAM or STANDALONE; EAGLE draft heads are not built"
+    ),
     "--quantization": ValueRule(
         "kvflow serves FP8 weights only: fp8, compressed-tensors or modelopt FP8 "
         "checkpoints, or fp8 at load"

@@ -117,6 +117,17 @@ class SchedulerStats:
     hicache: HiCacheStats | None = None  # with a host tier (--hicache-host-memory-gb)
     num_grammar_queue_reqs: int = 0  # waiting for their grammar's compile (SGLang's name)
     dp_rank: int = 0  # the data-parallel group that reported (a merged record: 0)
+    # speculative decoding: request-steps verified, and the tokens they kept, since start
+    spec_verified_reqs: int = 0
+    spec_emitted_tokens: int = 0
+
+    @property
+    def spec_accept_length(self) -> float:
+        """SGLang's ``spec_accept_length``: tokens kept per request per verify step (the
+        accepted drafts plus the target's own token), since start; 0 without speculation."""
+        return (
+            self.spec_emitted_tokens / self.spec_verified_reqs if self.spec_verified_reqs else 0.0
+        )
 
     @property
     def token_usage(self) -> float:

@@ -1,0 +1,84 @@
+"""Speculative decoding (SGLang's ``--speculative-*`` flags): drafters from a registry and
+the verify step the scheduler runs in place of a decode step.
+
+NGRAM drafts from the request's own tokens; STANDALONE from a smaller model of the same
+tokenizer. EAGLE is not built (refused at start-up). The verify step that scores the drafts
+is the scheduler's (``kvflow.runtime.scheduler.verify``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvflow.runtime.speculative.base import Drafter
+from kvflow.runtime.utils import Registry
+
+if TYPE_CHECKING:
+    from kvflow.runtime.config import EngineConfig
+
+__all__ = ["DRAFTERS", "Drafter", "check_speculative"]
+
+# Each factory takes (config, target runner) and returns a Drafter.
+DRAFTERS: Registry[Drafter] = Registry("speculative algorithm")
+DRAFTERS.register("NGRAM", "kvflow.runtime.speculative.ngram:make_ngram_drafter")
+DRAFTERS.register("STANDALONE", "kvflow.runtime.speculative.standalone:StandaloneDrafter")
+
+NOT_BUILT = {
+    "EAGLE": "EAGLE draft heads are not built in kvflow; use NGRAM or STANDALONE",
+    "EAGLE3": "EAGLE-3 draft heads are not built in kvflow; use NGRAM or STANDALONE",
+}
+
+
+def check_speculative(config: EngineConfig, role: str = "unified") -> None:
+    """Raise ValueError (one line) for a speculative setting kvflow does not run."""
+    algorithm = config.speculative_algorithm
+    if algorithm is None:
+        given = [
+            flag
+            for flag, value in (
+                ("--speculative-draft-model-path", config.speculative_draft_model_path),
+                ("--speculative-num-steps", config.speculative_num_steps),
+                ("--speculative-eagle-topk", config.speculative_eagle_topk),
+                ("--speculative-num-draft-tokens", config.speculative_num_draft_tokens),
+            )
+            if value
+        ]
+        if given:
+            raise ValueError(f"{', '.join(given)}: add --speculative-algorithm NGRAM|STANDALONE")
+        return
+    if algorithm in NOT_BUILT:
+        raise ValueError(f"--speculative-algorithm {algorithm}: {NOT_BUILT[algorithm]}")
+    if algorithm not in DRAFTERS.choices():
+        raise ValueError(
+            f"--speculative-algorithm {algorithm}: choose from {', '.join(DRAFTERS.choices())}"
+        )
+    refusals = [
+        (config.tp_size > 1, "--tp-size > 1"),
+        (config.dp_size > 1, "--dp-size > 1"),
+        (config.enable_lora, "--enable-lora"),
+        (config.is_embedding, "--is-embedding"),
+        (role == "prefill", "--role prefill (the decode side speculates)"),
+    ]
+    for refused, what in refusals:
+        if refused:
+            raise ValueError(f"speculative decoding is not built with {what}")
+    if config.speculative_eagle_topk not in (0, 1):
+        raise ValueError("--speculative-eagle-topk: only 1 (chain drafts) is built, no trees")
+    steps = config.speculative_num_steps
+    draft_tokens = config.speculative_num_draft_tokens
+    if steps < 0 or draft_tokens < 0 or draft_tokens == 1:
+        raise ValueError(
+            "--speculative-num-steps must be >= 1 and --speculative-num-draft-tokens >= 2"
+        )
+    if algorithm == "STANDALONE":
+        if not config.speculative_draft_model_path:
+            raise ValueError(
+                "--speculative-algorithm STANDALONE needs --speculative-draft-model-path"
+            )
+        if steps and draft_tokens and draft_tokens != steps + 1:
+            raise ValueError(
+                "STANDALONE drafts a chain: --speculative-num-draft-tokens must be "
+                "--speculative-num-steps + 1"
+            )
+    elif config.speculative_draft_model_path:
+        raise ValueError(f"--speculative-draft-model-path: {algorithm} uses no draft model")

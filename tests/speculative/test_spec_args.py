@@ -1,0 +1,77 @@
+"""``kvflow serve``'s --speculative-* flags: SGLang's names, and every combination kvflow
+does not run refused at parse time with one line (exit 2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvflow.runtime.server.args import parse_args
+
+
+def test_ngram_and_standalone_parse() -> None:
+    args = parse_args(["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "6"])
+    assert args.engine.speculative_algorithm == "NGRAM"
+    assert args.engine.resolved().speculative_num_draft_tokens == 6
+    args = parse_args(
+        [
+            "--speculative-algorithm",
+            "STANDALONE",
+            "--speculative-draft-model-path",
+            "/m",
+            "--speculative-num-steps",
+            "2",
+            "--speculative-eagle-topk",
+            "1",
+        ]
+    )
+    resolved = args.engine.resolved()
+    assert (resolved.speculative_num_steps, resolved.speculative_num_draft_tokens) == (2, 3)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--speculative-algorithm", "EAGLE"], "EAGLE draft heads are not built"),
+        (["--speculative-algorithm", "EAGLE3"], "EAGLE draft heads are not built"),
+        (["--speculative-algorithm", "NGRAM", "--tp-size", "2"], "not built with --tp-size > 1"),
+        (["--speculative-algorithm", "NGRAM", "--dp-size", "2"], "not built with --dp-size > 1"),
+        (
+            [
+                "--speculative-algorithm",
+                "NGRAM",
+                "--enable-lora",
+                "--max-lora-rank",
+                "8",
+                "--lora-target-modules",
+                "q_proj",
+            ],
+            "not built with --enable-lora",
+        ),
+        (["--speculative-algorithm", "NGRAM", "--role", "prefill"], "--role prefill"),
+        (["--speculative-algorithm", "STANDALONE"], "needs --speculative-draft-model-path"),
+        (["--speculative-algorithm", "NGRAM", "--speculative-eagle-topk", "4"], "only 1"),
+        (
+            ["--speculative-algorithm", "NGRAM", "--speculative-draft-model-path", "/m"],
+            "NGRAM uses no draft model",
+        ),
+        (["--speculative-num-steps", "3"], "add --speculative-algorithm"),
+        (
+            [
+                "--speculative-algorithm",
+                "STANDALONE",
+                "--speculative-draft-model-path",
+                "/m",
+                "--speculative-num-steps",
+                "3",
+                "--speculative-num-draft-tokens",
+                "8",
+            ],
+            "must be --speculative-num-steps + 1",
+        ),
+    ],
+)
+def test_refused_combinations_exit_2(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
