@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
@@ -90,20 +91,25 @@ def import_image(
         ctr(cfg, "images", "import", "--base-name", base, str(tar), timeout=600)
     else:
         argv = ctr_argv(cfg, "images", "import", "--base-name", base, "-")
-        with subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE) as importer:
-            assert importer.stdin is not None and importer.stderr is not None
+        with (
+            tempfile.TemporaryFile() as err,
+            subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=err, stderr=err) as importer,
+        ):
+            assert importer.stdin is not None
             try:
                 with importer.stdin:
                     tar(importer.stdin)
             except BrokenPipeError:
                 pass  # ctr stopped reading: its exit status and message say why
             try:
-                _, err = importer.communicate(timeout=600)
+                importer.wait(timeout=600)
             except subprocess.TimeoutExpired:
                 importer.kill()
                 raise
-        if importer.returncode != 0:
-            raise RuntimeError(f"ctr images import {reference} failed: {err.decode()[-2000:]}")
+            if importer.returncode != 0:
+                err.seek(0)
+                tail = err.read().decode(errors="replace")[-2000:]
+                raise RuntimeError(f"ctr images import {reference} failed: {tail}")
     listed = ctr(cfg, "images", "ls", "-q").stdout.split()
     if reference not in listed:
         raise RuntimeError(f"{reference} missing after import; containerd has {listed}")
