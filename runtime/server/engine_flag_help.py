@@ -18,7 +18,8 @@ ENGINE_FLAG_HELP: Mapping[str, str] = {
     "load_format": "auto: the model folder's *.safetensors; dummy: random weights in the "
     "model's shapes (--model-path may then name a shipped config, e.g. llama-3.1-8b, "
     "or a config.json)",
-    "dtype": "weights, activations and KV cache; auto: float32 on CPU, on CUDA the "
+    "dtype": "weights, activations and KV cache; auto: on CPU bfloat16 where it is native "
+    "(AVX512-BF16 or AMX), else float32; on CUDA the "
     "checkpoint's dtype (bfloat16 for a float32 checkpoint)",
     "quantization": "weight format (SGLang's --quantization); unset: the checkpoint's own "
     "(its config.json quantization_config: HF fp8, compressed-tensors or ModelOpt FP8); "
