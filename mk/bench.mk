@@ -66,3 +66,12 @@ BENCH_HICACHE_ARGS ?=
 .PHONY: bench-hicache
 bench-hicache: $(STAMP) ## HiCache tiers: multi-turn TTFT off/L2/L2+file/L2+mooncake, warm start (benchmarks/results/hicache.md)
 	$(PY) benchmarks/bench_hicache.py $(BENCH_HICACHE_ARGS)
+
+# CPU peer benchmark (benchmarks/bench_cpu_peer.py): kvflow serve's defaults vs llama.cpp's
+# llama-server (built on first use from the llama.cpp vendored in PyPI's llama-cpp-python
+# sdist, cached under ~/.cache/kvflow), same prompts, alternating rounds.
+BENCH_CPU_PEER_ARGS ?=
+
+.PHONY: bench-cpu-peer
+bench-cpu-peer: $(STAMP) ## kvflow vs llama.cpp's llama-server on CPU, 1/8/32 clients (benchmarks/results/cpu-peer.md)
+	$(PY) benchmarks/bench_cpu_peer.py --out benchmarks/results/cpu-peer.md $(BENCH_CPU_PEER_ARGS)
