@@ -42,7 +42,8 @@ ENGINE_FLAG_HELP: Mapping[str, str] = {
     "(CUDA) or --cpu-kv-cache-gb (CPU)",
     "mem_fraction_static": "CUDA: fraction of the GPU's memory for the weights and the KV "
     "cache pool together (the pool takes what the weights leave)",
-    "cpu_kv_cache_gb": "CPU: KV cache pool size in GiB when --max-total-tokens is unset",
+    "cpu_kv_cache_gb": "CPU: KV cache pool size in GiB when --max-total-tokens is unset "
+    "(resident only as tokens are written)",
     "disable_radix_cache": "no prefix cache: every prompt is prefilled in full",
     "hicache_prefetch_timeout": "HiCache: seconds a request waits for its pages from the "
     "shared store before it runs with what has arrived",
