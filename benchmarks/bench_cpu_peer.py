@@ -281,7 +281,14 @@ def main() -> None:
     parser.add_argument("--model-path", type=Path, default=EMBEDDED_MODEL)
     parser.add_argument("--peer-cache", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu-peer.md"))
+    parser.add_argument("--render", type=Path, help="only re-render --out from this JSON")
     args = parser.parse_args()
+    if args.render:
+        saved = json.loads(args.render.read_text())
+        saved.setdefault("finished", "(interrupted)")
+        saved.setdefault("load_after", "(interrupted)")
+        args.out.write_text(render(saved))
+        return
     if len(args.requests) != len(args.concurrencies):
         raise SystemExit("--requests needs one count per --concurrencies entry")
     binary = ensure_llama_server(args.peer_cache)
@@ -311,6 +318,8 @@ def main() -> None:
         },
         "rounds": [],
     }
+    json_path = args.out.with_suffix(".json")
+    result["json_name"] = json_path.name
     for round_index, plan in enumerate(plans):
         order = ["kvflow", "llama-server"]
         for name in order if round_index % 2 == 0 else order[::-1]:
@@ -318,13 +327,12 @@ def main() -> None:
             entry = _serve_round(name, args, binary, plan, log)
             entry["round"] = round_index + 1
             result["rounds"].append(entry)
+            json_path.write_text(json.dumps(result, indent=1))  # kept if a later round fails
     result["load_after"] = load_average()
     result["finished"] = time.strftime("%H:%M UTC", time.gmtime())
     for line in log.read_text().splitlines():
         if "KV cache:" in line and "tokens" in line:
             result["kvflow_dtype"] = line.rsplit("(", 1)[-1].rstrip(")").removeprefix("torch.")
-    json_path = args.out.with_suffix(".json")
-    result["json_name"] = json_path.name
     json_path.write_text(json.dumps(result, indent=1))
     args.out.write_text(render(result))
     print(f"wrote {args.out} and {json_path}")
