@@ -61,7 +61,7 @@ def ensure_llama_server(
     _install_tools()
     sdist = cache / f"llama_cpp_python-{version}.tar.gz"
     if not sdist.is_file():
-        pip = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps"]
+        pip = [sys.executable, "-P", "-m", "pip", "download", "--no-binary", ":all:", "--no-deps"]
         subprocess.run([*pip, f"llama-cpp-python=={version}", "-d", str(cache)], check=True)
     source = cache / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp"
     if not source.is_dir():
