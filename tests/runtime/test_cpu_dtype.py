@@ -1,6 +1,6 @@
 """The CPU's ``auto`` dtype: bfloat16 where the CPU has native bf16, else float32; the
 bfloat16 default keeps transformers' float32 greedy output on the parity prompts, except
-where it is documented to part (docs/engine.md, "CPU dtype")."""
+where it is documented to part (docs/runtime.md, "Running on CPU")."""
 
 from __future__ import annotations
 
@@ -8,16 +8,15 @@ import dataclasses
 
 import pytest
 import torch
-from test_parity_hf import CHAT, QUESTIONS
 
 from kvflow.kernels import cpu
 from kvflow.kernels.cpu.features import native_bf16
 from kvflow.runtime import model_runner
 from kvflow.runtime.config import EngineConfig, ModelConfig
 
-MAX_NEW = 24
+MAX_NEW = 24  # as many as the reference (tests/runtime/conftest.py, PARITY_MAX_NEW)
 # prompt index -> tokens equal before the bfloat16 default takes another greedy path
-# ("primary colors": float32 says "...primary colors of the color wheel..." one token later)
+# (3: "List three primary colors ...")
 BF16_PARTS_AT = {3: 10}
 
 
@@ -52,29 +51,19 @@ def test_auto_dtype_on_cuda_is_unchanged(monkeypatch, model_path):
 
 
 @pytest.mark.skipif(not native_bf16(), reason="the CPU has no native bfloat16")
-def test_bf16_default_keeps_transformers_greedy_output(model_path, tokenizer, hf_model):
+def test_bf16_default_keeps_transformers_greedy_output(model_path, prompts, hf_greedy):
+    """The parity prompts (tests/runtime/conftest.py): ``hf_greedy`` is set up before the
+    engine, whose kernel threads would contend with transformers' OpenMP ones."""
     from kvflow.runtime.engine import Engine
 
-    prompts = [tokenizer.encode(CHAT.format(q)) for q in QUESTIONS]
-    expected = []
-    with torch.no_grad():  # first: the engine's kernel threads would contend with OpenMP's
-        for ids in prompts:
-            full = hf_model.generate(
-                torch.tensor([ids]),
-                max_new_tokens=MAX_NEW,
-                do_sample=False,
-                eos_token_id=2,
-                pad_token_id=2,
-            )
-            expected.append(full[0, len(ids) :].tolist())
     engine = Engine(str(model_path), max_total_tokens=4096)
     assert engine.runner.dtype == torch.bfloat16
     results = engine.generate(
         input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": MAX_NEW}
     )
-    for index, (want, result) in enumerate(zip(expected, results, strict=True)):
+    for index, (want, result) in enumerate(zip(hf_greedy, results, strict=True)):
         equal = BF16_PARTS_AT.get(index, len(want))
-        assert result.output_ids[:equal] == want[:equal], QUESTIONS[index]
+        assert result.output_ids[:equal] == want[:equal], f"prompt {index}"
         if index in BF16_PARTS_AT:  # it no longer parts there: update the table and the docs
-            assert result.output_ids != want, QUESTIONS[index]
+            assert result.output_ids != want, f"prompt {index}"
     assert engine.is_memory_free()
