@@ -77,3 +77,12 @@ BENCH_SPEC_ARGS ?=
 .PHONY: bench-spec
 bench-spec: $(STAMP) ## speculative decoding: NGRAM vs none at one stream, quoting and fresh workloads (benchmarks/results/spec.md)
 	$(PY) -P benchmarks/bench_spec.py cpu --out benchmarks/results/spec.md $(BENCH_SPEC_ARGS)
+
+# CPU peer benchmark (benchmarks/bench_cpu_peer.py): kvflow serve's defaults vs llama.cpp's
+# llama-server (built on first use from the llama.cpp vendored in PyPI's llama-cpp-python
+# sdist, cached under ~/.cache/kvflow), same prompts, alternating rounds.
+BENCH_CPU_PEER_ARGS ?=
+
+.PHONY: bench-cpu-peer
+bench-cpu-peer: $(STAMP) ## kvflow vs llama.cpp's llama-server on CPU, 1/8/32 clients (benchmarks/results/cpu-peer.md)
+	$(PY) benchmarks/bench_cpu_peer.py --out benchmarks/results/cpu-peer.md $(BENCH_CPU_PEER_ARGS)

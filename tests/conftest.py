@@ -37,13 +37,16 @@ def hf_model(model_path: Path):
 
 @pytest.fixture
 def make_engine(model_path: Path) -> Iterator[Callable[..., object]]:
-    """Build engines on the embedded model; every engine must end with all KV memory free."""
+    """Build engines on the embedded model; every engine must end with all KV memory free.
+    They run float32 unless a test names a dtype: the float32 reference (``hf_model``) is
+    matched token for token only in float32 (``auto`` is bfloat16 on CPUs with native bf16;
+    tests/runtime/test_cpu_dtype.py checks that default against it)."""
     from kvflow.runtime.engine import Engine
 
     engines: list[Engine] = []
 
     def build(**kwargs) -> Engine:
-        engine = Engine(str(model_path), **kwargs)
+        engine = Engine(str(model_path), **{"dtype": "float32", **kwargs})
         engines.append(engine)
         return engine
 

@@ -8,6 +8,7 @@ import os
 
 from kvflow.kernels.cpu import elementwise, gemm, pool
 from kvflow.kernels.cpu.build import NativeBuildError, load_library
+from kvflow.kernels.cpu.features import native_bf16
 from kvflow.kernels.cpu.paged_attention import paged_attention, paged_attention_ref, supports
 
 log = logging.getLogger(__name__)
@@ -18,6 +19,7 @@ __all__ = [
     "elementwise",
     "gemm",
     "load_library",
+    "native_bf16",
     "paged_attention",
     "paged_attention_ref",
     "pool",

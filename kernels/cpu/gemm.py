@@ -55,9 +55,11 @@ def pack(weight: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
     n, k = weight.shape
     if silu_mul:  # [gate; up] -> gate block 0, up block 0, gate block 1, ...
         weight = weight.view(2, n // (2 * PANEL), PANEL, k).transpose(0, 1).reshape(n, k)
-    padded = torch.zeros(-(-n // PANEL) * PANEL, k, dtype=weight.dtype)
-    padded[:n] = weight
-    panels = padded.view(-1, PANEL, k)
+    if n % PANEL:
+        padded = torch.zeros(-(-n // PANEL) * PANEL, k, dtype=weight.dtype)
+        padded[:n] = weight
+        weight = padded
+    panels = weight.reshape(-1, PANEL, k)
     if weight.dtype == torch.float32:
         return panels.permute(0, 2, 1).contiguous()  # [P, K, 16]
     return panels.view(-1, PANEL, k // 2, 2).permute(0, 2, 1, 3).contiguous()  # [P, K/2, 16, 2]

@@ -81,7 +81,12 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.head_dim, self.max_position = head_dim, max_position
         self.base, self.rope_scaling = base, rope_scaling
-        self.register_buffer("cos_sin_cache", self.table(), persistent=False)
+        # NOTE: on the meta device (the loader's construction) only the shape: computing the
+        # table there runs torch's reference ops, whose first use imports torch._dynamo
+        # (4 s of a server's start-up); the loader then builds the real table.
+        on_meta = torch.get_default_device().type == "meta"
+        cache = torch.empty(max_position, head_dim) if on_meta else self.table()
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     def table(self) -> torch.Tensor:
         """A fresh ``cos_sin_cache`` on the current default device (the loader rebuilds it

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import mmap
+
 import torch
 
 from kvflow.kernels import cpu, store_kv_cache, store_kv_cache_ref
@@ -25,17 +27,31 @@ class KVPool:
         device: str,
     ) -> None:
         shape = (num_slots, num_kv_heads, head_dim)
-        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        if torch.device(device).type == "cpu":
+            # NOTE: one anonymous mapping holds every layer's K and V: the kernel hands out
+            # its pages zeroed and only when first written, so the process's resident memory
+            # grows with the tokens in use, not with the pool's size (torch.zeros would touch
+            # every page at start-up).
+            self._mapping = mmap.mmap(
+                -1, 2 * num_layers * shape[0] * shape[1] * shape[2] * _size(dtype)
+            )
+            whole = torch.frombuffer(self._mapping, dtype=dtype).view(2, num_layers, *shape)
+            self.k_buffer = list(whole[0].unbind(0))
+            self.v_buffer = list(whole[1].unbind(0))
+        else:
+            self.k_buffer = [
+                torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)
+            ]
+            self.v_buffer = [
+                torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)
+            ]
         self.dtype = dtype
 
     @staticmethod
     def bytes_per_token(
         num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
     ) -> int:
-        return (
-            2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
-        )
+        return 2 * num_layers * num_kv_heads * head_dim * _size(dtype)
 
     def store(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write ``k``/``v`` ``[tokens, kv_heads, head_dim]`` at slots ``loc`` ``[tokens]``:
@@ -61,3 +77,7 @@ class KVPool:
             # NOTE: the peer writes these slots over the network, outside any CUDA stream:
             # the zeros must have landed before the decode claims the room.
             torch.cuda.current_stream(loc.device).synchronize()
+
+
+def _size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()

@@ -10,7 +10,7 @@ import zmq
 
 from kvflow.runtime.detokenizer import TextStream
 from kvflow.runtime.server.ipc import IpcPaths, Puller, Pusher
-from kvflow.runtime.tokenizer import load_tokenizer
+from kvflow.runtime.tokenizer import load_decoder
 from kvflow.runtime.wire.messages import StreamStart, TextBatch, TextOutput, TokenBatch
 
 __all__ = ["DetokenizerState", "run_detokenizer_process"]
@@ -65,7 +65,7 @@ def run_detokenizer_process(model_path: str | None, paths: IpcPaths, ready: Any)
     """Entry point of the subprocess. ``model_path`` None: ids only (skip_tokenizer_init)."""
     logging.basicConfig(level="INFO", format="%(asctime)s detokenizer %(levelname)s %(message)s")
     try:
-        tokenizer = load_tokenizer(Path(model_path)) if model_path else None
+        tokenizer = load_decoder(Path(model_path)) if model_path else None
         ctx = zmq.Context()
         inbox = Puller(ctx, paths.to_detokenizer)
         to_tokenizer = Pusher(ctx, paths.to_tokenizer)

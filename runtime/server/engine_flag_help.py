@@ -18,7 +18,8 @@ ENGINE_FLAG_HELP: Mapping[str, str] = {
     "load_format": "auto: the model folder's *.safetensors; dummy: random weights in the "
     "model's shapes (--model-path may then name a shipped config, e.g. llama-3.1-8b, "
     "or a config.json)",
-    "dtype": "weights, activations and KV cache; auto: float32 on CPU, on CUDA the "
+    "dtype": "weights, activations and KV cache; auto: on CPU bfloat16 where it is native "
+    "(AVX512-BF16 or AMX), else float32; on CUDA the "
     "checkpoint's dtype (bfloat16 for a float32 checkpoint)",
     "quantization": "weight format (SGLang's --quantization); unset: the checkpoint's own "
     "(its config.json quantization_config: HF fp8, compressed-tensors or ModelOpt FP8); "
@@ -41,7 +42,8 @@ ENGINE_FLAG_HELP: Mapping[str, str] = {
     "(CUDA) or --cpu-kv-cache-gb (CPU)",
     "mem_fraction_static": "CUDA: fraction of the GPU's memory for the weights and the KV "
     "cache pool together (the pool takes what the weights leave)",
-    "cpu_kv_cache_gb": "CPU: KV cache pool size in GiB when --max-total-tokens is unset",
+    "cpu_kv_cache_gb": "CPU: KV cache pool size in GiB when --max-total-tokens is unset "
+    "(resident only as tokens are written)",
     "disable_radix_cache": "no prefix cache: every prompt is prefilled in full",
     "hicache_prefetch_timeout": "HiCache: seconds a request waits for its pages from the "
     "shared store before it runs with what has arrived",

@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from kvflow.runtime.disagg.roles import ROLES, make_role
 from kvflow.runtime.distributed import TPGroup, init_tp_group
 from kvflow.runtime.distributed.lockstep import TPLockstep
 from kvflow.runtime.model_runner import ModelRunner
+from kvflow.runtime.models.loader import resolve_model_path
 from kvflow.runtime.scheduler import ReqFactory, Scheduler, SchedulerPort
 from kvflow.runtime.server.args import ServerArgs
 from kvflow.runtime.server.ipc import IpcPaths
@@ -110,7 +112,22 @@ class SchedulerLoop:
         lockstep = None if tp is None else TPLockstep(tp)
         self.place = place
         self.io = SchedulerIO(paths.scheduler_inbox(place.dp_rank), paths, tp, lockstep)
-        self.runner = ModelRunner(engine, tp)
+        # Stop strings are matched on text, so the scheduler decodes the requests that have them.
+        self.tokenizer_folder = tokenizer_folder(
+            engine.tokenizer_path,
+            engine.skip_tokenizer_init,
+            resolve_model_path(engine.model_path, engine.load_format),
+        )
+        # NOTE: the tokenizer (transformers' import, 2-5 s on 2 cores) loads on a thread
+        # while the model loads (torch's copies and packing release the GIL).
+        with ThreadPoolExecutor(1, thread_name_prefix="tokenizer-load") as pool:
+            tokenizer_load = pool.submit(
+                lambda: (
+                    None if self.tokenizer_folder is None else load_tokenizer(self.tokenizer_folder)
+                )
+            )
+            self.runner = ModelRunner(engine, tp)
+            tokenizer = tokenizer_load.result()
         self.scheduler = Scheduler(
             engine,
             self.runner,
@@ -120,11 +137,6 @@ class SchedulerLoop:
             isolate_failures=tp is None,
         )
         self.role = make_role(args.role, SchedulerPort(self.scheduler), args.kv_transfer)
-        # Stop strings are matched on text, so the scheduler decodes the requests that have them.
-        self.tokenizer_folder = tokenizer_folder(
-            engine.tokenizer_path, engine.skip_tokenizer_init, self.runner.model_path
-        )
-        tokenizer = None if self.tokenizer_folder is None else load_tokenizer(self.tokenizer_folder)
         self.reqs = ReqFactory(
             args.engine,
             self.runner.model_config,

@@ -2,47 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-import torch
-
-MAX_NEW = 24
-CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
-QUESTIONS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Hi",
-    "List three primary colors and explain why they are called primary in painting.",
-    "Translate 'good morning' into Spanish.",
-    "What is 12 times 12?",
-    "Give me a short tip for learning to program, in one sentence, please, and make it practical.",
-    "Name a planet.",
-    "Explain what a radix tree is to a ten year old child who likes trees and puzzles a lot.",
-    "Why is the sky blue?",
-]
-
-
-@pytest.fixture(scope="module")
-def prompts(tokenizer) -> list[list[int]]:
-    ids = [tokenizer.encode(CHAT.format(q)) for q in QUESTIONS]
-    assert len({len(i) for i in ids}) >= 8, "prompts must have different lengths"
-    return ids
-
-
-@pytest.fixture(scope="module")
-def hf_greedy(hf_model, prompts) -> list[list[int]]:
-    """Each prompt alone through transformers' generate (no padding), greedy."""
-    outputs = []
-    with torch.no_grad():
-        for ids in prompts:
-            full = hf_model.generate(
-                torch.tensor([ids]),
-                max_new_tokens=MAX_NEW,
-                do_sample=False,
-                eos_token_id=2,
-                pad_token_id=2,
-            )
-            outputs.append(full[0, len(ids) :].tolist())
-    return outputs
+MAX_NEW = 24  # the prompts and transformers' greedy reference: tests/runtime/conftest.py
 
 
 def _generate(engine, prompts):
