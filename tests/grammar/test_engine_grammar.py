@@ -47,7 +47,7 @@ def reference(model_path, prompts) -> list[list[int]]:
     """Greedy ids with plenty of memory and no step built ahead."""
     from kvflow.runtime.engine import Engine
 
-    engine = Engine(str(model_path))
+    engine = Engine(str(model_path), dtype="float32")  # make_engine's dtype
     engine.scheduler.prepare_next_decode = False
     ids = _check(engine.generate(prompts, _params()))
     assert engine.is_memory_free()

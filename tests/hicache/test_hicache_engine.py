@@ -25,7 +25,7 @@ def host_gb(engine, tokens: int) -> float:
 def reference(model_path, conversations):
     from kvflow.runtime.engine import Engine
 
-    engine = Engine(str(model_path), max_total_tokens=DEVICE_TOKENS)
+    engine = Engine(str(model_path), dtype="float32", max_total_tokens=DEVICE_TOKENS)
     outputs = [r.output_ids for r in engine.generate(conversations[0], GREEDY)]
     sequential = [[engine.generate(p, GREEDY).output_ids for p in rnd] for rnd in conversations]
     return outputs, sequential
@@ -38,11 +38,12 @@ def test_greedy_outputs_equal_and_later_rounds_hit_host(
     from kvflow.runtime.engine import Engine
 
     batched_ref, sequential_ref = reference
-    probe = Engine(str(model_path), max_total_tokens=64)
+    probe = Engine(str(model_path), dtype="float32", max_total_tokens=64)
     gb = host_gb(probe, 4096)
     del probe
     engine = Engine(
         str(model_path),
+        dtype="float32",  # bfloat16's argmax may differ with the batch's composition
         max_total_tokens=DEVICE_TOKENS,
         page_size=page_size,
         hicache_host_memory_gb=gb,
@@ -78,13 +79,13 @@ def test_a_second_engine_finds_the_first_ones_prefixes_in_the_file_store(
         hicache_storage_path=str(tmp_path / "l3"),
         hicache_prefetch_timeout=5.0,
     )
-    first = Engine(str(model_path), **options)
+    first = Engine(str(model_path), dtype="float32", **options)
     assert [first.generate(p, GREEDY).output_ids for p in conversations[0]] == sequential_ref[0]
     storage = first.scheduler.cache.storage
     assert storage is not None and storage.io.drain(30.0)
     first.scheduler.cache.poll()
     assert storage.io.stats().write_pages > 0
-    second = Engine(str(model_path), **options)
+    second = Engine(str(model_path), dtype="float32", **options)
     outputs = [second.generate(p, GREEDY).output_ids for p in conversations[1]]
     assert outputs == sequential_ref[1]
     hits = second.scheduler.kv.hit_tokens
