@@ -30,10 +30,24 @@ def processes_left(pids: list[int], timeout: float = 5.0) -> list[int]:
     return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
 
 
+def float32_on_cpu(flags: tuple[str, ...]) -> tuple[str, ...]:
+    """``flags`` with ``--dtype float32`` first when they name no dtype and no GPU is here:
+    the references test servers are compared with (transformers, ``make_engine``) run
+    float32, while the CPU default is bfloat16 on CPUs with native bf16 (checked against
+    transformers by tests/runtime/test_cpu_dtype.py)."""
+    import torch
+
+    if "--dtype" in flags or torch.cuda.is_available():
+        return flags
+    return ("--dtype", "float32", *flags)
+
+
 class ServerProcess:
-    """A server started with extra flags; ``url`` is its base URL."""
+    """A server started with extra flags (float32 on CPU unless they name a dtype:
+    `float32_on_cpu`); ``url`` is its base URL."""
 
     def __init__(self, *flags: str, log: Path) -> None:
+        flags = float32_on_cpu(flags)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
