@@ -29,7 +29,12 @@ def spec_engine(model_path):
     the verify step detached (one model load instead of two)."""
     from kvflow.runtime.engine import Engine
 
-    engine = Engine(str(model_path), speculative_algorithm="NGRAM", speculative_num_draft_tokens=6)
+    engine = Engine(
+        str(model_path),
+        dtype="float32",
+        speculative_algorithm="NGRAM",
+        speculative_num_draft_tokens=6,
+    )
     yield engine
     assert engine.is_memory_free()
 
