@@ -140,7 +140,8 @@ def test_node_teardown_leaves_nothing(
     control_plane: ControlPlane, kube: Kube, ns: str, tmp_path: Path
 ) -> None:
     """A second node with a running pod, stopped: its kubelet, containerd, shims and
-    containers are gone, nothing is mounted under its state dir, its cgroups are removed."""
+    containers are gone, nothing is mounted under its state dir, its cgroups are removed,
+    containerd's root (images, snapshots) is deleted."""
     if missing_capability() is not None:
         pytest.skip(str(missing_capability()))
     kubelet = resolve_binaries(NODE_BINARIES)["kubelet"]
@@ -160,3 +161,6 @@ def test_node_teardown_leaves_nothing(
     print(f"node teardown took {time.monotonic() - started:.1f}s")
     assert _leftovers(node) == []
     assert not os.path.exists(node.config.containerd_socket)
+    # its images and snapshots are deleted (GBs per node), its logs kept
+    assert not (node.config.containerd_dir / "root").exists()
+    assert node.config.logs_dir.is_dir()

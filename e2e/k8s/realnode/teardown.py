@@ -12,7 +12,7 @@ from pathlib import Path
 from .config import RealNodeConfig
 from .containerd import ctr
 
-__all__ = ["kill_shims", "sandbox_netns_paths", "unmount_under"]
+__all__ = ["kill_shims", "mounts_under", "sandbox_netns_paths", "unmount_under"]
 
 _MNT_DETACH = 2
 
@@ -62,6 +62,12 @@ def _mount_points() -> list[Path]:
             raw = line.split()[4]
             points.append(Path(raw.encode().decode("unicode_escape")))
     return points
+
+
+def mounts_under(root: Path) -> list[Path]:
+    """The mount points at or below `root`."""
+    resolved = root.resolve()
+    return [p for p in _mount_points() if p == resolved or resolved in p.parents]
 
 
 def unmount_under(*roots: Path) -> list[Path]:
