@@ -1,8 +1,8 @@
 """The suite's skip policy, for ``tests/`` and ``e2e/`` alike.
 
 In CI (``$CI`` set to ``true`` or ``1``) a test may skip only for hardware this machine
-lacks (a GPU, CUDA, an RDMA device) or because another test re-runs it in the right mode
-(the Triton interpreter suite). Any other skip (a tool the setup should have provided:
+lacks (a GPU, CUDA, an RDMA device, native bfloat16) or because another test re-runs it in
+the right mode (the Triton interpreter suite). Any other skip (a tool the setup should have provided:
 sglang-router, SGLang's client, helm, Prometheus, mooncake_master, containerd, ...) is
 reported as a failure with the skip's reason, so a broken setup cannot pass quietly.
 """
@@ -16,7 +16,7 @@ import pytest
 
 # Skip reasons that stand for missing hardware, or a test run elsewhere in the suite.
 HARDWARE_SKIPS = re.compile(
-    r"cuda|gpu|rdma|interpret tests already run|TRITON_INTERPRET", re.IGNORECASE
+    r"cuda|gpu|rdma|native bfloat16|interpret tests already run|TRITON_INTERPRET", re.IGNORECASE
 )
 
 
