@@ -71,7 +71,8 @@ class PrefillRole(Role):
         return {"bootstrap_port": self.server.port, "kv_session": self.transport.session_id}
 
     def stats(self) -> RoleStats:
-        return RoleStats(prefill_inflight=len(self.inflight), transfers=self.transfers.totals())
+        totals = self.transfers.totals()._replace(retries=self.transport.retries)
+        return RoleStats(prefill_inflight=len(self.inflight), transfers=totals)
 
     def prepare(self, message: GenerateRequest) -> GenerateRequest:
         """The prefill samples the first token only; the decode makes the rest."""

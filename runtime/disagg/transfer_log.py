@@ -31,6 +31,7 @@ class TransferTotals(NamedTuple):
     nbytes: int = 0
     seconds: float = 0.0
     recent: tuple[TimedWrite, ...] = ()
+    retries: int = 0  # transport calls repeated (set by the role from its transport)
 
 
 def timed_write(

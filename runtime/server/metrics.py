@@ -50,6 +50,7 @@ METRIC_NAMES = {
     "kvflow:kv_transfer_bytes_total": "prefill role: KV bytes written into decodes (completed writes)",
     "kvflow:kv_transfer_seconds": "prefill role: histogram: time of one request's KV write (transport only, not the wait for a claim)",
     "sglang:num_transfer_failed_reqs_total": "prefill role: KV writes that failed",
+    "kvflow:kv_transfer_retries_total": "prefill role: KV transport calls repeated after a rejection or a transient failure (the write then landed or failed as a whole)",
     "sglang:kv_transfer_speed_gb_s": "prefill role: GB/s of the latest KV write",
     "sglang:kv_transfer_latency_ms": "prefill role: milliseconds of the latest KV write",
     "sglang:spec_accept_length": "speculative decoding: tokens kept per request per verify step (accepted drafts + 1), since start; 0 without speculation",
@@ -114,6 +115,7 @@ class RuntimeMetrics:
         self.transfer_bytes = counter("kvflow:kv_transfer_bytes_total")
         self.transfer_seconds = histogram("kvflow:kv_transfer_seconds", _TRANSFER_BUCKETS)
         self.transfer_failed = counter("sglang:num_transfer_failed_reqs_total")
+        self.transfer_retries = counter("kvflow:kv_transfer_retries_total")
         self.transfer_speed = gauge("sglang:kv_transfer_speed_gb_s")
         self.transfer_latency = gauge("sglang:kv_transfer_latency_ms")
         self.spec_accept_length = gauge("sglang:spec_accept_length")
@@ -125,7 +127,8 @@ class RuntimeMetrics:
             self.cached_tokens, self.requests, self.aborted, self.itl, self.e2e,
             self.prefill_inflight,
             self.decode_prealloc, self.decode_transfer, self.transfer_bytes,
-            self.transfer_seconds, self.transfer_failed, self.transfer_speed,
+            self.transfer_seconds, self.transfer_failed, self.transfer_retries,
+            self.transfer_speed,
             self.transfer_latency, self.spec_accept_length,
         ):  # fmt: skip
             metric.labels(model_name)
@@ -138,7 +141,7 @@ class RuntimeMetrics:
         self._cached_total = 0
         self._generated: deque[tuple[float, int]] = deque()  # (time, generated tokens so far)
         self._transfers_seen = 0  # kv_transfers already observed
-        self._transfer_totals_seen = (0, 0)  # (bytes, failures) already counted
+        self._transfer_totals_seen = (0, 0, 0)  # (bytes, failures, retries) already counted
 
     def observe_stats(self, stats: SchedulerStats, now: float | None = None) -> None:
         if stats.hicache is not None:
@@ -167,10 +170,15 @@ class RuntimeMetrics:
         self.prefill_inflight.labels(m).set(stats.num_prefill_inflight_queue_reqs)
         self.decode_prealloc.labels(m).set(stats.num_decode_prealloc_queue_reqs)
         self.decode_transfer.labels(m).set(stats.num_decode_transfer_queue_reqs)
-        seen_bytes, seen_failures = self._transfer_totals_seen
+        seen_bytes, seen_failures, seen_retries = self._transfer_totals_seen
         self.transfer_bytes.labels(m).inc(max(stats.kv_transfer_bytes - seen_bytes, 0))
         self.transfer_failed.labels(m).inc(max(stats.kv_transfer_failures - seen_failures, 0))
-        self._transfer_totals_seen = (stats.kv_transfer_bytes, stats.kv_transfer_failures)
+        self.transfer_retries.labels(m).inc(max(stats.kv_transfer_retries - seen_retries, 0))
+        self._transfer_totals_seen = (
+            stats.kv_transfer_bytes,
+            stats.kv_transfer_failures,
+            stats.kv_transfer_retries,
+        )
         new = stats.kv_transfers - self._transfers_seen
         self._transfers_seen = stats.kv_transfers
         recent = stats.recent_kv_transfers[-new:] if new > 0 else ()

@@ -268,6 +268,7 @@ class SchedulerLoop:
             num_decode_transfer_queue_reqs=role.decode_transfer,
             kv_transfers=role.transfers.writes,
             kv_transfer_failures=role.transfers.failures,
+            kv_transfer_retries=role.transfers.retries,
             kv_transfer_bytes=role.transfers.nbytes,
             kv_transfer_seconds=role.transfers.seconds,
             recent_kv_transfers=tuple(tuple(t) for t in role.transfers.recent),

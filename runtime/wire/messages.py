@@ -111,6 +111,7 @@ class SchedulerStats:
     num_decode_transfer_queue_reqs: int = 0
     kv_transfers: int = 0  # writes completed since start
     kv_transfer_failures: int = 0
+    kv_transfer_retries: int = 0  # transport calls repeated (the transport's count)
     kv_transfer_bytes: int = 0
     kv_transfer_seconds: float = 0.0
     recent_kv_transfers: tuple[tuple[float, int], ...] = ()  # (seconds, bytes) of the last ones

@@ -216,3 +216,103 @@ def test_concurrent_scattered_writes_to_one_peer_all_land(local, pool_peer) -> N
         dst_buf = received["k"][layer]
         assert np.array_equal(_raw(dst_buf)[slots], _raw(src_buf)[slots])
         assert np.array_equal(_raw(dst_buf)[[s + 1 for s in slots]], _raw(src_buf)[slots])
+
+
+@pytest.fixture
+def tight_queue(monkeypatch) -> None:
+    """The engine's per-peer TCP queue at 16 pieces, one more waiting at most 1 ms for
+    room: any call of more than 17 pieces is rejected as a whole ("queue-full"). The
+    engine reads these when a transport starts."""
+    monkeypatch.setenv("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "16")
+    monkeypatch.setenv("MC_TCP_MAX_PENDING_ADMISSIONS_PER_PEER", "1")
+    monkeypatch.setenv("MC_TCP_ADMISSION_TIMEOUT_MS", "1")
+
+
+def _tight_write(pools, peer: Peer, transport: KVTransport, shift: int) -> list[int]:
+    """Write 960 scattered pieces (16 slots x 30 layers x K/V) into the peer's float32
+    pool; returns the destination slots."""
+    for region in layout_of(pools["float32"], CONFIG, 1).regions():
+        transport.register(region.ptr, region.nbytes)
+    src_slots = list(range(0, 32, 2))
+    dst_slots = [s + shift for s in src_slots]
+    plan = transfer_plan(
+        layout_of(pools["float32"], CONFIG, 1), peer.layouts["float32"], src_slots, dst_slots
+    )
+    assert len(plan) == 960
+    transport.write(peer.session_id, plan)
+    return dst_slots
+
+
+def _landed(pools, peer: Peer, dst_slots: list[int]) -> None:
+    received = peer.dump("float32")
+    src_slots = list(range(0, 32, 2))
+    for kind, buffers in (("k", pools["float32"].k_buffer), ("v", pools["float32"].v_buffer)):
+        for layer, src_buf in enumerate(buffers):
+            assert np.array_equal(_raw(received[kind][layer])[dst_slots], _raw(src_buf)[src_slots])
+
+
+def test_calls_fit_the_engine_queue_the_environment_sets(tight_queue, local, pool_peer) -> None:
+    """Admission: the transport sizes its calls to the engine's queue, so a write of 960
+    pieces through a 16-piece queue lands with no call rejected."""
+    _, pools = local
+    with KV_TRANSPORTS.get("mooncake")(timeout_s=TIMEOUT_S) as transport:
+        assert transport.max_batch == 16
+        dst_slots = _tight_write(pools, pool_peer, transport, shift=1)
+        assert transport.retries == 0
+    _landed(pools, pool_peer, dst_slots)
+
+
+def test_rejected_calls_are_repeated_smaller_until_they_land(tight_queue, local, pool_peer) -> None:
+    """Retries: calls of 64 and 32 pieces (more than the engine's queue admits, as when an
+    abandoned call still fills it) are rejected by Mooncake's real TCP transport, which
+    may then fail later calls to that peer too (Mooncake 0.3.13.post1, see the transport's
+    module docstring). The transport repeats the call smaller (and through a new engine if
+    the peer's lanes stay stuck), and every byte lands within the write's deadline."""
+    _, pools = local
+    with KV_TRANSPORTS.get("mooncake")(timeout_s=TIMEOUT_S, max_batch=64) as transport:
+        start = time.monotonic()
+        dst_slots = _tight_write(pools, pool_peer, transport, shift=33)
+        assert time.monotonic() - start < TIMEOUT_S
+        assert transport.retries >= 2
+    _landed(pools, pool_peer, dst_slots)
+
+
+def test_a_new_engine_writes_with_the_memory_registered_before(local, pool_peer) -> None:
+    """What the transport does when a peer's lanes stay stuck: the new engine has every
+    region registered and a new session; the stuck one is kept alive, not destroyed."""
+    _, pools = local
+    with KV_TRANSPORTS.get("mooncake")(timeout_s=TIMEOUT_S) as transport:
+        for region in layout_of(pools["float32"], CONFIG, 1).regions():
+            transport.register(region.ptr, region.nbytes)
+        stuck, first_session = transport._engine, transport.session_id
+        assert transport._renew(stuck) is transport._engine is not stuck
+        assert transport.session_id != first_session
+        assert transport._renew(stuck) is transport._engine  # renewed already: unchanged
+        src_slots = list(range(0, 32, 2))
+        dst_slots = [s + 1 for s in src_slots]
+        plan = transfer_plan(
+            layout_of(pools["float32"], CONFIG, 1),
+            pool_peer.layouts["float32"],
+            src_slots,
+            dst_slots,
+        )
+        transport.write(pool_peer.session_id, plan)
+    _landed(pools, pool_peer, dst_slots)
+
+
+def test_a_dead_peer_is_not_retried(tight_queue, local, bare_peer) -> None:
+    """A failed call to a peer whose process is gone (its port refuses) fails at once."""
+    _, pools = local
+    writes = transfer_plan(
+        layout_of(pools["float32"], CONFIG, 1), bare_peer.layouts["float32"], [1], [1]
+    )
+    with KV_TRANSPORTS.get("mooncake")(timeout_s=TIMEOUT_S) as transport:
+        for region in layout_of(pools["float32"], CONFIG, 1).regions():
+            transport.register(region.ptr, region.nbytes)
+        transport.write(bare_peer.session_id, writes)
+        bare_peer.kill()
+        start = time.monotonic()
+        with pytest.raises(TransferError, match=bare_peer.session_id):
+            transport.write(bare_peer.session_id, writes)
+        assert time.monotonic() - start < 1.0
+        assert transport.retries == 0

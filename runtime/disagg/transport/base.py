@@ -34,6 +34,8 @@ class KVTransport(ABC):
       band, by the caller).
     - :meth:`write` may be called from several threads at once. :meth:`close` is called
       once, after the last :meth:`write` returned.
+    - :attr:`retries` counts the engine calls repeated since start (after a rejection or a
+      transient failure); a write that needed them still succeeded or failed as a whole.
 
     NOTE: a write abandoned at its deadline may still be running inside the engine and
     may still land bytes afterwards (see the implementation's bound). A receiver that
@@ -50,6 +52,10 @@ class KVTransport(ABC):
     @property
     @abstractmethod
     def session_id(self) -> str: ...
+
+    @property
+    def retries(self) -> int:
+        return 0
 
     @abstractmethod
     def register(self, ptr: int, nbytes: int) -> None: ...

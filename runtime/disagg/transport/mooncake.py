@@ -14,13 +14,28 @@ Measured with ``mooncake-transfer-engine-non-cuda`` 0.3.13.post1 over TCP:
   ``MC_TCP_PROGRESS_TIMEOUT_SEC`` (default 30 s; we default it to the write timeout) and a
   first handshake for 60 s (a fixed receive timeout in the engine). Hence every engine
   call runs on its own thread under a deadline; see :class:`MooncakeTransport`.
+- Admission: the TCP transport queues at most ``MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER``
+  pieces per peer (default 1,024), lets up to ``MC_TCP_MAX_PENDING_ADMISSIONS_PER_PEER``
+  more (default 1,024) wait ``MC_TCP_ADMISSION_TIMEOUT_MS`` (default 1,000) for room, and
+  fails the whole call beyond that ("TCP lane queue-full rejection"; engine status -1, the
+  same status as a dead peer). One call of at most the queue's size, one call per peer at a
+  time, is never rejected: measured with the queue at 64, pending at 1 and a 1 ms admission
+  timeout, a batch of 60 pieces landed, 240 failed at once. After a rejection the next
+  call to that peer may fail too: with the queue at 16, calls with up to ~100 pieces
+  rejected recovered within 50 ms; one with 300 rejected (or a first call to a new peer
+  that was rejected) left every later call to that peer failing for as long as it was
+  watched (15 s), while a new engine in the same process reached the peer at once. Hence
+  calls never exceed the queue, and a writer whose calls to a live peer keep failing
+  starts a new engine (see :class:`MooncakeTransport`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,11 +52,20 @@ logger = logging.getLogger(__name__)
 # The slowest transfer rate still counted as progress: a write's deadline is
 # timeout_s + its bytes at this rate.
 MIN_BYTES_PER_S = 100e6
-# Writes per engine call. NOTE: the TCP transport queues at most
-# MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER transfers per peer (measured: a batch of 2048 passed,
-# 2100 failed as a whole, and calls right after such a failure sometimes failed too), so
-# batches stay well below.
+# Writes per engine call at most, and the engine's own per-peer queue when the environment
+# does not set it (MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER; measured with the default: a batch
+# of 2,048 passed (1,024 queued + 1,024 waiting for admission), 2,100 failed as a whole).
 MAX_BATCH = 1024
+QUEUE_ENV = "MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER"
+# A failed engine call is repeated after RETRY_FIRST_S, doubling up to RETRY_MAX_S, while the
+# write's deadline allows and the peer still accepts connections.
+RETRY_FIRST_S = 0.005
+RETRY_MAX_S = 0.2
+# Calls of one piece that failed to a live peer before the transport starts a new engine
+# (Mooncake's lanes to a peer can stay broken after a large rejection, see above), and the
+# shortest time between two new engines.
+RENEW_AFTER = 3
+RENEW_EVERY_S = 1.0
 # Engine calls abandoned at their deadline keep their engine alive here: destroying an
 # engine while a call still runs inside it would crash the process.
 _ABANDONED_ENGINES: list[object] = []
@@ -75,6 +99,17 @@ class MooncakeTransport(KVTransport):
     inside the engine at that deadline is abandoned, not stopped: it ends within the
     engine's own timeouts (data: ``MC_TCP_PROGRESS_TIMEOUT_SEC``; first handshake with a
     peer: 60 s, fixed in the engine) and may land bytes until then.
+
+    Admission and retries: a write goes to the engine in calls of at most ``window``
+    pieces, one call per peer at a time. The window starts at the engine's per-peer queue
+    (``MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER``, capped at :data:`MAX_BATCH`; ``max_batch``
+    overrides it). A failed call is repeated with the window halved (for the rest of that
+    write), after a backoff that doubles, until the write's deadline. A peer that refuses connections is dead: its write fails at once, unrepeated.
+    Repeating is safe: a call writes the same bytes to the same place. After
+    :data:`RENEW_AFTER` failed one-piece calls to a live peer, the writer starts a new
+    engine with the same memory registered (:meth:`_renew`); :attr:`session_id` changes
+    then, which only a reader of this endpoint would notice (KV flows prefill -> decode:
+    only the prefill writes, and nobody writes into it).
     """
 
     def __init__(
@@ -83,6 +118,7 @@ class MooncakeTransport(KVTransport):
         device_name: str = "",
         host: str | None = None,
         timeout_s: float = 5.0,
+        max_batch: int | None = None,
     ) -> None:
         mooncake_env.require("the PD KV transport", timeout_s)
         try:
@@ -95,26 +131,9 @@ class MooncakeTransport(KVTransport):
             ) from exc
         self.host = host or os.environ.get(POD_IP_ENV) or "127.0.0.1"
         self.timeout_s = timeout_s
-        self._engine: Any = TransferEngine()
-        status = self._engine.initialize(self.host, "P2PHANDSHAKE", protocol, device_name)
-        if status != 0:
-            raise TransferError(
-                f"Mooncake engine did not start on {self.host} over {protocol} "
-                f"(status {status}; its log on stderr says why)"
-            )
-        port = self._engine.get_rpc_port()
-        self._session_id = f"{self.host}:{port}"
-        low, high = KV_TRANSFER_PORT_RANGE
-        if not low <= port <= high:
-            logger.warning(
-                "Mooncake listens on port %d, outside KV_TRANSFER_PORT_RANGE %d-%d: "
-                "mooncake.engine was imported before MooncakeTransport set MC_MIN_RPC_PORT, "
-                "or MC_MIN_RPC_PORT/MC_MAX_RPC_PORT are set otherwise",
-                port,
-                low,
-                high,
-            )
-        self._registered: list[int] = []
+        self._start = lambda: _start_engine(TransferEngine(), self.host, protocol, device_name)
+        self._engine, self._session_id = self._start()
+        self._registered: list[tuple[int, int]] = []
         self._lock = threading.Lock()
         # session -> one write at a time; an entry lives while a writer holds its lock, so
         # the table does not grow with every decode process a prefill has ever served
@@ -122,6 +141,14 @@ class MooncakeTransport(KVTransport):
             weakref.WeakValueDictionary()
         )
         self._abandoned = 0  # calls past their deadline still running inside the engine
+        self.max_batch = max_batch or _engine_queue()
+        self._retries = 0
+        self._renewed_at = 0.0
+
+    @property
+    def retries(self) -> int:
+        with self._lock:
+            return self._retries
 
     @classmethod
     def require_env(cls, options: Any) -> None:
@@ -135,7 +162,7 @@ class MooncakeTransport(KVTransport):
         status = self._engine.register_memory(ptr, nbytes)
         if status != 0:
             raise TransferError(f"Mooncake could not register {nbytes} bytes at {ptr:#x}")
-        self._registered.append(ptr)
+        self._registered.append((ptr, nbytes))
 
     def write(self, session_id: str, writes: Sequence[Write]) -> None:
         if not writes:
@@ -150,10 +177,12 @@ class MooncakeTransport(KVTransport):
         # pieces across all calls, and concurrent writes to one peer overflow it ("TCP lane
         # queue-full rejection"; 8 threads of 1,024 pieces failed here, one at a time did
         # not, and went faster). Each holder is bounded by its own deadline.
+        deadline_s = self.timeout_s + total / MIN_BYTES_PER_S
         with peer_lock:
+            deadline = time.monotonic() + deadline_s
             status = self._call(
-                lambda: self._write_batches(session_id, writes),
-                deadline_s=self.timeout_s + total / MIN_BYTES_PER_S,
+                lambda: self._write_batches(session_id, writes, deadline),
+                deadline_s=deadline_s,
                 what=f"write of {total} bytes in {len(writes)} pieces to {session_id}",
             )
         if status != 0:
@@ -163,18 +192,72 @@ class MooncakeTransport(KVTransport):
                 "registered there; the engine's log on stderr says which)"
             )
 
-    def _write_batches(self, session_id: str, writes: Sequence[Write]) -> int:
-        for start in range(0, len(writes), MAX_BATCH):
-            batch = writes[start : start + MAX_BATCH]
-            status = self._engine.batch_transfer_sync_write(
+    def _write_batches(self, session_id: str, writes: Sequence[Write], deadline: float) -> int:
+        """Every write, in calls of at most ``max_batch`` pieces; a failed call is repeated
+        (see the class) until ``deadline``. Returns the engine's status (0: all landed)."""
+        window = self.max_batch
+        backoff = RETRY_FIRST_S
+        start = failed_singles = 0
+        engine = self._engine
+        while start < len(writes):
+            if time.monotonic() >= deadline:  # abandoned by the caller: no new call
+                return -1
+            batch = writes[start : start + window]
+            status = engine.batch_transfer_sync_write(
                 session_id,
                 [w.src_ptr for w in batch],
                 [w.dst_ptr for w in batch],
                 [w.nbytes for w in batch],
             )
-            if status != 0:
+            if status == 0:
+                start += len(batch)
+                backoff = RETRY_FIRST_S
+                continue
+            if time.monotonic() + backoff >= deadline or _refuses(session_id):
                 return int(status)
+            failed_singles += len(batch) == 1
+            if failed_singles == RENEW_AFTER:  # the engine's lanes to it are stuck
+                engine = self._renew(engine)
+            window = max(1, min(window, len(batch)) // 2)
+            with self._lock:
+                self._retries += 1
+            logger.debug(
+                "KV write to %s: a call of %d pieces failed (status %s); again with %d in %.3f s",
+                session_id,
+                len(batch),
+                status,
+                window,
+                backoff,
+            )
+            time.sleep(backoff)
+            backoff = min(backoff * 2, RETRY_MAX_S)
         return 0
+
+    def _renew(self, stuck: Any) -> Any:
+        """A new engine in place of ``stuck`` (unless another writer renewed it already, or
+        one was started less than :data:`RENEW_EVERY_S` ago), with the same memory
+        registered. The old engine is kept alive: other calls may still run in it."""
+        with self._lock:
+            if self._engine is not stuck or time.monotonic() - self._renewed_at < RENEW_EVERY_S:
+                return self._engine
+            self._renewed_at = time.monotonic()
+            try:
+                engine, session_id = self._start()
+                for ptr, nbytes in self._registered:
+                    if engine.register_memory(ptr, nbytes) != 0:
+                        raise TransferError(f"could not register {nbytes} bytes at {ptr:#x}")
+            except TransferError as err:
+                logger.warning("KV transport: a new Mooncake engine did not start: %s", err)
+                return stuck
+            _ABANDONED_ENGINES.append(stuck)
+            logger.warning(
+                "KV transport: calls to a live peer kept failing; writes now go through a "
+                "new Mooncake engine (%s, was %s)",
+                session_id,
+                self._session_id,
+            )
+            self._engine, self._session_id = engine, session_id
+            return engine
 
     def _call(self, call: Callable[[], int], deadline_s: float, what: str) -> int:
         """Run one blocking engine call on its own thread, raise at the deadline."""
@@ -217,6 +300,46 @@ class MooncakeTransport(KVTransport):
             logger.warning("%d abandoned KV transfer(s) still running; engine kept", still_running)
             _ABANDONED_ENGINES.append(engine)
             return
-        for ptr in self._registered:
+        for ptr, _ in self._registered:
             engine.unregister_memory(ptr)
         self._registered.clear()
+
+
+def _start_engine(engine: Any, host: str, protocol: str, device_name: str) -> tuple[Any, str]:
+    """``engine`` initialized in P2P-handshake mode on ``host``, and its session id."""
+    status = engine.initialize(host, "P2PHANDSHAKE", protocol, device_name)
+    if status != 0:
+        raise TransferError(
+            f"Mooncake engine did not start on {host} over {protocol} "
+            f"(status {status}; its log on stderr says why)"
+        )
+    port = engine.get_rpc_port()
+    low, high = KV_TRANSFER_PORT_RANGE
+    if not low <= port <= high:
+        logger.warning(
+            "Mooncake listens on port %d, outside KV_TRANSFER_PORT_RANGE %d-%d: "
+            "mooncake.engine was imported before MooncakeTransport set MC_MIN_RPC_PORT, "
+            "or MC_MIN_RPC_PORT/MC_MAX_RPC_PORT are set otherwise",
+            port,
+            low,
+            high,
+        )
+    return engine, f"{host}:{port}"
+
+
+def _engine_queue() -> int:
+    """The engine's per-peer queue as the environment sets it, at most :data:`MAX_BATCH`."""
+    raw = os.environ.get(QUEUE_ENV, "")
+    return min(int(raw), MAX_BATCH) if raw.isdigit() and int(raw) > 0 else MAX_BATCH
+
+
+def _refuses(session_id: str) -> bool:
+    """Whether the peer's handshake port refuses connections (its process is gone)."""
+    host, _, port = session_id.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=0.2):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:  # slow or unreachable: not known dead, the deadline decides
+        return False
