@@ -19,6 +19,7 @@
 # session and its whole group is killed at the end, whatever happens.
 #
 #   bash benchmarks/gpu_pd_run.sh            # on the GPU machine (device tool `run`)
+#   PD_TRANSFER="--disaggregation-transfer-backend cuda_ipc" bash benchmarks/gpu_pd_run.sh
 #   PD_LOCAL=1 bash benchmarks/gpu_pd_run.sh # CPU dry run here: a tiny dummy Llama config,
 #                                            # the local venv's Mooncake, small prompts
 # Carried (gitignored, made by benchmarks/gpu_pd_prep.sh): .whl/grammar, .whl/http (the
@@ -37,13 +38,17 @@ else
   export PD_LENGTHS="100 400 900 1500 2100 2800 3400 4000" PD_TTFT_LEN=4000 PD_VOCAB=128256
 fi
 env_lines > "$OUT/env.txt" 2>&1
+echo "transfer: ${PD_TRANSFER:-mooncake over tcp}" >> "$OUT/env.txt"
 cat "$OUT/env.txt"
 
 start unified 30000
 U=$!
-start prefill 30100 --role prefill --bootstrap-port 30198 --disable-cuda-graph
+# PD_TRANSFER: the pair's transport flags, e.g. "--disaggregation-transfer-backend cuda_ipc"
+# or "--kv-transfer-protocol nvlink_intra" (default: Mooncake over TCP)
+read -r -a TRANSFER <<< "${PD_TRANSFER:-}"
+start prefill 30100 --role prefill --bootstrap-port 30198 --disable-cuda-graph "${TRANSFER[@]}"
 P=$!
-start decode 30200 --role decode
+start decode 30200 --role decode "${TRANSFER[@]}"
 D=$!
 wait_up "$(left)" "unified:30000:$U" "prefill:30100:$P" "decode:30200:$D" || exit 1
 echo "servers up after $(elapsed) s"

@@ -183,7 +183,7 @@ SERVE_FLAGS: Mapping[str, str] = {
     "--port": "API port",
     "--role": "unified | prefill | decode",
     "--bootstrap-port": "KV-transfer bootstrap port (prefill role)",
-    "--kv-transfer-protocol": "tcp | rdma",
+    "--kv-transfer-protocol": "tcp | rdma | nvlink_intra",
     **HICACHE_FLAGS,
     "--max-running-requests": "largest running batch",
 }

@@ -3,7 +3,8 @@
 Routes (JSON over HTTP; the decode's scheduler process is the only client, see
 :mod:`kvflow.runtime.disagg.bootstrap_client`)::
 
-    POST /register       {"session", "layout"}            -> 200 | 409 {"error"} (layout mismatch)
+    POST /register       {"session", "layout", "peer"}    -> 200 | 409 {"error"} (layout mismatch,
+                                                          or a peer the transport cannot reach)
     POST /rooms          {"session", "claims": [{"room", "slots", "prompt_hash"}]}
                                                           -> {"refused": {room: why}}
     POST /rooms/status   {"rooms": [...], "cancel": [...]} -> {"states": {room: {"state", ...}}}
@@ -12,7 +13,8 @@ With a key (the deployment's internal credential, ``$KVFLOW_INTERNAL_KEY``) ever
 needs ``Authorization: Bearer <key>``; 401 otherwise. A body that is not what a route
 takes is a 400, one over :data:`MAX_BODY_BYTES` a 413.
 
-A decode registers its transport session and KV layout once, claims rooms as requests
+A decode registers its transport session, KV layout and transport peer info (``peer``: what
+its transport tells writers, ``{"transport": "mooncake"}`` when absent) once, claims rooms as requests
 arrive, and polls their states in batches (see :mod:`kvflow.runtime.disagg.rooms`).
 """
 
@@ -23,11 +25,13 @@ import json
 import logging
 import re
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from kvflow.runtime.disagg.layout import KVLayout
 from kvflow.runtime.disagg.rooms import Claim, Rooms
+from kvflow.runtime.disagg.transport.base import TransferError
 
 __all__ = ["MAX_BODY_BYTES", "BootstrapServer"]
 logger = logging.getLogger("kvflow.bootstrap")
@@ -62,9 +66,16 @@ class BootstrapServer:
     """Serves the bootstrap routes on ``host:port`` from daemon threads."""
 
     def __init__(
-        self, host: str, port: int, layout: KVLayout, rooms: Rooms, key: str | None = None
+        self,
+        host: str,
+        port: int,
+        layout: KVLayout,
+        rooms: Rooms,
+        key: str | None = None,
+        on_register: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
         self.layout = layout
+        self.on_register = on_register  # the transport's check of a decode's peer info
         self.rooms = rooms
         self.sessions: dict[str, KVLayout] = {}  # registered decodes
         self._expected = None if key is None else f"Bearer {key}".encode()
@@ -138,6 +149,15 @@ class BootstrapServer:
             if problem:
                 logger.error("refused decode %s: %s", body["session"], problem)
                 return 409, {"error": f"refused by the prefill: {problem}"}
+            info = body.get("peer", {"transport": "mooncake"})
+            if not isinstance(info, dict):
+                raise ValueError("peer must be an object")
+            if self.on_register is not None:
+                try:
+                    self.on_register(str(body["session"]), info)
+                except TransferError as err:
+                    logger.error("refused decode %s: %s", body["session"], err)
+                    return 409, {"error": f"refused by the prefill: {err}"}
             self.sessions[str(body["session"])] = peer
             return 200, {"layout": self.layout.to_dict()}
         if path == "/rooms":

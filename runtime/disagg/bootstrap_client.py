@@ -147,8 +147,9 @@ class BootstrapClient:
         finally:
             conn.close()
 
-    def register(self, session: str, layout: KVLayout) -> None:
-        self._post("/register", {"session": session, "layout": layout.to_dict()})
+    def register(self, session: str, layout: KVLayout, peer: dict[str, Any] | None = None) -> None:
+        body = {"session": session, "layout": layout.to_dict()}
+        self._post("/register", body if peer is None else {**body, "peer": peer})
 
     def claim(self, session: str, claims: list[tuple[int, list[int], str]]) -> dict[int, str]:
         """Claim rooms ``(room, slots, prompt_hash)``; returns the refused ones with the

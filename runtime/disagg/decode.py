@@ -64,7 +64,11 @@ class DecodeRole(Role):
         for region in self.layout.regions():
             transport.register(region.ptr, region.nbytes)
         self.watcher = RoomWatcher(
-            transport.session_id, self.layout, timeout_s, key=transfer.internal_key
+            transport.session_id,
+            self.layout,
+            timeout_s,
+            key=transfer.internal_key,
+            peer_info=transport.peer_info(),
         )
         self.prealloc: list[Req] = []
         self.transferring: dict[str, Req] = {}

@@ -59,6 +59,7 @@ class PrefillRole(Role):
             self.layout,
             self.rooms,
             key=transfer.internal_key,
+            on_register=transport.add_peer,
         )
         self.server.start()
         self.inflight: list[Req] = []

@@ -53,9 +53,11 @@ class RoomWatcher:
         timeout_s: float,
         key: str | None = None,
         max_peers: int = MAX_PEERS,
+        peer_info: dict[str, Any] | None = None,
     ) -> None:
         self.session = session
         self.layout = layout
+        self.peer_info = peer_info  # the transport's, sent with every registration
         self.timeout_s = timeout_s
         self.key = key
         self.max_peers = max_peers
@@ -169,7 +171,7 @@ class _PeerLink(threading.Thread):
                 return
 
     def _register(self) -> None:
-        self.client.register(self.watcher.session, self.watcher.layout)
+        self.client.register(self.watcher.session, self.watcher.layout, self.watcher.peer_info)
         self.registered = True
         self.last_ok = time.monotonic()
 

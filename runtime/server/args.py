@@ -20,6 +20,7 @@ from kvflow.runtime.attention import ATTENTION_BACKENDS
 from kvflow.runtime.cache.storage import STORAGE_BACKENDS
 from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.disagg.transport import KV_TRANSPORTS, KVTransferOptions
+from kvflow.runtime.disagg.transport.options import KV_TRANSFER_PROTOCOLS, transport_problem
 from kvflow.runtime.layers.quantization import QUANTIZATION_FLAG_VALUES, resolve_quantization
 from kvflow.runtime.lora import parse_lora_paths, resolve_target_modules
 from kvflow.runtime.scheduler.policy import SCHEDULE_POLICIES
@@ -146,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         elif flag in ("--bootstrap-port", "--max-running-requests"):
             kwargs["type"] = int
         elif flag == "--kv-transfer-protocol":
-            kwargs["choices"] = ["tcp", "rdma"]  # default tcp; None: not given
+            kwargs["choices"] = list(KV_TRANSFER_PROTOCOLS)  # default tcp; None: not given
         elif flag == "--hicache-host-memory-gb":
             kwargs["type"] = float
         elif flag == "--hicache-write-policy":
@@ -272,6 +273,12 @@ def _check_hicache(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> N
         )
 
 
+def _cuda_available() -> bool:
+    import torch  # here: only a PD server asking for a same-host transport pays the import
+
+    return torch.cuda.is_available()
+
+
 def _kv_transfer(
     parser: argparse.ArgumentParser, ns: argparse.Namespace
 ) -> KVTransferOptions | None:
@@ -300,6 +307,14 @@ def _kv_transfer(
         return None
     if ns.disagg_timeout is not None and ns.disagg_timeout <= 0:
         parser.error("--disagg-timeout must be > 0")
+    problem = transport_problem(
+        ns.disaggregation_transfer_backend or KVTransferOptions.backend,
+        ns.kv_transfer_protocol,
+        ns.hicache_storage,
+        cuda=lambda: ns.device == "cuda" or (ns.device == "auto" and _cuda_available()),
+    )
+    if problem:
+        parser.error(problem)
     defaults = KVTransferOptions()
     return KVTransferOptions(
         backend=ns.disaggregation_transfer_backend or defaults.backend,

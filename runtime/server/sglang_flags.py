@@ -207,7 +207,9 @@ SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
     # prefill/decode disaggregation
     "--disaggregation-mode": Alias("--role"),
     "--disaggregation-bootstrap-port": Alias("--bootstrap-port"),
-    "--disaggregation-transfer-backend": Same("mooncake"),
+    "--disaggregation-transfer-backend": Same(
+        "mooncake; kvflow adds cuda_ipc (its own CUDA IPC copy between GPUs of one host)"
+    ),
     # hierarchical cache
     "--enable-hierarchical-cache": Refuse(
         "give the host tier's size instead: --hicache-host-memory-gb N (0: off)", nargs=0

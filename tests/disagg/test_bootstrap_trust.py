@@ -200,3 +200,36 @@ def test_refusals_are_checked() -> None:
         refused = BootstrapClient(fake.address, 2).claim("s", [(7, [1], HASH), (8, [2], HASH)])
         assert fake.calls[-1][1]["claims"][0] == {"room": 7, "slots": [1], "prompt_hash": HASH}
     assert refused == {7: "claimed already", 8: "refused by the prefill"}
+
+
+@pytest.mark.parametrize(
+    ("peer", "why"),
+    [
+        (
+            {"transport": "cuda_ipc"},
+            "the decode's KV transport is 'cuda_ipc', this prefill's 'mooncake'",
+        ),
+        ({"transport": "mooncake", "protocol": "rdma"}, "the decode's Mooncake protocol is 'rdma'"),
+    ],
+)
+def test_a_decode_on_another_transport_is_refused_at_registration(layout, peer, why) -> None:
+    """The prefill's transport checks the decode's peer info (a real Mooncake transport):
+    a decode that could never receive this prefill's writes is refused with the reason,
+    before any room is claimed."""
+    from kvflow.runtime.disagg import KV_TRANSPORTS
+
+    with KV_TRANSPORTS.get("mooncake")(timeout_s=2) as transport:
+        server = BootstrapServer(
+            "127.0.0.1", 0, layout, Rooms(timeout_s=5), on_register=transport.add_peer
+        )
+        server.start()
+        try:
+            client = BootstrapClient(f"127.0.0.1:{server.port}")
+            with pytest.raises(BootstrapError, match=why) as refused:
+                client.register("127.0.0.1:1", layout, peer)
+            assert refused.value.refused and not server.sessions
+            client.register("127.0.0.1:1", layout, transport.peer_info())  # the same: taken
+            client.register("127.0.0.1:2", layout)  # no peer info: a Mooncake TCP decode
+            assert set(server.sessions) == {"127.0.0.1:1", "127.0.0.1:2"}
+        finally:
+            server.stop()

@@ -115,3 +115,36 @@ def test_the_internal_key_comes_from_the_environment_and_stays_out_of_reprs(
     assert "s3cret-key" not in repr(options)
     monkeypatch.setenv(INTERNAL_KEY_ENV, "")
     assert parse_args(["--role", "prefill"]).kv_transfer.internal_key is None  # open routes
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--disaggregation-transfer-backend", "cuda_ipc", "--device", "cpu"],
+            "cuda_ipc copies KV between GPUs of one host: it needs CUDA",
+        ),
+        (
+            ["--disaggregation-transfer-backend", "cuda_ipc", "--kv-transfer-protocol", "tcp"],
+            "the cuda_ipc backend has none",
+        ),
+        (
+            ["--kv-transfer-protocol", "nvlink_intra", "--device", "cpu"],
+            "nvlink_intra needs CUDA",
+        ),
+        (
+            [
+                *("--kv-transfer-protocol", "nvlink_intra", "--hicache-host-memory-gb", "1"),
+                *("--hicache-storage", "mooncake", "--hicache-storage-path", "127.0.0.1:50051"),
+            ],
+            "could not reach its store",
+        ),
+    ],
+)
+def test_same_host_transports_that_cannot_work_are_refused(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--role", "prefill", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

@@ -34,6 +34,11 @@ class KVTransport(ABC):
       band, by the caller).
     - :meth:`write` may be called from several threads at once. :meth:`close` is called
       once, after the last :meth:`write` returned.
+    - :meth:`peer_info` is what this endpoint tells the peers that write into it (it
+      travels in the decode's bootstrap registration); the writer passes it to
+      :meth:`add_peer` before its first :meth:`write` to that session, which raises
+      :class:`TransferError` when the writer cannot reach such a peer (another transport,
+      another host for a same-host one).
     - :attr:`retries` counts the engine calls repeated since start (after a rejection or a
       transient failure); a write that needed them still succeeded or failed as a whole.
 
@@ -42,6 +47,8 @@ class KVTransport(ABC):
     gives up on a transfer must not hand its slots to another request before that bound
     has passed.
     """
+
+    name: str = "mooncake"  # the registry's name, as peers are told
 
     @classmethod
     @abstractmethod
@@ -56,6 +63,19 @@ class KVTransport(ABC):
     @property
     def retries(self) -> int:
         return 0
+
+    def peer_info(self) -> dict[str, Any]:
+        return {"transport": self.name}
+
+    def add_peer(self, session_id: str, info: dict[str, Any]) -> None:
+        """Check (and prepare) a peer that registered with ``info``; the default checks
+        that it runs this transport."""
+        theirs = info.get("transport")
+        if theirs != self.name:
+            raise TransferError(
+                f"the decode's KV transport is {theirs!r}, this prefill's {self.name!r} "
+                "(--disaggregation-transfer-backend must match)"
+            )
 
     @abstractmethod
     def register(self, ptr: int, nbytes: int) -> None: ...

@@ -57,6 +57,7 @@ MIN_BYTES_PER_S = 100e6
 # of 2,048 passed (1,024 queued + 1,024 waiting for admission), 2,100 failed as a whole).
 MAX_BATCH = 1024
 QUEUE_ENV = "MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER"
+NVLINK_BATCH = 4096
 # A failed engine call is repeated after RETRY_FIRST_S, doubling up to RETRY_MAX_S, while the
 # write's deadline allows and the peer still accepts connections.
 RETRY_FIRST_S = 0.005
@@ -112,6 +113,8 @@ class MooncakeTransport(KVTransport):
     only the prefill writes, and nobody writes into it).
     """
 
+    name = "mooncake"
+
     def __init__(
         self,
         protocol: str = "tcp",
@@ -131,6 +134,7 @@ class MooncakeTransport(KVTransport):
             ) from exc
         self.host = host or os.environ.get(POD_IP_ENV) or "127.0.0.1"
         self.timeout_s = timeout_s
+        self.protocol = protocol
         self._start = lambda: _start_engine(TransferEngine(), self.host, protocol, device_name)
         self._engine, self._session_id = self._start()
         self._registered: list[tuple[int, int]] = []
@@ -141,7 +145,11 @@ class MooncakeTransport(KVTransport):
             weakref.WeakValueDictionary()
         )
         self._abandoned = 0  # calls past their deadline still running inside the engine
-        self.max_batch = max_batch or _engine_queue()
+        # nvlink_intra: one cudaMemcpyBatchAsync per call, no TCP queue (very large batches
+        # have hung the driver's batch copy for others: kept to a few thousand)
+        self.max_batch = max_batch or (
+            NVLINK_BATCH if protocol == "nvlink_intra" else _engine_queue()
+        )
         self._retries = 0
         self._renewed_at = 0.0
 
@@ -153,6 +161,22 @@ class MooncakeTransport(KVTransport):
     @classmethod
     def require_env(cls, options: Any) -> None:
         mooncake_env.require("the PD KV transport", options.timeout_s)
+        if options.protocol == "nvlink_intra":
+            # the engine installs its intra-node NVLink (CUDA IPC) transport, and only it,
+            # when this is set at all; both sides set it (both run this protocol)
+            os.environ.setdefault("MC_INTRANODE_NVLINK", "1")
+
+    def peer_info(self) -> dict[str, Any]:
+        return {"transport": self.name, "protocol": self.protocol}
+
+    def add_peer(self, session_id: str, info: dict[str, Any]) -> None:
+        super().add_peer(session_id, info)
+        theirs = info.get("protocol", "tcp")
+        if theirs != self.protocol:
+            raise TransferError(
+                f"the decode's Mooncake protocol is {theirs!r}, this prefill's "
+                f"{self.protocol!r} (--kv-transfer-protocol must match)"
+            )
 
     @property
     def session_id(self) -> str:

@@ -2,12 +2,48 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvflow.runtime.disagg.transport.base import KVTransport
 from kvflow.runtime.disagg.transport.registry import KV_TRANSPORTS
 
-__all__ = ["KVTransferOptions"]
+__all__ = ["KV_TRANSFER_PROTOCOLS", "KVTransferOptions", "transport_problem"]
+
+# Mooncake's protocols kvflow offers (--kv-transfer-protocol): tcp (any two hosts), rdma
+# (never run here), nvlink_intra (Mooncake's CUDA IPC between processes of one host).
+KV_TRANSFER_PROTOCOLS = ("tcp", "rdma", "nvlink_intra")
+
+
+def transport_problem(
+    backend: str, protocol: str | None, hicache_storage: str | None, cuda: Callable[[], bool]
+) -> str | None:
+    """Why a prefill's or decode's transport settings cannot work, or None; ``cuda`` tells
+    whether this process will run on CUDA (asked only when it matters)."""
+    if backend == "cuda_ipc":
+        if protocol is not None:
+            return (
+                "--kv-transfer-protocol is Mooncake's (tcp, rdma, nvlink_intra); the "
+                "cuda_ipc backend has none"
+            )
+        if not cuda():
+            return (
+                "--disaggregation-transfer-backend cuda_ipc copies KV between GPUs of one "
+                "host: it needs CUDA (use mooncake on CPU)"
+            )
+    if protocol == "nvlink_intra":
+        if hicache_storage == "mooncake":
+            return (
+                "--kv-transfer-protocol nvlink_intra makes every Mooncake engine of the "
+                "process NVLink-only (MC_INTRANODE_NVLINK), so --hicache-storage mooncake "
+                "could not reach its store; use tcp with it"
+            )
+        if not cuda():
+            return (
+                "--kv-transfer-protocol nvlink_intra needs CUDA and the "
+                "mooncake-transfer-engine CUDA wheel"
+            )
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)

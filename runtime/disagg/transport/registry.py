@@ -8,3 +8,4 @@ __all__ = ["KV_TRANSPORTS"]
 
 KV_TRANSPORTS: Registry[KVTransport] = Registry("KV transport")
 KV_TRANSPORTS.register("mooncake", "kvflow.runtime.disagg.transport.mooncake:MooncakeTransport")
+KV_TRANSPORTS.register("cuda_ipc", "kvflow.runtime.disagg.transport.cuda_ipc:CudaIpcTransport")

@@ -1,0 +1,127 @@
+"""A transfer plan's pieces (thousands of small ``Write``s) as a few gathers and scatters.
+
+A KV plan writes, per layer, K and V runs of slots from one pool into another: thousands of
+pieces of a few KiB each. Copying them one call per piece costs microseconds of launch each;
+grouped by (source buffer, destination buffer) pair and cut into units of their greatest
+common size, every pair is one ``index_select`` and one ``index_copy_`` however many pieces
+it has: two kernels per K or V buffer, at the memory's bandwidth.
+
+:func:`unit_indices` is the pure part (addresses in, unit indices out, numpy);
+:func:`copy_pieces` runs it over byte tensors of any device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from kvflow.runtime.disagg.plan import Write
+from kvflow.runtime.disagg.transport.base import TransferError
+
+__all__ = ["Buffers", "PairCopy", "copy_pieces", "unit_indices"]
+
+
+class Buffers(NamedTuple):
+    """Byte buffers by the addresses writes name them with: ``addrs[i]`` is where
+    ``tensors[i]`` (1-D ``uint8``) starts in the plan's address space."""
+
+    addrs: tuple[int, ...]
+    tensors: tuple[torch.Tensor, ...]
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(t.numel() for t in self.tensors)
+
+
+class PairCopy(NamedTuple):
+    """The units one (source buffer, destination buffer) pair copies: ``src_units[j]`` of
+    the source (viewed as rows of ``unit`` bytes) goes to ``dst_units[j]``."""
+
+    src: int
+    dst: int
+    unit: int
+    src_units: np.ndarray
+    dst_units: np.ndarray
+
+
+def _locate(
+    ptrs: np.ndarray, nbytes: np.ndarray, addrs: Sequence[int], sizes: Sequence[int], side: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each piece's buffer and offset in it; a piece outside every buffer is an error."""
+    order = np.argsort(np.asarray(addrs, dtype=np.int64))
+    bases = np.asarray(addrs, dtype=np.int64)[order]
+    ends = bases + np.asarray(sizes, dtype=np.int64)[order]
+    where = np.searchsorted(bases, ptrs, side="right") - 1
+    inside = (where >= 0) & (ptrs + nbytes <= ends[np.maximum(where, 0)])
+    if not inside.all():
+        bad = int(np.argmin(inside))
+        raise TransferError(
+            f"a {int(nbytes[bad])}-byte piece at {int(ptrs[bad]):#x} lies outside every "
+            f"{side} buffer"
+        )
+    return order[where], ptrs - bases[where]
+
+
+def unit_indices(
+    writes: Sequence[Write],
+    src_addrs: Sequence[int],
+    src_sizes: Sequence[int],
+    dst_addrs: Sequence[int],
+    dst_sizes: Sequence[int],
+) -> list[PairCopy]:
+    """The pieces of ``writes`` grouped by buffer pair, in units of the largest size that
+    divides every offset and length of the pair (a KV plan: a slot's bytes)."""
+    if not writes:
+        return []
+    table = np.asarray(writes, dtype=np.int64).reshape(-1, 3)
+    src_ptr, dst_ptr, nbytes = table[:, 0], table[:, 1], table[:, 2]
+    if (nbytes <= 0).any():
+        raise TransferError("a piece of a KV write has no bytes")
+    src_buf, src_off = _locate(src_ptr, nbytes, src_addrs, src_sizes, "source")
+    dst_buf, dst_off = _locate(dst_ptr, nbytes, dst_addrs, dst_sizes, "destination")
+    pairs = src_buf * len(dst_addrs) + dst_buf
+    copies = []
+    for pair in np.unique(pairs):
+        mask = pairs == pair
+        s_off, d_off, n = src_off[mask], dst_off[mask], nbytes[mask]
+        unit = math.gcd(int(np.gcd.reduce(s_off)), int(np.gcd.reduce(d_off)), int(np.gcd.reduce(n)))
+        counts = n // unit
+        # unit k of piece i: (offset_i / unit) + k, for k < counts_i
+        steps = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(
+            np.cumsum(counts) - counts, counts
+        )
+        copies.append(
+            PairCopy(
+                int(pair // len(dst_addrs)),
+                int(pair % len(dst_addrs)),
+                unit,
+                np.repeat(s_off // unit, counts) + steps,
+                np.repeat(d_off // unit, counts) + steps,
+            )
+        )
+    return copies
+
+
+def _rows(buffer: torch.Tensor, unit: int) -> torch.Tensor:
+    return buffer[: buffer.numel() // unit * unit].view(-1, unit)
+
+
+def copy_pieces(writes: Sequence[Write], src: Buffers, dst: Buffers) -> int:
+    """Copy every piece of ``writes`` from ``src`` into ``dst`` (on the current stream of
+    the source's device; a destination on another device gets one extra copy per pair).
+    Returns the bytes copied. Enqueued only: the caller synchronizes."""
+    copied = 0
+    for pair in unit_indices(writes, src.addrs, src.sizes, dst.addrs, dst.sizes):
+        source, target = src.tensors[pair.src], dst.tensors[pair.dst]
+        src_rows = torch.from_numpy(pair.src_units).to(source.device, non_blocking=True)
+        dst_rows = torch.from_numpy(pair.dst_units).to(target.device, non_blocking=True)
+        gathered = _rows(source, pair.unit).index_select(0, src_rows)
+        if gathered.device != target.device:
+            gathered = gathered.to(target.device, non_blocking=True)
+        _rows(target, pair.unit).index_copy_(0, dst_rows, gathered)
+        copied += gathered.numel()
+    return copied
