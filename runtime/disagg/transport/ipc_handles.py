@@ -78,7 +78,9 @@ def export(ptr: int, nbytes: int) -> Exported:
         )
     handle = _Handle()
     _check(_driver().cuIpcGetMemHandle(ctypes.byref(handle), base), "cuIpcGetMemHandle")
-    return Exported(base64.b64encode(bytes(handle.reserved)).decode(), ptr - base, nbytes)
+    # NOTE: bytes(handle), not handle.reserved: a c_char array reads as bytes up to its
+    # first NUL, and handles hold NULs
+    return Exported(base64.b64encode(bytes(handle)).decode(), ptr - base, nbytes)
 
 
 def open_handle(handle: str) -> int:
