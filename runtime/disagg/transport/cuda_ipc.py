@@ -156,6 +156,7 @@ class CudaIpcTransport(KVTransport):
 
     def register(self, ptr: int, nbytes: int) -> None:
         try:
+            ipc_handles.bind_context(self.device)
             exported = ipc_handles.export(ptr, nbytes)
         except OSError as err:
             raise TransferError(
@@ -190,7 +191,8 @@ class CudaIpcTransport(KVTransport):
             peer = self._peers.get(session_id)
         if peer is None:
             raise TransferError(f"KV transfer session {session_id!r} is not registered here")
-        torch.cuda.set_device(self.device)  # this thread's context: the driver calls need one
+        torch.cuda.set_device(self.device)
+        ipc_handles.bind_context(self.device)  # the driver calls act on this thread's context
         local = Buffers(tuple(self._local), tuple(self._local.values()))
         with self._lock:  # one mapping per peer, made once
             remote = peer.mapped()

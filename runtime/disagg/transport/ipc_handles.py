@@ -4,7 +4,7 @@ device buffer of this process, open a peer's in this one.
 A handle names a whole ``cudaMalloc`` allocation, and PyTorch's caching allocator hands out
 pieces of larger blocks, so an exported buffer is (the handle of its block, its offset in
 the block). The driver only opens a handle in another process than the one that made it,
-with a CUDA context current on the calling thread (callers set the device first).
+with a CUDA context current on the calling thread (:func:`bind_context`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import ctypes
 import functools
 from typing import NamedTuple
 
-__all__ = ["Exported", "close", "export", "mapped_size", "open_handle"]
+__all__ = ["Exported", "bind_context", "close", "export", "mapped_size", "open_handle"]
 
 _HANDLE_BYTES = 64  # sizeof(CUipcMemHandle)
 _LAZY_ENABLE_PEER_ACCESS = 1  # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
@@ -48,7 +48,27 @@ def _driver() -> ctypes.CDLL:
     lib.cuIpcOpenMemHandle_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), _Handle, ctypes.c_uint]
     lib.cuIpcCloseMemHandle.argtypes = [ctypes.c_uint64]
     lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    lib.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+    lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+    lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
     return lib
+
+
+def bind_context(ordinal: int) -> None:
+    """Make device ``ordinal``'s primary context (the one the CUDA runtime, and so torch,
+    uses) current on this thread if none is: driver calls act on the thread's current
+    context, and a thread that only ever asked torch for its device has none (torch skips
+    ``cudaSetDevice`` when the device is already the current one)."""
+    lib = _driver()
+    current = ctypes.c_void_p()
+    _check(lib.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
+    if current.value:
+        return
+    device, context = ctypes.c_int(), ctypes.c_void_p()
+    _check(lib.cuDeviceGet(ctypes.byref(device), ordinal), "cuDeviceGet")
+    _check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
+    _check(lib.cuCtxSetCurrent(context), "cuCtxSetCurrent")
 
 
 def _check(status: int, what: str) -> None:
