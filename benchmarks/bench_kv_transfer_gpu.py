@@ -74,8 +74,8 @@ def writer(backend: str, protocol: str, iters: int) -> dict:
         options.require_env()
         transport = options.transport()
         src = layout_of(pool, config, page_size=1)
-        for region in src.regions():
-            transport.register(region.ptr, region.nbytes)
+        for buffer in (*pool.k_buffer, *pool.v_buffer):
+            transport.register_buffer(buffer)
         transport.add_peer(info["session_id"], info["peer_info"])
         dst = KVLayout.from_dict(info["layout"])
         src_slots = list(range(1, TOKENS + 1))

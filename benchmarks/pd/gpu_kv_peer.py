@@ -62,8 +62,8 @@ def main() -> None:
     options.require_env()
     transport = options.transport()
     layout = layout_of(pool, config, page_size=1)
-    for region in layout.regions():
-        transport.register(region.ptr, region.nbytes)
+    for buffer in (*pool.k_buffer, *pool.v_buffer):
+        transport.register_buffer(buffer)
     info = {
         "session_id": transport.session_id,
         "layout": layout.to_dict(),

@@ -61,8 +61,8 @@ class DecodeRole(Role):
         self.transport = transport = transfer.transport()
         self.layout = layout_of(port.kv_pool, port.model_config, port.page_size)
         self.vocab_size = port.model_config.vocab_size
-        for region in self.layout.regions():
-            transport.register(region.ptr, region.nbytes)
+        for buffer in (*port.kv_pool.k_buffer, *port.kv_pool.v_buffer):
+            transport.register_buffer(buffer)
         self.watcher = RoomWatcher(
             transport.session_id,
             self.layout,

@@ -50,8 +50,8 @@ class PrefillRole(Role):
         super().__init__(port)
         self.transport = transport = transfer.transport()
         self.layout = layout_of(port.kv_pool, port.model_config, port.page_size)
-        for region in self.layout.regions():
-            transport.register(region.ptr, region.nbytes)
+        for buffer in (*port.kv_pool.k_buffer, *port.kv_pool.v_buffer):
+            transport.register_buffer(buffer)
         self.rooms = Rooms(transfer.timeout_s)
         self.server = BootstrapServer(
             transfer.bootstrap_host,

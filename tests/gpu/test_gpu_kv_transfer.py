@@ -52,7 +52,7 @@ def test_a_decode_advertising_more_than_it_owns_is_refused(peer) -> None:
     from kvflow.runtime.disagg import KV_TRANSPORTS, TransferError, Write
 
     info = json.loads(json.dumps(peer[1]["peer_info"]))
-    info["buffers"][0]["nbytes"] = 1 << 40
+    info["buffers"][0]["nbytes"] = info["buffers"][0]["storage_bytes"] = 1 << 40
     transport = KV_TRANSPORTS.get("cuda_ipc")()
     try:
         transport.add_peer("forged", info)
@@ -72,8 +72,8 @@ def writer(peer):
     pool = filled_pool(config, SLOTS, SEED)
     transport = KV_TRANSPORTS.get("cuda_ipc")()
     layout = layout_of(pool, config, page_size=1)
-    for region in layout.regions():
-        transport.register(region.ptr, region.nbytes)
+    for buffer in (*pool.k_buffer, *pool.v_buffer):
+        transport.register_buffer(buffer)
     transport.add_peer(peer[1]["session_id"], peer[1]["peer_info"])
     yield transport, layout
     transport.close()

@@ -80,6 +80,11 @@ class KVTransport(ABC):
     @abstractmethod
     def register(self, ptr: int, nbytes: int) -> None: ...
 
+    def register_buffer(self, buffer: Any) -> None:
+        """Register a contiguous tensor's bytes (what the roles call for each K and V
+        buffer of the pool); a transport that shares memory by tensor overrides it."""
+        self.register(buffer.data_ptr(), buffer.numel() * buffer.element_size())
+
     @abstractmethod
     def write(self, session_id: str, writes: Sequence[Write]) -> None: ...
 

@@ -1,10 +1,13 @@
 """KV transport between processes of one host through CUDA IPC: the prefill maps the
 decode's KV buffers into its own address space once and copies pages with the GPU.
 
-- Reach: the decode exports each registered buffer's allocation (:mod:`ipc_handles`) in
-  its :meth:`~CudaIpcTransport.peer_info`, which travels in the bootstrap registration;
-  the prefill checks it came from this host (the kernel's boot id), maps every buffer on
-  first use and checks the mapped sizes against what the decode advertised.
+- Reach: the decode shares each K and V buffer the way ``torch.multiprocessing`` shares a
+  CUDA tensor (``UntypedStorage._share_cuda_``: the IPC handle of the caching allocator's
+  block, the storage's offset in it, torch's cross-process reference count), in its
+  :meth:`~CudaIpcTransport.peer_info`, which travels in the bootstrap registration; the
+  prefill checks it came from this host (the kernel's boot id) and a GPU it can see (by
+  UUID), opens every buffer on first use (``UntypedStorage._new_shared_cuda``) and checks
+  each against the allocation the driver really mapped (a peer's sizes are claims).
 - Copy: a write's pieces become one gather and one scatter per (K or V) buffer pair
   (:func:`~kvflow.runtime.disagg.transport.piece_copy.copy_pieces`) on the writing
   thread's current stream, the legacy default stream of the prefill's device: it runs
@@ -19,17 +22,19 @@ decode's KV buffers into its own address space once and copies pages with the GP
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
+import re
 import secrets
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from kvflow.runtime.disagg.plan import Write
-from kvflow.runtime.disagg.transport import ipc_handles
+from kvflow.runtime.disagg.transport import cuda_driver
 from kvflow.runtime.disagg.transport.base import KVTransport, TransferError
 from kvflow.runtime.disagg.transport.piece_copy import Buffers, copy_pieces
 
@@ -49,73 +54,132 @@ def host_identity() -> str:
         return "unknown-host"
 
 
-class _DeviceBytes:
-    """A device address range as ``__cuda_array_interface__`` (torch wraps it, no copy)."""
-
-    def __init__(self, ptr: int, nbytes: int) -> None:
-        self.__cuda_array_interface__ = {
-            "shape": (nbytes,),
-            "typestr": "|u1",
-            "data": (ptr, False),
-            "version": 3,
-        }
+_REF_NAME = re.compile(r"/?[A-Za-z0-9_.-]{1,200}")  # torch's reference-count file names
 
 
-def _bytes_at(ptr: int, nbytes: int) -> torch.Tensor:
-    return torch.as_tensor(_DeviceBytes(ptr, nbytes), device="cuda")
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+def _unb64(value: Any, what: str, size: int | None = None) -> bytes:
+    raw = base64.b64decode(str(value), validate=True)
+    if size is not None and len(raw) != size:
+        raise ValueError(f"{what} must be {size} bytes, not {len(raw)}")
+    return raw
+
+
+class _Shared(NamedTuple):
+    """One buffer as the decode shares it (see :func:`share`), checked for types."""
+
+    addr: int
+    nbytes: int
+    gpu: str
+    handle: bytes
+    storage_bytes: int
+    storage_offset: int
+    byte_offset: int
+    ref: bytes
+    ref_offset: int
+    event: bytes
+    event_sync: bool
+
+
+def share(buffer: torch.Tensor) -> dict[str, Any]:
+    """What a peer process needs to open ``buffer`` (contiguous, on CUDA)."""
+    (device, handle, size, offset, ref, ref_offset, event, event_sync) = (
+        buffer.untyped_storage()._share_cuda_()  # type: ignore[attr-defined]
+    )
+    return {
+        "addr": buffer.data_ptr(),
+        "nbytes": buffer.numel() * buffer.element_size(),
+        "gpu": str(torch.cuda.get_device_properties(device).uuid),
+        "handle": _b64(handle),
+        "storage_bytes": size,
+        "storage_offset": offset,
+        "byte_offset": buffer.storage_offset() * buffer.element_size(),
+        "ref": _b64(ref),
+        "ref_offset": ref_offset,
+        "event": _b64(event),
+        "event_sync": bool(event_sync),
+    }
+
+
+def _local_device(uuid: str) -> int:
+    for index in range(torch.cuda.device_count()):
+        if str(torch.cuda.get_device_properties(index).uuid) == uuid:
+            return index
+    raise TransferError(
+        f"the decode's GPU {uuid} is not visible to this prefill (cuda_ipc needs the "
+        "prefill to see the decode's GPU: one GPU shared, or both in CUDA_VISIBLE_DEVICES)"
+    )
 
 
 class _Peer:
-    """A decode's advertised buffers; mapped into this process on first write."""
+    """A decode's advertised buffers; opened in this process on first write."""
 
     def __init__(self, info: dict[str, Any]) -> None:
         raw = info.get("buffers")
         if not isinstance(raw, list) or not raw:
             raise ValueError("cuda_ipc peer info has no buffers")
-        self.advertised: list[tuple[int, ipc_handles.Exported]] = []
+        self.advertised: list[_Shared] = []
         for item in raw:
             if not isinstance(item, dict):
                 raise ValueError("a cuda_ipc buffer must be an object")
-            addr, handle = int(item["addr"]), str(item["handle"])
-            offset, nbytes = int(item["offset"]), int(item["nbytes"])
-            if min(addr, offset) < 0 or nbytes <= 0:
-                raise ValueError("a cuda_ipc buffer has a negative address or no bytes")
-            self.advertised.append((addr, ipc_handles.Exported(handle, offset, nbytes)))
+            ref = _unb64(item["ref"], "a reference-count name")
+            if not _REF_NAME.fullmatch(ref.decode("ascii", "replace")):
+                raise ValueError("a cuda_ipc reference-count name is not one torch makes")
+            entry = _Shared(
+                addr=int(item["addr"]),
+                nbytes=int(item["nbytes"]),
+                gpu=str(item["gpu"]),
+                handle=_unb64(item["handle"], "a CUDA IPC handle", 64),
+                storage_bytes=int(item["storage_bytes"]),
+                storage_offset=int(item["storage_offset"]),
+                byte_offset=int(item["byte_offset"]),
+                ref=ref,
+                ref_offset=int(item["ref_offset"]),
+                event=_unb64(item["event"], "a CUDA IPC event handle", 64),
+                event_sync=bool(item["event_sync"]),
+            )
+            if min(entry.addr, entry.storage_offset, entry.byte_offset) < 0:
+                raise ValueError("a cuda_ipc buffer has a negative address or offset")
+            if entry.nbytes <= 0 or entry.byte_offset + entry.nbytes > entry.storage_bytes:
+                raise ValueError("a cuda_ipc buffer does not fit its storage")
+            self.advertised.append(entry)
         self.buffers: Buffers | None = None
-        self._bases: list[int] = []
 
     def mapped(self) -> Buffers:
         if self.buffers is None:
-            tensors, opened = [], {}  # the peer's allocation (its base there) -> base here
+            tensors = []
             try:
-                for addr, exported in self.advertised:
-                    block = addr - exported.offset  # buffers may share an allocation
-                    if block not in opened:
-                        opened[block] = ipc_handles.open_handle(exported.handle)
-                    base = opened[block]
-                    size = ipc_handles.mapped_size(base)
-                    if exported.offset + exported.nbytes > size:
+                for item in self.advertised:
+                    device = _local_device(item.gpu)
+                    storage = torch.UntypedStorage._new_shared_cuda(  # type: ignore[attr-defined]
+                        device,
+                        item.handle,
+                        item.storage_bytes,
+                        item.storage_offset,
+                        item.ref,
+                        item.ref_offset,
+                        item.event,
+                        item.event_sync,
+                    )
+                    start = storage.data_ptr() + item.byte_offset
+                    base, size = cuda_driver.allocation_range(start)
+                    if start + item.nbytes > base + size:
                         raise TransferError(
-                            f"the decode advertised {exported.nbytes} bytes at offset "
-                            f"{exported.offset} of an allocation of {size}"
+                            f"the decode advertised {item.nbytes} bytes at offset "
+                            f"{start - base} of an allocation of {size}"
                         )
-                    tensors.append(_bytes_at(base + exported.offset, exported.nbytes))
-            except (OSError, ValueError) as err:
-                self._bases = list(opened.values())
-                self.close()
+                    view = torch.empty(0, dtype=torch.uint8, device=f"cuda:{device}")
+                    tensors.append(view.set_(storage, item.byte_offset, (item.nbytes,), (1,)))
+            except (OSError, RuntimeError, ValueError) as err:
                 raise TransferError(f"could not map the decode's KV buffers: {err}") from err
-            self._bases = list(opened.values())
-            self.buffers = Buffers(tuple(a for a, _ in self.advertised), tuple(tensors))
+            self.buffers = Buffers(tuple(i.addr for i in self.advertised), tuple(tensors))
         return self.buffers
 
     def close(self) -> None:
-        self.buffers = None
-        for base in self._bases:
-            try:
-                ipc_handles.close(base)
-            except OSError as err:
-                logger.warning("unmapping a decode's KV buffer failed: %s", err)
-        self._bases = []
+        self.buffers = None  # torch unmaps once the last storage of a block is gone
 
 
 class CudaIpcTransport(KVTransport):
@@ -155,15 +219,14 @@ class CudaIpcTransport(KVTransport):
         return self._session_id
 
     def register(self, ptr: int, nbytes: int) -> None:
-        try:
-            ipc_handles.bind_context(self.device)
-            exported = ipc_handles.export(ptr, nbytes)
-        except OSError as err:
-            raise TransferError(
-                f"cannot export {nbytes} bytes at {ptr:#x} by CUDA IPC: {err}"
-            ) from err
-        self._local[ptr] = _bytes_at(ptr, nbytes)
-        self._exported.append({"addr": ptr, **exported._asdict()})
+        raise TransferError("the cuda_ipc transport shares tensors: use register_buffer")
+
+    def register_buffer(self, buffer: Any) -> None:
+        if not (isinstance(buffer, torch.Tensor) and buffer.is_cuda and buffer.is_contiguous()):
+            raise TransferError("cuda_ipc registers contiguous CUDA tensors only")
+        flat = buffer.view(-1).view(torch.uint8)
+        self._local[buffer.data_ptr()] = flat
+        self._exported.append(share(buffer))
 
     def peer_info(self) -> dict[str, Any]:
         return {"transport": self.name, "host": self.host, "buffers": list(self._exported)}
@@ -192,7 +255,7 @@ class CudaIpcTransport(KVTransport):
         if peer is None:
             raise TransferError(f"KV transfer session {session_id!r} is not registered here")
         torch.cuda.set_device(self.device)
-        ipc_handles.bind_context(self.device)  # the driver calls act on this thread's context
+        cuda_driver.bind_context(self.device)  # the driver calls act on this thread's context
         local = Buffers(tuple(self._local), tuple(self._local.values()))
         with self._lock:  # one mapping per peer, made once
             remote = peer.mapped()
