@@ -18,11 +18,14 @@ released in every case.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+import torch
 
 from kvflow.runtime.disagg.bootstrap import BootstrapServer
 from kvflow.runtime.disagg.layout import KVLayout, layout_of
@@ -67,6 +70,7 @@ class PrefillRole(Role):
         self._sends: dict[str, _Send] = {}  # rid -> its KV on the way (early or whole)
         self._room_of: dict[str, int] = {}  # rid -> room, while the scheduler has the request
         self.transfers = TransferLog()
+        self._on_cuda = port.kv_pool.k_buffer[0].is_cuda
 
     def info(self) -> dict[str, Any]:
         return {"bootstrap_port": self.server.port, "kv_session": self.transport.session_id}
@@ -174,7 +178,7 @@ class PrefillRole(Role):
         send.writes.append(
             self._sender.submit(
                 _plan_and_write,
-                self.transport.write,
+                functools.partial(self.transport.write, after=self._kv_ready()),
                 send.claim.session,
                 self.layout,
                 send.peer,
@@ -183,6 +187,15 @@ class PrefillRole(Role):
             )
         )
         send.sent = end
+
+    def _kv_ready(self) -> Any:
+        """A CUDA event after every forward pass enqueued so far (the KV about to be sent
+        was made by one of them); None on CPU, where a step ends with its KV written."""
+        if not self._on_cuda:
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
 
     def _collect(self, req: Req, send: _Send) -> None:
         """Once every write of a parked request ended: the room is done, or failed."""

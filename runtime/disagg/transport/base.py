@@ -86,7 +86,10 @@ class KVTransport(ABC):
         self.register(buffer.data_ptr(), buffer.numel() * buffer.element_size())
 
     @abstractmethod
-    def write(self, session_id: str, writes: Sequence[Write]) -> None: ...
+    def write(self, session_id: str, writes: Sequence[Write], after: Any = None) -> None:
+        """``after``: a CUDA event recorded where the source bytes were made (the forward
+        pass that wrote the KV); the write reads them only once it completed. None: the
+        bytes are ready now."""
 
     @abstractmethod
     def close(self) -> None: ...

@@ -9,10 +9,10 @@ decode's KV buffers into its own address space once and copies pages with the GP
   UUID), opens every buffer on first use (``UntypedStorage._new_shared_cuda``) and checks
   each against the allocation the driver really mapped (a peer's sizes are claims).
 - Copy: a write's pieces become one gather and one scatter per (K or V) buffer pair
-  (:func:`~kvflow.runtime.disagg.transport.piece_copy.copy_pieces`) on the writing
-  thread's current stream, the legacy default stream of the prefill's device: it runs
-  after the prefill's forward passes that made the KV (same stream), and :meth:`write`
-  returns once the copy finished (the stream is synchronized). The decode zeroes a
+  (:func:`~kvflow.runtime.disagg.transport.piece_copy.copy_pieces`) on a copy stream of
+  the writing thread, which first waits for the event the prefill recorded after the
+  forward pass that made the KV (``after``): the copy overlaps the next chunk's forward
+  pass instead of queueing behind it. :meth:`write` returns once the copy finished. The decode zeroes a
   request's slots before it claims them and waits for that (``KVPool.zero_slots``), so
   the copy never races the zeroing.
 - Both processes must see the decode's GPU (one GPU shared by prefill and decode, or the
@@ -210,6 +210,7 @@ class CudaIpcTransport(KVTransport):
         self._exported: list[dict[str, Any]] = []
         self._peers: dict[str, _Peer] = {}
         self._lock = threading.Lock()
+        self._streams = threading.local()
 
     @classmethod
     def require_env(cls, options: Any) -> None:
@@ -248,7 +249,7 @@ class CudaIpcTransport(KVTransport):
         for stale in [p for p in (old, *gone) if p is not None]:
             stale.close()
 
-    def write(self, session_id: str, writes: Sequence[Write]) -> None:
+    def write(self, session_id: str, writes: Sequence[Write], after: Any = None) -> None:
         if not writes:
             return
         with self._lock:
@@ -260,8 +261,20 @@ class CudaIpcTransport(KVTransport):
         local = Buffers(tuple(self._local), tuple(self._local.values()))
         with self._lock:  # one mapping per peer, made once
             remote = peer.mapped()
-        copy_pieces(writes, local, remote)
-        torch.cuda.current_stream().synchronize()
+        stream = self._stream()
+        with torch.cuda.stream(stream):
+            if after is not None:
+                stream.wait_event(after)
+            copy_pieces(writes, local, remote)
+        stream.synchronize()
+
+    def _stream(self) -> torch.cuda.Stream:
+        """This thread's copy stream: beside the forward passes, ordered after the one that
+        made the bytes by ``after``."""
+        stream = getattr(self._streams, "stream", None)
+        if stream is None:
+            stream = self._streams.stream = torch.cuda.Stream(self.device)
+        return stream
 
     def close(self) -> None:
         with self._lock:

@@ -188,9 +188,11 @@ class MooncakeTransport(KVTransport):
             raise TransferError(f"Mooncake could not register {nbytes} bytes at {ptr:#x}")
         self._registered.append((ptr, nbytes))
 
-    def write(self, session_id: str, writes: Sequence[Write]) -> None:
+    def write(self, session_id: str, writes: Sequence[Write], after: Any = None) -> None:
         if not writes:
             return
+        if after is not None:
+            after.synchronize()  # the engine reads device memory outside any CUDA stream
         host, _, port = session_id.rpartition(":")
         if not host or not port.isdigit():
             raise TransferError(f"KV transfer session {session_id!r} is not 'host:port'")

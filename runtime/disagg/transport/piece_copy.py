@@ -106,8 +106,19 @@ def unit_indices(
     return copies
 
 
+_WORDS = (torch.int64, torch.int32, torch.int16)
+
+
 def _rows(buffer: torch.Tensor, unit: int) -> torch.Tensor:
-    return buffer[: buffer.numel() // unit * unit].view(-1, unit)
+    """``buffer``'s bytes as rows of ``unit`` bytes, in the widest integer type that divides
+    the unit and the buffer's address (index kernels move elements: 8-byte words copy 8x
+    fewer than bytes)."""
+    rows = buffer[: buffer.numel() // unit * unit].view(-1, unit)
+    for word in _WORDS:
+        size = word.itemsize
+        if unit % size == 0 and buffer.data_ptr() % size == 0:
+            return rows.view(word)
+    return rows
 
 
 def copy_pieces(writes: Sequence[Write], src: Buffers, dst: Buffers) -> int:
@@ -123,5 +134,5 @@ def copy_pieces(writes: Sequence[Write], src: Buffers, dst: Buffers) -> int:
         if gathered.device != target.device:
             gathered = gathered.to(target.device, non_blocking=True)
         _rows(target, pair.unit).index_copy_(0, dst_rows, gathered)
-        copied += gathered.numel()
+        copied += gathered.numel() * gathered.element_size()
     return copied
