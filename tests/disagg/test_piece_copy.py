@@ -53,8 +53,11 @@ def test_units_are_the_largest_common_size_per_pair() -> None:
     writes = [Write(1000 + 16, 5000 + 8, 16), Write(1000 + 48, 5000 + 40, 24)]
     (pair,) = unit_indices(writes, [1000], [256], [5000], [256])
     assert (pair.src, pair.dst, pair.unit) == (0, 0, 8)
-    assert pair.src_units.tolist() == [2, 3, 6, 7, 8]
-    assert pair.dst_units.tolist() == [1, 2, 5, 6, 7]
+    src_rows, dst_rows = pair.units()
+    assert src_rows.tolist() == [2, 3, 6, 7, 8]
+    assert dst_rows.tolist() == [1, 2, 5, 6, 7]
+    on_device = pair.rows_on(torch.device("cpu"))
+    assert [r.tolist() for r in on_device] == [src_rows.tolist(), dst_rows.tolist()]
 
 
 @pytest.mark.parametrize(

@@ -38,14 +38,41 @@ class Buffers(NamedTuple):
 
 
 class PairCopy(NamedTuple):
-    """The units one (source buffer, destination buffer) pair copies: ``src_units[j]`` of
-    the source (viewed as rows of ``unit`` bytes) goes to ``dst_units[j]``."""
+    """The runs one (source buffer, destination buffer) pair copies, in rows of ``unit``
+    bytes: run ``i`` is ``counts[i]`` rows from source row ``src_starts[i]`` to destination
+    row ``dst_starts[i]``."""
 
     src: int
     dst: int
     unit: int
-    src_units: np.ndarray
-    dst_units: np.ndarray
+    src_starts: np.ndarray
+    dst_starts: np.ndarray
+    counts: np.ndarray
+
+    def units(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every row copied: (source rows, destination rows)."""
+        steps = np.arange(int(self.counts.sum()), dtype=np.int64) - np.repeat(
+            np.cumsum(self.counts) - self.counts, self.counts
+        )
+        return (
+            np.repeat(self.src_starts, self.counts) + steps,
+            np.repeat(self.dst_starts, self.counts) + steps,
+        )
+
+    def rows_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`units` built on ``device`` from the runs (a KV plan has a run per page and
+        buffer, 16 rows or more each: the runs cross to the device, not the rows)."""
+        total = int(self.counts.sum())
+        counts = torch.from_numpy(self.counts).to(device, non_blocking=True)
+        firsts = torch.cumsum(counts, 0) - counts
+        steps = torch.arange(total, device=device) - torch.repeat_interleave(
+            firsts, counts, output_size=total
+        )
+        rows = []
+        for starts in (self.src_starts, self.dst_starts):
+            on_device = torch.from_numpy(starts).to(device, non_blocking=True)
+            rows.append(torch.repeat_interleave(on_device, counts, output_size=total) + steps)
+        return rows[0], rows[1]
 
 
 def _locate(
@@ -73,8 +100,8 @@ def unit_indices(
     dst_addrs: Sequence[int],
     dst_sizes: Sequence[int],
 ) -> list[PairCopy]:
-    """The pieces of ``writes`` grouped by buffer pair, in units of the largest size that
-    divides every offset and length of the pair (a KV plan: a slot's bytes)."""
+    """The pieces of ``writes`` grouped by buffer pair, as runs of rows of the largest size
+    that divides every offset and length of the pair (a KV plan: a slot's bytes)."""
     if not writes:
         return []
     table = np.asarray(writes, dtype=np.int64).reshape(-1, 3)
@@ -89,18 +116,14 @@ def unit_indices(
         mask = pairs == pair
         s_off, d_off, n = src_off[mask], dst_off[mask], nbytes[mask]
         unit = math.gcd(int(np.gcd.reduce(s_off)), int(np.gcd.reduce(d_off)), int(np.gcd.reduce(n)))
-        counts = n // unit
-        # unit k of piece i: (offset_i / unit) + k, for k < counts_i
-        steps = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(
-            np.cumsum(counts) - counts, counts
-        )
         copies.append(
             PairCopy(
                 int(pair // len(dst_addrs)),
                 int(pair % len(dst_addrs)),
                 unit,
-                np.repeat(s_off // unit, counts) + steps,
-                np.repeat(d_off // unit, counts) + steps,
+                s_off // unit,
+                d_off // unit,
+                n // unit,
             )
         )
     return copies
@@ -128,8 +151,8 @@ def copy_pieces(writes: Sequence[Write], src: Buffers, dst: Buffers) -> int:
     copied = 0
     for pair in unit_indices(writes, src.addrs, src.sizes, dst.addrs, dst.sizes):
         source, target = src.tensors[pair.src], dst.tensors[pair.dst]
-        src_rows = torch.from_numpy(pair.src_units).to(source.device, non_blocking=True)
-        dst_rows = torch.from_numpy(pair.dst_units).to(target.device, non_blocking=True)
+        src_rows, dst_rows = pair.rows_on(source.device)
+        dst_rows = dst_rows.to(target.device, non_blocking=True)
         gathered = _rows(source, pair.unit).index_select(0, src_rows)
         if gathered.device != target.device:
             gathered = gathered.to(target.device, non_blocking=True)
