@@ -16,10 +16,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from kvflow import contract
+
 from . import names
 from .autoscale.scale import decided_sizes, without_autoscaling
 from .internal_key import internal_key_secret, new_internal_key
 from .kube import PERMANENT_FAILURES, ApiFailure, Cluster
+from .lora import pods_to_annotate
 from .parse import parse_model_deployment
 from .podstatus import PodReport
 from .rdma import RDMA_UNAVAILABLE, rdma_refusal, uses_rdma
@@ -110,6 +113,7 @@ class Reconciler:
                         self._cluster.apply(child)
                         applied += 1
                     pruned = self._prune(md, {child_key(c) for c in children})
+                    self._hand_adapters(md)
             except SpecError as exc:
                 failure = Failure("InvalidSpec", str(exc), permanent=True)
             except ApiFailure as exc:
@@ -127,7 +131,12 @@ class Reconciler:
                 return None
             components = None
             with contextlib.suppress(SpecError):  # unparseable: report what exists
-                components = expected_components(parse_model_deployment(body))
+                md = parse_model_deployment(body)
+                components = expected_components(md)
+                try:  # new pods get the adapter list as soon as they show up
+                    self._hand_adapters(md)
+                except ApiFailure as exc:  # the next reconcile or refresh tries again
+                    log.warning("%s/%s: cannot annotate pods: %s", namespace, name, exc.message)
             previous = _previous_failure(body)
             return Outcome(0, 0, self._report(body, components, previous), previous)
 
@@ -138,6 +147,17 @@ class Reconciler:
             return None
         message = rdma_refusal(md, self._cluster.list_nodes())
         return None if message is None else Failure(RDMA_UNAVAILABLE, message, permanent=True)
+
+    def _hand_adapters(self, md: ModelDeployment) -> None:
+        """Annotate each running worker pod with the LoRA adapters it should have loaded
+        (``spec.lora``): the router loads and unloads them (see ``lora.py``)."""
+        if md.lora is None:
+            return
+        pods = self._cluster.list_objects("v1", "Pod", md.namespace, names.owned_selector(md.name))
+        for pod_name, value in pods_to_annotate(md, pods):
+            self._cluster.annotate_pod(
+                md.namespace, pod_name, {contract.LORA_ADAPTERS_ANNOTATION: value}
+            )
 
     def _fetch(self, namespace: str, name: str) -> dict[str, Any] | None:
         body = self._cluster.get_model_deployment(namespace, name)
