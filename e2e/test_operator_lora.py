@@ -10,9 +10,6 @@ in between is the product's: the operator's pod annotation, the router's discove
 loads and unloads on the worker, its routing, and the status the operator reads back from
 the router. What kwok cannot show (the kubelet mounting the adapter folder into a real
 container) the real-node tests show for the model folder the same way (a hostPath).
-
-The adapters live under /var/tmp: a hostPath adapter's parent folder is mounted into the
-pods at its own path, and the operator refuses parents under its own mounts (/tmp).
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ __all__ = [
     "adapter_annotation",
     "cluster_adapter_storage",
     "host_folder_refusal",
+    "local_adapter_paths",
     "lora_options",
     "pods_to_annotate",
 ]
@@ -53,7 +54,9 @@ _SYSTEM_DIRS += ("/sys", "/usr", "/opt", ADAPTERS_DIR)
 
 def host_folder_refusal(path: str) -> str | None:
     """Why a ``hostPath`` adapter folder cannot be served, or None. Its parent is mounted at
-    its own path in the pods, so it must not cover the image's or the operator's folders."""
+    its own path in the pods, so it must not hide the image's folders (at or below a system
+    folder) nor the operator's mounts (at or above one; below one it is mounted inside it,
+    as a pytest or ``/tmp`` folder is under the pods' ``/tmp``)."""
     parts = path.split("/")
     if not path.startswith("/") or ".." in parts or "" in parts[1:]:
         return "must be an absolute, normalized path (no '..', no '//', no trailing '/')"
@@ -63,13 +66,12 @@ def host_folder_refusal(path: str) -> str | None:
             "the adapter's parent folder is mounted into the pods at the same path: put the "
             "adapter in a folder below a top-level one (e.g. /data/adapters/NAME)"
         )
-    for reserved in (*_SYSTEM_DIRS, *OPERATOR_VOLUMES.values()):
-        if (
-            parent == reserved
-            or parent.startswith(reserved + "/")
-            or reserved.startswith(parent + "/")
-        ):
-            return f"its parent folder {parent} would be mounted over {reserved} in the pods"
+    for system in _SYSTEM_DIRS:
+        if parent == system or parent.startswith(system + "/"):
+            return f"its parent folder {parent} would be mounted over {system} in the pods"
+    for mounted in OPERATOR_VOLUMES.values():
+        if parent == mounted or mounted.startswith(parent + "/"):
+            return f"its parent folder {parent} would be mounted over {mounted} in the pods"
     return None
 
 
@@ -161,6 +163,13 @@ def cluster_adapter_storage(md: ModelDeployment) -> AdapterStorage:
         else:
             paths[adapter.name] = f"{HF_ADAPTERS_DIR}/{adapter.name}"
     return storage
+
+
+def local_adapter_paths(md: ModelDeployment) -> dict[str, str]:
+    """``kvflow up``'s adapters: each ``hostPath`` adapter at its own folder (the other
+    sources are refused there)."""
+    adapters = md.lora.adapters if md.lora is not None else ()
+    return {a.name: a.source.host_path for a in adapters if a.source.source == "hostPath"}
 
 
 def adapter_annotation(md: ModelDeployment) -> str | None:

@@ -133,9 +133,17 @@ def test_running_worker_pods_get_the_list_in_their_annotation() -> None:
     ("change", "field", "words"),
     [
         ({"adapters": [ADAPTERS[0], ADAPTERS[0]]}, "spec.lora.adapters[1].name", "twice"),
-        ({"adapters": [{**ADAPTERS[0], "name": "base:sql"}]}, "spec.lora.adapters[0].name", "is not"),
+        (
+            {"adapters": [{**ADAPTERS[0], "name": "base:sql"}]},
+            "spec.lora.adapters[0].name",
+            "is not",
+        ),
         ({"adapters": [{"name": "x", "source": "pvc"}]}, "spec.lora.adapters[0].pvc", "required"),
-        ({"adapters": [{"name": "x", "source": "embedded"}]}, "spec.lora.adapters[0].source", "one of"),
+        (
+            {"adapters": [{"name": "x", "source": "embedded"}]},
+            "spec.lora.adapters[0].source",
+            "one of",
+        ),
         (
             {"adapters": [{"name": "x", "source": "hostPath", "hostPath": {"path": "/x"}}]},
             "spec.lora.adapters[0].hostPath.path",
@@ -145,6 +153,11 @@ def test_running_worker_pods_get_the_list_in_their_annotation() -> None:
             {"adapters": [{"name": "x", "source": "hostPath", "hostPath": {"path": "/usr/x"}}]},
             "spec.lora.adapters[0].hostPath.path",
             "mounted over /usr",
+        ),
+        (
+            {"adapters": [{"name": "x", "source": "hostPath", "hostPath": {"path": "/var/x"}}]},
+            "spec.lora.adapters[0].hostPath.path",
+            "mounted over /var/cache/kvflow",  # /var would hide the operator's mounts
         ),
     ],
 )
