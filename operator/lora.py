@@ -48,8 +48,8 @@ ADAPTER_SOURCES = ("pvc", "hostPath", "huggingFace")
 HF_ADAPTERS_DIR = f"{ADAPTERS_DIR}/hf"
 HF_VOLUME = "lora-hf"
 # Folders a node folder's parent may not be mounted over (or above) in a runtime container.
-_SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/run", "/sbin")
-_SYSTEM_DIRS += ("/sys", "/usr", "/opt", ADAPTERS_DIR)
+_SYSTEM_DIRS: tuple[str, ...] = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc")
+_SYSTEM_DIRS += ("/run", "/sbin", "/sys", "/usr", "/opt", ADAPTERS_DIR)
 
 
 def host_folder_refusal(path: str) -> str | None:

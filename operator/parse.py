@@ -232,7 +232,7 @@ def _lora(raw: Mapping[str, Any] | None) -> Lora | None:
     as ``lora_path`` or ``model: base:name``, hence no ``:``)."""
     if raw is None:
         return None
-    adapters = []
+    adapters: list[LoraAdapter] = []
     for i, entry in enumerate(raw.get("adapters") or ()):
         path = f"spec.lora.adapters[{i}]"
         name = str(entry.get("name", ""))
