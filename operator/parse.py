@@ -245,6 +245,8 @@ def _lora(raw: Mapping[str, Any] | None) -> Lora | None:
             raise SpecError(f"{path}.source", f"must be one of {', '.join(ADAPTER_SOURCES)}")
         if source.source == "hostPath" and (refusal := host_folder_refusal(source.host_path)):
             raise SpecError(f"{path}.hostPath.path", refusal)
+        if "," in source.claim_path + source.host_path:  # the router's lists are NAME=PATH,...
+            raise SpecError(f"{path}.{source.source}.path", "must not contain ','")
         adapters.append(LoraAdapter(name, source))
     defaults = Lora()
     lora = Lora(

@@ -133,3 +133,47 @@ def test_router_keeps_the_list_loaded_and_routes_by_adapter(
         for worker in (w0, w1):  # leave the workers as the module found them
             for name in _loaded(worker.url):
                 httpx.post(f"{worker.url}/unload_lora_adapter", json={"lora_name": name})
+
+
+def test_an_adapter_no_worker_has_yet_is_loaded_where_the_load_is_lowest(
+    lora_workers, checkpoints
+) -> None:
+    """A listed adapter no worker has loaded yet (a pod that just became Ready) is loaded on
+    the least loaded worker that lists it before the request goes there; an adapter no
+    worker lists is a 400, and nothing is loaded for it."""
+    import asyncio
+
+    import aiohttp
+
+    from kvflow.runtime.router import RouterMetrics, WorkerRegistry
+    from kvflow.runtime.router.adapter_sync import AdapterSync
+    from kvflow.runtime.router.config import BreakerConfig
+    from kvflow.runtime.router.discovery import WorkerSpec
+    from kvflow.runtime.wire import RequestError
+
+    w0, w1 = lora_workers
+    listed = (("b", str(checkpoints["b"])),)
+
+    async def scenario() -> None:
+        registry = WorkerRegistry(BreakerConfig(), RouterMetrics())
+        for worker in (w0, w1):
+            registry.upsert(WorkerSpec(worker.url, lora_adapters=listed))
+        registry.get(w0.url).in_flight = 5  # type: ignore[union-attr]  # w1 is less loaded
+        async with aiohttp.ClientSession() as session:
+            sync = AdapterSync(session, registry.metrics, api_key=None)
+            await sync.ready(registry, frozenset({"b"}))
+            assert registry.get(w1.url).has_adapters(frozenset({"b"}))  # type: ignore[union-attr]
+            with pytest.raises(RequestError) as refused:
+                await sync.ready(registry, frozenset({"zzz"}))
+            assert (
+                refused.value.status == 400
+                and "unknown LoRA adapter 'zzz'" in refused.value.message
+            )
+
+    try:
+        asyncio.run(scenario())
+        assert _loaded(w1.url) == {"b"} and _loaded(w0.url) == set()
+    finally:
+        for worker in (w0, w1):
+            for name in _loaded(worker.url):
+                httpx.post(f"{worker.url}/unload_lora_adapter", json={"lora_name": name})
