@@ -53,6 +53,13 @@ class AdapterSync:
     def _lock(self, worker: Worker) -> asyncio.Lock:
         return self._locks.setdefault(worker.url, asyncio.Lock())
 
+    def unknown(self, worker: Worker) -> None:
+        """The worker failed a check (it may be restarting, adapters lost): until it is
+        asked again, no request counts on its adapters."""
+        if worker.adapters is not None:
+            self._set(worker, {})
+            worker.adapters = None
+
     def forget(self, url: str) -> None:
         """The worker left: drop its lock (its metric children go with the worker's)."""
         self._locks.pop(url, None)

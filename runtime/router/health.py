@@ -110,6 +110,8 @@ class HealthChecker:
         error = await health_error(self.session, worker, timeout)
         if error:
             self._failed(worker, error)
+            if self.adapters is not None:
+                self.adapters.unknown(worker)
             return
         self._passed(worker)
         await self._scrape_load(worker, timeout)
