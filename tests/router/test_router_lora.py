@@ -145,8 +145,7 @@ def test_an_adapter_no_worker_has_yet_is_loaded_where_the_load_is_lowest(
 
     import aiohttp
 
-    from kvflow.runtime.router import RouterMetrics, WorkerRegistry
-    from kvflow.runtime.router.adapter_sync import AdapterSync
+    from kvflow.runtime.router import AdapterSync, RouterMetrics, WorkerRegistry
     from kvflow.runtime.router.config import BreakerConfig
     from kvflow.runtime.router.discovery import WorkerSpec
     from kvflow.runtime.wire import RequestError
