@@ -26,6 +26,7 @@ __all__ = [
     "HICACHE_FLAGS",
     "INTERNAL_KEY_ENV",
     "KV_TRANSFER_PORT_RANGE",
+    "LORA_ADAPTERS_ANNOTATION",
     "METRICS_PATH",
     "MODEL_CACHE_ENV",
     "MOONCAKE_CONFIG_ENV",
@@ -46,8 +47,11 @@ __all__ = [
     "SERVE_FLAG_ALIASES",
     "SERVE_RUNTIME_FLAGS",
     "HiCacheOptions",
+    "LoraOptions",
     "RouterOptions",
     "ServeOptions",
+    "format_lora_adapters",
+    "parse_lora_adapters",
     "router_argv",
     "serve_argv",
 ]
@@ -107,6 +111,10 @@ ROLE_LABEL = "kvflow.dev/role"  # a ROLES value on worker pods; other components
 API_PORT_NAME = "http"  # container port carrying DEFAULT_API_PORT's traffic
 BOOTSTRAP_PORT_NAME = "bootstrap"  # prefill pods' KV bootstrap container port
 BOOTSTRAP_PORT_ANNOTATION = "kvflow.dev/bootstrap-port"  # prefill pods, decimal
+# Worker pods of a deployment with ``spec.lora``: the LoRA adapters the router keeps loaded
+# on that pod, as :func:`format_lora_adapters` writes them (the operator annotates each
+# running pod, so a list change reaches the pods without a new pod template).
+LORA_ADAPTERS_ANNOTATION = "kvflow.dev/lora-adapters"
 
 # Flag name -> help text. The runtime's parser adds exactly these (plus runtime-only tuning
 # flags); the operator only ever emits these.
@@ -120,7 +128,30 @@ ROUTER_FLAGS: Mapping[str, str] = {
     "--discover-namespace": "discover workers in this Kubernetes namespace; unset, with a selector: "
     "the router pod's own",
     "--discover-selector": "label selector of the workers to discover",
+    "--lora-adapters": "LoRA adapters to keep loaded on every static worker, comma-separated "
+    "NAME=PATH (discovered workers: their pods' kvflow.dev/lora-adapters annotation)",
 }
+
+
+def format_lora_adapters(adapters: Mapping[str, str]) -> str:
+    """``NAME=PATH,...`` sorted by name: the router flag's and the pod annotation's value."""
+    for name, path in adapters.items():
+        if not name or any(c in name for c in ",=:") or not path or "," in path:
+            raise ValueError(f"LoRA adapter {name!r}={path!r}: no ',' '=' ':' in names, no ','")
+    return ",".join(f"{name}={adapters[name]}" for name in sorted(adapters))
+
+
+def parse_lora_adapters(text: str) -> dict[str, str]:
+    """The inverse of :func:`format_lora_adapters`; raises ValueError on a malformed entry."""
+    adapters: dict[str, str] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        name, sep, path = entry.partition("=")
+        if not sep or not name or not path or name in adapters:
+            raise ValueError(f"LoRA adapter entry {entry!r}: expected NAME=PATH, each name once")
+        adapters[name] = path
+    return adapters
 
 
 def _argv(flags: Mapping[str, str], values: Mapping[str, object]) -> list[str]:
@@ -195,6 +226,10 @@ SERVE_RUNTIME_FLAGS: Mapping[str, str] = {
     "KV_TRANSPORTS, e.g. mooncake)",
     "--tp-size": "GPUs that shard one copy of the model (tensor parallelism)",
     "--dp-size": "data-parallel copies of the model in one server (each on --tp-size GPUs)",
+    "--enable-lora": "serve LoRA adapters (loaded while serving; docs/lora.md)",
+    "--max-loras-per-batch": "LoRA device slots: distinct adapters one batch runs",
+    "--max-lora-rank": "the largest LoRA rank accepted",
+    "--lora-target-modules": "projections an adapter may target (slots are sized for them)",
 }
 # SGLang's other spellings of two of them, which the runtime also accepts (a spec's extra
 # flags may not use them either).
@@ -205,6 +240,28 @@ SERVE_FLAG_ALIASES: Mapping[str, str] = {
     "--data-parallel-size": "--dp-size",
 }
 _RENDERED_SERVE_FLAGS: Mapping[str, str] = {**SERVE_FLAGS, **SERVE_RUNTIME_FLAGS}
+
+
+@dataclass(frozen=True)
+class LoraOptions:
+    """A LoRA-serving ``kvflow serve``: ``--enable-lora`` with its device slots sized up
+    front (adapters come later, through ``/load_lora_adapter``, so the rank and targets
+    cannot be read from start-up adapters)."""
+
+    max_loras_per_batch: int = 8
+    max_lora_rank: int = 16
+    target_modules: tuple[str, ...] = ("all",)
+
+    def argv(self) -> list[str]:
+        return [
+            "--enable-lora",
+            "--max-loras-per-batch",
+            str(self.max_loras_per_batch),
+            "--max-lora-rank",
+            str(self.max_lora_rank),
+            "--lora-target-modules",
+            *self.target_modules,
+        ]
 
 
 @dataclass(frozen=True)
@@ -225,6 +282,7 @@ class ServeOptions:
     tp_size: int | None = None  # None (or 1): not rendered, the runtime's default of 1
     dp_size: int | None = None
     hicache: HiCacheOptions | None = None
+    lora: LoraOptions | None = None
     max_running_requests: int | None = None
     extra_args: Sequence[str] = field(default_factory=tuple)
 
@@ -248,12 +306,14 @@ def serve_argv(opts: ServeOptions) -> list[str]:
         "--dp-size": opts.dp_size if opts.dp_size != 1 else None,
     }
     hicache = opts.hicache.argv() if opts.hicache is not None else []
+    lora = opts.lora.argv() if opts.lora is not None else []
     batch = {"--max-running-requests": opts.max_running_requests}
     return [
         "kvflow",
         "serve",
         *_argv(_RENDERED_SERVE_FLAGS, values),
         *hicache,
+        *lora,
         *_argv(_RENDERED_SERVE_FLAGS, batch),
         *opts.extra_args,
     ]
@@ -271,6 +331,7 @@ class RouterOptions:
     decode_urls: Sequence[str] = ()
     discover_namespace: str | None = None
     discover_selector: str | None = None
+    lora_adapters: Mapping[str, str] = field(default_factory=dict)  # static workers only
     extra_args: Sequence[str] = field(default_factory=tuple)
 
 
@@ -285,5 +346,6 @@ def router_argv(opts: RouterOptions) -> list[str]:
         "--decode-urls": ",".join(opts.decode_urls),
         "--discover-namespace": opts.discover_namespace,
         "--discover-selector": opts.discover_selector,
+        "--lora-adapters": format_lora_adapters(opts.lora_adapters),
     }
     return ["kvflow", "router", *_argv(ROUTER_FLAGS, values), *opts.extra_args]

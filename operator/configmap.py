@@ -19,6 +19,7 @@ from typing import Any
 from kvflow import contract
 
 from . import names
+from .lora import cluster_adapter_storage
 from .pods import model_mount, worker_serve_options
 from .spec import ModelDeployment
 from .stores import shared_store
@@ -56,7 +57,10 @@ def worker_config(md: ModelDeployment) -> dict[str, Any]:
 
 def runtime_config(md: ModelDeployment) -> dict[str, Any]:
     """What each role runs, router included: ``runtime.json``, read by people only."""
-    return {**worker_config(md), "router": {"policy": md.router.policy}}
+    router: dict[str, Any] = {"policy": md.router.policy}
+    if md.lora is not None:  # kept loaded by the router (pod annotations), not the pods' own
+        router["loraAdapters"] = dict(cluster_adapter_storage(md).paths)
+    return {**worker_config(md), "router": router}
 
 
 def _documents(md: ModelDeployment, runtime: dict[str, Any]) -> dict[str, str]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from kvflow import contract
 
+from .lora import ADAPTER_NAME, ADAPTER_SOURCES, host_folder_refusal
 from .paths import OPERATOR_ENV, OPERATOR_VOLUMES
 from .quantity import QuantityError, parse_quantity
 from .spec import (
@@ -22,6 +23,8 @@ from .spec import (
     Endpoint,
     HiCache,
     KVTransfer,
+    Lora,
+    LoraAdapter,
     ModelDeployment,
     ModelSource,
     MooncakeMaster,
@@ -166,8 +169,10 @@ def _worker(role: str, raw: Mapping[str, Any] | None) -> WorkerRole:
     )
 
 
-def _model(raw: Mapping[str, Any]) -> ModelSource:
-    source = str(raw.get("source", "embedded"))
+def _source(raw: Mapping[str, Any], path: str, default: str) -> ModelSource:
+    """A weights folder's source (``spec.model``, ``spec.lora.adapters[i]``): the field
+    ``source`` names, which must be set."""
+    source = str(raw.get("source", default))
     pvc = raw.get("pvc") or {}
     hf = raw.get("huggingFace") or {}
     model = ModelSource(
@@ -182,8 +187,12 @@ def _model(raw: Mapping[str, Any]) -> ModelSource:
     )
     required = {"pvc": model.claim_name, "hostPath": model.host_path, "huggingFace": model.hf_id}
     if source in required and not required[source]:
-        raise SpecError(f"spec.model.{source}", f"required when spec.model.source is {source}")
+        raise SpecError(f"{path}.{source}", f"required when {path}.source is {source}")
     return model
+
+
+def _model(raw: Mapping[str, Any]) -> ModelSource:
+    return _source(raw, "spec.model", "embedded")
 
 
 def _hicache(raw: Mapping[str, Any] | None) -> HiCache:
@@ -216,6 +225,57 @@ def _hicache(raw: Mapping[str, Any] | None) -> HiCache:
                 "spec.hiCache.hostMemory", "must be positive when a shared store is set"
             )
     return hicache
+
+
+def _lora(raw: Mapping[str, Any] | None) -> Lora | None:
+    """``spec.lora``: slot sizes and the adapters, each named once (names go into requests
+    as ``lora_path`` or ``model: base:name``, hence no ``:``)."""
+    if raw is None:
+        return None
+    adapters: list[LoraAdapter] = []
+    for i, entry in enumerate(raw.get("adapters") or ()):
+        path = f"spec.lora.adapters[{i}]"
+        name = str(entry.get("name", ""))
+        if not ADAPTER_NAME.fullmatch(name):
+            raise SpecError(f"{path}.name", f"{name!r} is not {ADAPTER_NAME.pattern}")
+        if any(a.name == name for a in adapters):
+            raise SpecError(f"{path}.name", f"{name!r} is declared twice")
+        source = _source(entry, path, "")
+        if source.source not in ADAPTER_SOURCES:
+            raise SpecError(f"{path}.source", f"must be one of {', '.join(ADAPTER_SOURCES)}")
+        if source.source == "hostPath" and (refusal := host_folder_refusal(source.host_path)):
+            raise SpecError(f"{path}.hostPath.path", refusal)
+        if "," in source.claim_path + source.host_path:  # the router's lists are NAME=PATH,...
+            raise SpecError(f"{path}.{source.source}.path", "must not contain ','")
+        adapters.append(LoraAdapter(name, source))
+    defaults = Lora()
+    lora = Lora(
+        max_loras_per_batch=int(raw.get("maxLorasPerBatch", defaults.max_loras_per_batch)),
+        max_lora_rank=int(raw.get("maxLoraRank", defaults.max_lora_rank)),
+        target_modules=tuple(str(m) for m in raw.get("targetModules") or defaults.target_modules),
+        adapters=tuple(adapters),
+    )
+    if lora.max_loras_per_batch < 1 or lora.max_lora_rank < 1:
+        raise SpecError("spec.lora", "maxLorasPerBatch and maxLoraRank must be >= 1")
+    return lora
+
+
+def _check_lora(md: ModelDeployment) -> None:
+    """LoRA where the runtime serves it: one GPU per model copy, generation."""
+    if md.lora is None:
+        return
+    for worker in md.workers:
+        if worker.tp_size > 1:
+            raise SpecError(
+                "spec.lora",
+                f"spec.{worker.role} shards the model over {worker.tp_size} GPUs (tensor "
+                "parallelism): the runtime refuses --enable-lora with --tp-size > 1 "
+                "(docs/lora.md); set tensorParallelSize: 1 for data-parallel copies",
+            )
+        if "--is-embedding" in worker.pods.extra_args:
+            raise SpecError(
+                "spec.lora", f"spec.{worker.role} serves embeddings: LoRA serves generation"
+            )
 
 
 def _store_sections(spec: Mapping[str, Any], chosen: str) -> None:
@@ -333,6 +393,7 @@ def parse_model_deployment(body: Mapping[str, Any]) -> ModelDeployment:
             bootstrap_port=int(kv.get("bootstrapPort", contract.DEFAULT_BOOTSTRAP_PORT)),
         ),
         hicache=hicache,
+        lora=_lora(spec.get("lora")),
         endpoint=Endpoint(
             port=int(endpoint.get("port", contract.DEFAULT_API_PORT)),
             service_type=str(endpoint.get("serviceType", "ClusterIP")),
@@ -348,4 +409,5 @@ def parse_model_deployment(body: Mapping[str, Any]) -> ModelDeployment:
         store.check()
     _check_ports(md)
     _check_parallelism(md)
+    _check_lora(md)
     return md

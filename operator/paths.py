@@ -13,6 +13,7 @@ from kvflow import contract
 CACHE_DIR = "/var/cache/kvflow"  # converted/embedded models, Hugging Face cache
 MODEL_DIR = "/models"
 HICACHE_DIR = "/var/lib/kvflow/hicache"
+ADAPTERS_DIR = "/adapters"  # LoRA adapters from claims and the Hub (operator/lora.py)
 TMP_DIR = "/tmp"
 SHM_DIR = "/dev/shm"
 CONFIG_DIR = contract.RUNTIME_CONFIG_DIR
@@ -26,6 +27,7 @@ OPERATOR_VOLUMES = {
     "config": CONFIG_DIR,
     "model": MODEL_DIR,
     "hicache": HICACHE_DIR,
+    "lora-hf": f"{ADAPTERS_DIR}/hf",
 }
 
 # Every environment variable the operator may set in a container of any role.

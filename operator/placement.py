@@ -11,8 +11,8 @@ from the store (:mod:`.stores`), which places its own processes too.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from kvflow import contract
 
@@ -49,6 +49,7 @@ class RouterPlacement:
     decode_urls: Sequence[str] = ()
     discover_namespace: str | None = None
     discover_selector: str | None = None
+    lora_adapters: Mapping[str, str] = field(default_factory=dict)  # static workers' adapters
 
 
 def serve_options(runtime: WorkerRuntime, placement: WorkerPlacement) -> contract.ServeOptions:
@@ -70,6 +71,7 @@ def serve_options(runtime: WorkerRuntime, placement: WorkerPlacement) -> contrac
         tp_size=runtime.tp_size,
         dp_size=runtime.dp_size,
         hicache=hicache,
+        lora=runtime.lora,
         max_running_requests=runtime.max_running_requests,
         extra_args=runtime.extra_args,
     )
@@ -86,6 +88,7 @@ def router_options(runtime: RouterRuntime, placement: RouterPlacement) -> contra
         decode_urls=tuple(placement.decode_urls),
         discover_namespace=placement.discover_namespace,
         discover_selector=placement.discover_selector,
+        lora_adapters=dict(placement.lora_adapters),
         extra_args=runtime.extra_args,
     )
 

@@ -14,6 +14,7 @@ from kvflow import contract
 
 from . import names
 from .internal_key import internal_key_env
+from .lora import cluster_adapter_storage
 from .paths import CACHE_DIR, HF_HOME_ENV, MODEL_DIR, SHM_DIR, TMP_DIR
 from .placement import (
     cluster_router_placement,
@@ -112,8 +113,10 @@ def _pod_spec(md: ModelDeployment, containers: list[dict[str, Any]]) -> dict[str
 def worker_pod_template(
     md: ModelDeployment, worker: WorkerRole, config_hash: str
 ) -> dict[str, Any]:
-    """The pod template of one runtime role's Deployment."""
+    """The pod template of one runtime role's Deployment (the LoRA adapter *list* is not in
+    it: a list change reaches running pods through their annotation, see ``lora.py``)."""
     mount = model_mount(md)
+    adapters = cluster_adapter_storage(md)
     ports = {API_PORT_NAME: worker.http_port}
     annotations = {
         names.ANNOTATION_CONFIG_HASH: config_hash,
@@ -144,6 +147,7 @@ def worker_pod_template(
         empty_dir("shm", SHM_SIZE, medium="Memory"),
         {"name": CONFIG_VOLUME, "configMap": {"name": names.child_name(md.name, "runtime")}},
         *mount.volumes,
+        *adapters.volumes,
     ]
     mounts = [
         {"name": "cache", "mountPath": CACHE_DIR},
@@ -151,6 +155,7 @@ def worker_pod_template(
         {"name": "shm", "mountPath": SHM_DIR},
         {"name": CONFIG_VOLUME, "mountPath": config_dir, "readOnly": True},
         *mount.mounts,
+        *adapters.mounts,
     ]
     extra_memory = md.hicache.host_memory_bytes if tiered else 0
     if store is not None:
@@ -183,8 +188,8 @@ def worker_pod_template(
         terminationGracePeriodSeconds=60,
         volumes=volumes,
     )
-    if mount.init_containers:
-        spec["initContainers"] = mount.init_containers
+    if mount.init_containers or adapters.init_containers:
+        spec["initContainers"] = [*mount.init_containers, *adapters.init_containers]
     apply_pod_settings(spec, worker.pods)
     return {
         "metadata": {"labels": names.labels(md.name, worker.role), "annotations": annotations},

@@ -16,10 +16,14 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from kvflow import contract
+
 from . import names
 from .autoscale.scale import decided_sizes, without_autoscaling
 from .internal_key import internal_key_secret, new_internal_key
 from .kube import PERMANENT_FAILURES, ApiFailure, Cluster
+from .lora import pods_to_annotate
+from .lora_status import adapters_by_role, read_router_metrics
 from .parse import parse_model_deployment
 from .podstatus import PodReport
 from .rdma import RDMA_UNAVAILABLE, rdma_refusal, uses_rdma
@@ -58,14 +62,18 @@ def _owned(obj: Mapping[str, Any], uid: str) -> bool:
 
 
 def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """Merge patch turning ``old`` status into ``new`` (keys gone from ``new`` become None)."""
-    patch: dict[str, Any] = dict(new)
+    """Merge patch turning ``old`` status into ``new``: keys gone from ``new`` become None,
+    at any depth (a role that went away, an adapter no longer listed); lists are replaced."""
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            patch[key] = status_patch(before, value)
+        else:
+            patch[key] = value
     for key in old:
         if key not in new:
             patch[key] = None
-    old_roles, new_roles = old.get("roles") or {}, new.get("roles") or {}
-    if isinstance(old_roles, Mapping):
-        patch["roles"] = {**{k: None for k in old_roles if k not in new_roles}, **new_roles}
     return patch
 
 
@@ -96,6 +104,7 @@ class Reconciler:
             failure: Failure | None = None
             applied = pruned = 0
             components: list[str] | None = None
+            md: ModelDeployment | None = None
             try:
                 md = parse_model_deployment(body)
                 components = expected_components(md)
@@ -110,13 +119,14 @@ class Reconciler:
                         self._cluster.apply(child)
                         applied += 1
                     pruned = self._prune(md, {child_key(c) for c in children})
+                    self._hand_adapters(md)
             except SpecError as exc:
                 failure = Failure("InvalidSpec", str(exc), permanent=True)
             except ApiFailure as exc:
                 failure = Failure(exc.reason, exc.message, exc.permanent)
             if failure is not None:
                 log.warning("%s/%s: %s: %s", namespace, name, failure.reason, failure.message)
-            status = self._report(body, components, failure)
+            status = self._report(body, components, failure, md)
             return Outcome(applied, pruned, status, failure)
 
     def refresh(self, namespace: str, name: str) -> Outcome | None:
@@ -126,10 +136,17 @@ class Reconciler:
             if body is None:
                 return None
             components = None
+            md: ModelDeployment | None = None
             with contextlib.suppress(SpecError):  # unparseable: report what exists
-                components = expected_components(parse_model_deployment(body))
+                md = parse_model_deployment(body)
+                components = expected_components(md)
+                try:  # new pods get the adapter list as soon as they show up
+                    self._hand_adapters(md)
+                except ApiFailure as exc:  # the next reconcile or refresh tries again
+                    log.warning("%s/%s: cannot annotate pods: %s", namespace, name, exc.message)
             previous = _previous_failure(body)
-            return Outcome(0, 0, self._report(body, components, previous), previous)
+            status = self._report(body, components, previous, md)
+            return Outcome(0, 0, status, previous)
 
     def _refusal(self, md: ModelDeployment) -> Failure | None:
         """What the cluster lacks for this spec (nothing is applied then): today an RDMA
@@ -138,6 +155,17 @@ class Reconciler:
             return None
         message = rdma_refusal(md, self._cluster.list_nodes())
         return None if message is None else Failure(RDMA_UNAVAILABLE, message, permanent=True)
+
+    def _hand_adapters(self, md: ModelDeployment) -> None:
+        """Annotate each running worker pod with the LoRA adapters it should have loaded
+        (``spec.lora``): the router loads and unloads them (see ``lora.py``)."""
+        if md.lora is None:
+            return
+        pods = self._cluster.list_objects("v1", "Pod", md.namespace, names.owned_selector(md.name))
+        for pod_name, value in pods_to_annotate(md, pods):
+            self._cluster.annotate_pod(
+                md.namespace, pod_name, {contract.LORA_ADAPTERS_ANNOTATION: value}
+            )
 
     def _fetch(self, namespace: str, name: str) -> dict[str, Any] | None:
         body = self._cluster.get_model_deployment(namespace, name)
@@ -176,7 +204,9 @@ class Reconciler:
                 pruned += 1
         return pruned
 
-    def _observe(self, namespace: str, name: str, uid: str) -> Observation:
+    def _observe(
+        self, namespace: str, name: str, uid: str, md: ModelDeployment | None = None
+    ) -> Observation:
         children = self._children(namespace, name, uid)
         workloads = {}
         endpoint = None
@@ -193,21 +223,30 @@ class Reconciler:
             elif child["kind"] == "Service" and child["metadata"]["name"] == name:
                 endpoint = ServiceReport.from_service(child)
         pods: dict[str, list[PodReport]] = {}
-        for pod in self._cluster.list_objects("v1", "Pod", namespace, names.owned_selector(name)):
+        listed = self._cluster.list_objects("v1", "Pod", namespace, names.owned_selector(name))
+        for pod in listed:
             if not pod["metadata"].get("deletionTimestamp"):
                 pod_report = PodReport.from_pod(pod)
                 pods.setdefault(pod_report.component, []).append(pod_report)
-        return Observation(workloads, endpoint, generations, pods)
+        lora: dict[str, dict[str, str]] = {}
+        if md is not None and md.lora is not None:
+            text = read_router_metrics(md, listed)
+            lora = adapters_by_role(md, listed, text) if text is not None else {}
+        return Observation(workloads, endpoint, generations, pods, lora)
 
     def _report(
-        self, body: Mapping[str, Any], components: Sequence[str] | None, failure: Failure | None
+        self,
+        body: Mapping[str, Any],
+        components: Sequence[str] | None,
+        failure: Failure | None,
+        md: ModelDeployment | None = None,
     ) -> dict[str, Any]:
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         # the autoscaler's entries are its own: never compared, never patched from here
         old = without_autoscaling(body.get("status") or {})
         try:
-            observation = self._observe(namespace, name, meta["uid"])
+            observation = self._observe(namespace, name, meta["uid"], md)
             if components is None:  # unparseable spec: report what exists
                 components = sorted(observation.workloads)
             status = compute_status(

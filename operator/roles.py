@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from kvflow import contract
 
+from .lora import lora_options
 from .spec import ModelDeployment, WorkerRole
 from .stores import shared_store
 
@@ -28,6 +29,7 @@ class WorkerRuntime:
     tp_size: int = 1  # every GPU of the pod in use: tp_size x dp_size = the role's gpus
     dp_size: int = 1
     hicache: contract.HiCacheOptions | None = None  # storage_path: the placement's
+    lora: contract.LoraOptions | None = None  # the adapters themselves: the router's
     max_running_requests: int | None = None
     extra_args: tuple[str, ...] = ()
 
@@ -67,6 +69,7 @@ def worker_runtime(md: ModelDeployment, worker: WorkerRole) -> WorkerRuntime:
         tp_size=worker.tp_size,
         dp_size=worker.dp_size,
         hicache=hicache,
+        lora=lora_options(md),
         max_running_requests=worker.max_running_requests,
         extra_args=tuple(worker.pods.extra_args),
     )

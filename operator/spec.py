@@ -49,6 +49,26 @@ class ModelSource:
 
 
 @dataclass(frozen=True)
+class LoraAdapter:
+    """One entry of ``spec.lora.adapters``: a PEFT folder named ``name`` in requests
+    (``lora_path``, ``model: base:name``), from a PVC, a node folder or the Hub."""
+
+    name: str
+    source: ModelSource  # source is pvc, hostPath or huggingFace
+
+
+@dataclass(frozen=True)
+class Lora:
+    """``spec.lora``: the workers serve LoRA adapters; the router keeps ``adapters`` loaded
+    on every worker pod (docs/lora.md, "In a ModelDeployment")."""
+
+    max_loras_per_batch: int = 8
+    max_lora_rank: int = 16
+    target_modules: tuple[str, ...] = ("all",)
+    adapters: tuple[LoraAdapter, ...] = ()
+
+
+@dataclass(frozen=True)
 class Autoscaling:
     """Per-role autoscaling bounds and targets (acted on by the autoscaler)."""
 
@@ -202,6 +222,7 @@ class ModelDeployment:
     mooncake_master: MooncakeMaster = field(default_factory=MooncakeMaster)
     kv_transfer: KVTransfer = field(default_factory=KVTransfer)
     hicache: HiCache = field(default_factory=HiCache)
+    lora: Lora | None = None
     endpoint: Endpoint = field(default_factory=Endpoint)
     network_policy: NetworkPolicySettings = field(default_factory=NetworkPolicySettings)
 

@@ -119,6 +119,9 @@ class Observation:
     endpoint: ServiceReport | None
     rendered_generations: Sequence[int]  # the kvflow.dev/generation annotation of each child
     pods: Mapping[str, Sequence[PodReport]] = field(default_factory=dict)  # by component
+    # role -> {adapter: "loaded/ready"} as the router reports (lora_status.py); absent:
+    # no spec.lora, or no router answered
+    lora_adapters: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def failing(self, component: str) -> list[PodReport]:
         """The component's failing pods, by name."""
@@ -240,19 +243,20 @@ def compute_status(
         if observed is not None:
             condition["observedGeneration"] = observed
 
-    status: dict[str, Any] = {
-        "roles": {
-            status_key(c): {
-                "desired": reports[c].desired,
-                "ready": reports[c].ready,
-                "updated": reports[c].updated,
-                "summary": f"{reports[c].ready}/{reports[c].desired}",
-            }
-            for c in components
-            if c in reports
-        },
-        "conditions": conditions,
+    roles: dict[str, Any] = {
+        status_key(c): {
+            "desired": reports[c].desired,
+            "ready": reports[c].ready,
+            "updated": reports[c].updated,
+            "summary": f"{reports[c].ready}/{reports[c].desired}",
+        }
+        for c in components
+        if c in reports
     }
+    for component, adapters in observation.lora_adapters.items():
+        if status_key(component) in roles:
+            roles[status_key(component)]["loraAdapters"] = dict(adapters)
+    status: dict[str, Any] = {"roles": roles, "conditions": conditions}
     if observed is not None:
         status["observedGeneration"] = observed
     if observation.endpoint is not None:

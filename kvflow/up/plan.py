@@ -21,6 +21,7 @@ from typing import Any
 
 from kvflow import contract
 from kvflow.operator.internal_key import new_internal_key
+from kvflow.operator.lora import local_adapter_paths
 from kvflow.operator.placement import (
     RouterPlacement,
     WorkerPlacement,
@@ -162,6 +163,15 @@ def _refusals(
         refusals.append(f"spec.model.source {source}: not reachable locally (use {hint})")
     if source == "hostPath" and not Path(md.model.host_path).is_dir():
         refusals.append(f"spec.model.hostPath.path: {md.model.host_path} is not a folder here")
+    for i, adapter in enumerate(md.lora.adapters if md.lora is not None else ()):
+        path = f"spec.lora.adapters[{i}]"
+        if adapter.source.source != "hostPath":
+            refusals.append(f"{path}.source {adapter.source.source}: not reachable locally "
+                            "(a local folder: source hostPath)")  # fmt: skip
+        elif not Path(adapter.source.host_path).is_dir():
+            refusals.append(
+                f"{path}.hostPath.path: {adapter.source.host_path} is not a folder here"
+            )
     sizes = desired_sizes(md)
     gpus = sum(w.gpus * sizes[w.role] for w in md.workers)
     if gpus > gpus_here:
@@ -285,6 +295,8 @@ def local_plan(
         worker_urls=urls["unified"],
         prefill_urls=urls["prefill"],
         decode_urls=urls["decode"],
+        # the router loads them into every worker, as it does in a cluster
+        lora_adapters=local_adapter_paths(md),
     )
     router_argv = contract.router_argv(router_options(router_runtime(md), router_placement))
     processes.append(

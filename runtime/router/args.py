@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
             kwargs.update(choices=POLICIES.choices(), default=RouterConfig.policy)
         elif flag.endswith("-urls"):
             kwargs["default"] = ""
+        elif flag == "--lora-adapters":
+            kwargs["default"] = None
         group.add_argument(flag, **kwargs)
     router = parser.add_argument_group("router")
     router.add_argument(
@@ -141,6 +143,7 @@ def parse_args(argv: list[str]) -> RouterConfig:
         decode_urls=_urls(ns.decode_urls),
         discover_namespace=ns.discover_namespace or None,
         discover_selector=ns.discover_selector or None,
+        lora_adapters=_lora_adapters(parser, ns.lora_adapters),
         bootstrap_port=ns.bootstrap_port,
         api_key=os.environ.get(contract.API_KEY_ENV) or None,
         internal_key=os.environ.get(contract.INTERNAL_KEY_ENV) or None,
@@ -154,6 +157,11 @@ def parse_args(argv: list[str]) -> RouterConfig:
         parser.error("--admin-port must differ from --port")
     if config.discovers and (config.worker_urls or config.prefill_urls or config.decode_urls):
         parser.error("give worker URLs or --discover-*, not both")
+    if config.discovers and config.lora_adapters is not None:
+        parser.error(
+            "--lora-adapters is for static workers; discovered pods carry their own "
+            f"({contract.LORA_ADAPTERS_ANNOTATION})"
+        )
     if bool(config.prefill_urls) != bool(config.decode_urls):
         parser.error("PD mode needs both --prefill-urls and --decode-urls")
     try:
@@ -163,13 +171,25 @@ def parse_args(argv: list[str]) -> RouterConfig:
     return config
 
 
+def _lora_adapters(
+    parser: argparse.ArgumentParser, value: str | None
+) -> tuple[tuple[str, str], ...] | None:
+    if value is None:
+        return None
+    try:
+        return tuple(sorted(contract.parse_lora_adapters(value).items()))
+    except ValueError as err:
+        parser.error(f"--lora-adapters: {err}")
+
+
 def static_specs(config: RouterConfig) -> list[WorkerSpec]:
-    """The workers the flags name; a prefill entry may carry its bootstrap port as ``URL#PORT``."""
-    specs = [WorkerSpec(url) for url in config.worker_urls]
+    """The workers the flags name; a prefill entry may carry its bootstrap port as ``URL#PORT``.
+    Each keeps ``--lora-adapters`` loaded when it is given."""
+    lora = config.lora_adapters
+    specs = [WorkerSpec(url, lora_adapters=lora) for url in config.worker_urls]
     for entry in config.prefill_urls:
         url, _, port = entry.partition("#")
-        specs.append(
-            WorkerSpec(url.rstrip("/"), "prefill", int(port) if port else config.bootstrap_port)
-        )
-    specs += [WorkerSpec(url, "decode") for url in config.decode_urls]
+        bootstrap = int(port) if port else config.bootstrap_port
+        specs.append(WorkerSpec(url.rstrip("/"), "prefill", bootstrap, lora))
+    specs += [WorkerSpec(url, "decode", lora_adapters=lora) for url in config.decode_urls]
     return specs

@@ -16,6 +16,7 @@ import prometheus_client
 from aiohttp import web
 
 from kvflow.runtime.router import logs
+from kvflow.runtime.router.adapter_sync import AdapterSync
 from kvflow.runtime.router.app import create_admin_app, create_app
 from kvflow.runtime.router.args import parse_args, static_specs
 from kvflow.runtime.router.config import RouterConfig
@@ -59,8 +60,10 @@ async def serve(config: RouterConfig, stop: asyncio.Event | None = None) -> None
     for spec in static_specs(config):
         registry.upsert(spec)
     session = _new_session(config)
-    forwarder = Forwarder(config, registry, POLICIES.get(config.policy)(config), metrics, session)
-    health = HealthChecker(registry, config.health, session)
+    adapters = AdapterSync(session, metrics, config.api_key)
+    policy = POLICIES.get(config.policy)(config)
+    forwarder = Forwarder(config, registry, policy, metrics, session, adapters)
+    health = HealthChecker(registry, config.health, session, adapters)
     discovery: Any = None
     if config.discovers:
         kube = importlib.import_module(_KUBE_DISCOVERY)

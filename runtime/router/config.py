@@ -82,6 +82,7 @@ class RouterConfig:
     decode_urls: tuple[str, ...] = ()
     discover_namespace: str | None = None
     discover_selector: str | None = None
+    lora_adapters: tuple[tuple[str, str], ...] | None = None  # static workers': --lora-adapters
     bootstrap_port: int = contract.DEFAULT_BOOTSTRAP_PORT  # prefill default when not given
     api_key: str | None = None
     internal_key: str | None = None  # signs PD pairs (bootstrap_token); $KVFLOW_INTERNAL_KEY

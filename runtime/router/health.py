@@ -10,6 +10,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvflow import contract
+from kvflow.runtime.router.adapter_sync import AdapterSync
 from kvflow.runtime.router.config import HealthConfig
 from kvflow.runtime.router.registry import WorkerRegistry
 from kvflow.runtime.router.worker import Worker
@@ -54,24 +55,45 @@ class HealthChecker:
     ``success_threshold`` passed ones healthy again. A passed check also counts as the
     half-open probe of an open breaker whose cooldown is over, so a restarted worker
     rejoins without a client request having to risk it.
+
+    With ``adapters``, a passed check also keeps a managed worker's LoRA adapters as
+    wanted (:class:`AdapterSync`), and a worker added or changed (a new adapter list in
+    its pod's annotation) is checked at once rather than at the next tick.
     """
 
     def __init__(
-        self, registry: WorkerRegistry, config: HealthConfig, session: aiohttp.ClientSession
+        self,
+        registry: WorkerRegistry,
+        config: HealthConfig,
+        session: aiohttp.ClientSession,
+        adapters: AdapterSync | None = None,
     ) -> None:
         self.registry = registry
         self.config = config
         self.session = session
+        self.adapters = adapters
         self._task: asyncio.Task[None] | None = None
+        self._kicked: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="router-health")
+        if self.adapters is not None:
+            self.registry.on_change(self._kick)
+
+    def _kick(self, worker: Worker) -> None:
+        if self._task is None or worker.desired_adapters is None:
+            return
+        task = asyncio.create_task(self.check(worker), name=f"router-check {worker.url}")
+        self._kicked.add(task)
+        task.add_done_callback(self._kicked.discard)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        tasks = [t for t in (self._task, *self._kicked) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
 
     async def _run(self) -> None:
         while True:
@@ -88,9 +110,13 @@ class HealthChecker:
         error = await health_error(self.session, worker, timeout)
         if error:
             self._failed(worker, error)
+            if self.adapters is not None:
+                self.adapters.unknown(worker)
             return
         self._passed(worker)
         await self._scrape_load(worker, timeout)
+        if self.adapters is not None and worker.healthy:
+            await self.adapters.check(worker)
 
     def _failed(self, worker: Worker, error: str) -> None:
         worker.passed_checks = 0

@@ -29,6 +29,11 @@ METRIC_NAMES = {
     "kvflow_router_cache_match_ratio": "histogram: cache_aware prefix match / prompt length",
     "kvflow_router_upstream_ttfb_seconds": "histogram: request sent to first body byte, by worker",
     "kvflow_router_upstream_latency_seconds": "histogram: request sent to last byte, by worker",
+    "kvflow_router_lora_requests_total": "requests naming a LoRA adapter, by adapter",
+    "kvflow_router_lora_adapter_loaded": "1 for each LoRA adapter a worker has loaded, by worker "
+    "and adapter",
+    "kvflow_router_lora_operations_total": "LoRA adapter loads and unloads the router asked of "
+    "workers, by adapter, operation and result",
 }
 
 
@@ -92,6 +97,16 @@ class RouterMetrics:
         self.ttfb = histogram("kvflow_router_upstream_ttfb_seconds", ["worker"], _LATENCY_BUCKETS)
         self.latency = histogram(
             "kvflow_router_upstream_latency_seconds", ["worker"], _LATENCY_BUCKETS
+        )
+        self.lora_requests = counter("kvflow_router_lora_requests_total", ["adapter"])
+        self.lora_loaded = Gauge(
+            "kvflow_router_lora_adapter_loaded",
+            text("kvflow_router_lora_adapter_loaded"),
+            ["worker", "adapter"],
+            registry=r,
+        )
+        self.lora_operations = counter(
+            "kvflow_router_lora_operations_total", ["adapter", "operation", "result"]
         )
         self._request_counts: dict[tuple[str, str, int], Any] = {}
 

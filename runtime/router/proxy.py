@@ -24,6 +24,8 @@ from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
 from kvflow.runtime.router import logs
+from kvflow.runtime.router.adapter_request import adapter_key, requested_adapters
+from kvflow.runtime.router.adapter_sync import AdapterSync
 from kvflow.runtime.router.admission import Admission
 from kvflow.runtime.router.backoff import RetryBudget
 from kvflow.runtime.router.config import RouterConfig
@@ -70,15 +72,18 @@ class Forwarder:
         policy: Policy,
         metrics: RouterMetrics,
         session: aiohttp.ClientSession,
+        adapters: AdapterSync | None = None,
     ) -> None:
         self.config = config
         self.registry = registry
         self.policy = policy
         self.metrics = metrics
         self.session = session
+        self.adapters = adapters or AdapterSync(session, metrics, config.api_key)
         self.admission = Admission(config.admission, metrics)
         self.rids: dict[str, OwnedRid] = {}  # client-chosen rids in flight through here
         registry.on_remove(policy.forget)
+        registry.on_remove(self.adapters.forget)
 
     async def forward(self, request: web.Request, route: str, pairable: bool) -> web.StreamResponse:
         """Answer ``request`` from a worker; ``pairable`` routes may go through PD pairing."""
@@ -106,14 +111,25 @@ class Forwarder:
         request[_OWNED_RID] = owned
         return rid
 
+    def _candidates(self, role: str, exclude: frozenset[str], adapters: frozenset[str]) -> list:
+        """Available workers of ``role`` not yet tried, that have ``adapters`` loaded."""
+        found = self.registry.available(role, exclude)
+        return [w for w in found if w.has_adapters(adapters)] if adapters else found
+
     def _plan(
-        self, route: str, body: bytes | None, payload: dict | None, key: str, tried: set[str]
+        self,
+        route: str,
+        body: bytes | None,
+        payload: dict | None,
+        key: str,
+        tried: set[str],
+        adapters: frozenset[str] = frozenset(),
     ) -> Plan | None:
         """The next attempt's workers, or ``None`` when every candidate was tried."""
         exclude = frozenset(tried)
         if payload is not None and self.registry.has_pd():
-            prefills = self.registry.available("prefill", exclude)
-            decodes = self.registry.available("decode", exclude)
+            prefills = self._candidates("prefill", exclude, adapters)
+            decodes = self._candidates("decode", exclude, adapters)
             if not prefills or not decodes:
                 if tried:
                     return None
@@ -126,7 +142,7 @@ class Forwarder:
             )
             return Plan(decode, data, prefill)
         role = self.registry.main_role()
-        candidates = self.registry.available(role, exclude)
+        candidates = self._candidates(role, exclude, adapters)
         if not candidates:
             if tried:
                 return None
@@ -146,14 +162,25 @@ class Forwarder:
     ) -> web.StreamResponse:
         payload: dict | None = None
         key = ""
-        if body is not None and pairable and (self.policy.needs_key or self.registry.has_pd()):
+        adapters: frozenset[str] = frozenset()
+        lora = self.registry.manages_adapters()
+        if (
+            body is not None
+            and pairable
+            and (self.policy.needs_key or self.registry.has_pd() or lora)
+        ):
             payload = parse_body(body)
             key = routing_key(route, payload)
+            if lora:
+                adapters = requested_adapters(route, payload, self.registry.adapter_names())
+                key = adapter_key(adapters, key)
         timeout_s = self.config.admission.request_timeout_s
         try:
             # one deadline for the whole request: attempts, backoff and the relay
             async with asyncio.timeout(timeout_s) as deadline:
-                return await self._attempts(request, route, body, payload, key, deadline)
+                if adapters:
+                    await self.adapters.ready(self.registry, adapters)
+                return await self._attempts(request, route, body, payload, key, deadline, adapters)
         except TimeoutError:
             raise RequestError(504, f"request timeout ({timeout_s:g}s)") from None
 
@@ -165,6 +192,7 @@ class Forwarder:
         payload: dict | None,
         key: str,
         deadline: asyncio.Timeout,
+        adapters: frozenset[str] = frozenset(),
     ) -> web.StreamResponse:
         rid = request[REQUEST_ID]
         given = request.headers
@@ -174,7 +202,7 @@ class Forwarder:
         tried: set[str] = set()
         last: UpstreamFailure | None = None
         owned: OwnedRid | None = request.get(_OWNED_RID)
-        while (plan := self._plan(route, body, payload, key, tried)) is not None:
+        while (plan := self._plan(route, body, payload, key, tried, adapters)) is not None:
             if owned is not None:
                 owned.plan = plan
             plan.worker.begin()

@@ -33,6 +33,8 @@ class WorkerRegistry:
         self._pd = False
         self._main_role = "unified"
         self._remove_listeners: list[Callable[[str], None]] = []
+        self._change_listeners: list[Callable[[Worker], None]] = []
+        self._manages_adapters = False
 
     # -- WorkerSink --------------------------------------------------------------------
     def upsert(self, spec: WorkerSpec) -> None:
@@ -47,6 +49,7 @@ class WorkerRegistry:
                 )
                 known.spec = spec
                 self._changed()
+                self._tell(known)
             return
         url = spec.url
 
@@ -63,12 +66,16 @@ class WorkerRegistry:
         worker.metrics = self.metrics.for_worker(url)
         worker.metrics.in_flight.set(0)
         log.info("worker %s added (role %s)", url, spec.role)
+        self._tell(worker)
 
     def remove(self, url: str) -> None:
-        if self._workers.pop(url, None) is None:
+        worker = self._workers.pop(url, None)
+        if worker is None:
             return
         self._changed()
         self.metrics.forget_worker(url)
+        for adapter in worker.adapters or ():
+            self.metrics.lora_loaded.remove(url, adapter)
         for listener in self._remove_listeners:
             listener(url)
         log.info("worker %s removed", url)
@@ -79,10 +86,32 @@ class WorkerRegistry:
         self._pd = any(w.role != "unified" for w in self._sorted)
         roles = {w.role for w in self._sorted}
         self._main_role = next((r for r in _SIMPLE_ROLES if r in roles), "unified")
+        self._manages_adapters = any(w.spec.lora_adapters is not None for w in self._sorted)
+
+    def _tell(self, worker: Worker) -> None:
+        for listener in self._change_listeners:
+            listener(worker)
 
     # -- queries -----------------------------------------------------------------------
     def on_remove(self, listener: Callable[[str], None]) -> None:
         self._remove_listeners.append(listener)
+
+    def on_change(self, listener: Callable[[Worker], None]) -> None:
+        """``listener(worker)`` hears of each worker added or whose spec changed."""
+        self._change_listeners.append(listener)
+
+    def manages_adapters(self) -> bool:
+        """Whether the router keeps LoRA adapters on any worker (then requests are routed
+        to workers that have the adapters they name)."""
+        return self._manages_adapters
+
+    def adapter_names(self) -> set[str]:
+        """Every adapter some worker wants or has: the names an OpenAI ``model`` may be."""
+        names: set[str] = set()
+        for worker in self._sorted:
+            names.update(worker.desired_adapters or ())
+            names.update(worker.adapters or ())
+        return names
 
     def get(self, url: str) -> Worker | None:
         return self._workers.get(url)

@@ -33,6 +33,9 @@ class Worker:
         self.reported_load: int | None = None
         self._external_load = 0
         self.metrics: WorkerMetrics | None = None  # prometheus children, set by the registry
+        # LoRA adapters loaded there, name -> path, as its /v1/models last said (None:
+        # not asked; only workers whose adapters the router manages are asked)
+        self.adapters: dict[str, str] | None = None
         self._targets: dict[str, URL] = {}
 
     def begin(self) -> None:
@@ -80,6 +83,16 @@ class Worker:
         return urlsplit(self.spec.url).hostname or ""
 
     @property
+    def desired_adapters(self) -> dict[str, str] | None:
+        """The adapters the router keeps loaded here (name -> path); None: not managed."""
+        wanted = self.spec.lora_adapters
+        return None if wanted is None else dict(wanted)
+
+    def has_adapters(self, names: frozenset[str]) -> bool:
+        """Whether every adapter of ``names`` is loaded here (as far as the router knows)."""
+        return self.adapters is not None and names <= self.adapters.keys()
+
+    @property
     def load(self) -> int:
         return self.in_flight + self._external_load
 
@@ -106,4 +119,5 @@ class Worker:
             "reported_load": self.reported_load,
             "load": self.load,
             "last_error": self.last_error,
+            "lora_adapters": None if self.adapters is None else sorted(self.adapters),
         }

@@ -93,4 +93,4 @@ def test_crd_refuses_the_env_names_and_volumes_the_operator_sets() -> None:
         (rule,) = env["items"]["x-kubernetes-validations"]
         assert set(re.findall(r"'([A-Z_]+)'", rule["rule"])) == set(OPERATOR_ENV), role
         (rule,) = roles[role]["properties"]["volumes"]["items"]["x-kubernetes-validations"]
-        assert set(re.findall(r"'([a-z]+)'", rule["rule"])) == set(OPERATOR_VOLUMES), role
+        assert set(re.findall(r"'([a-z-]+)'", rule["rule"])) == set(OPERATOR_VOLUMES), role

@@ -252,3 +252,31 @@ def test_a_disaggregated_run_shares_one_fresh_internal_key(tmp_path: Path) -> No
         assert {p.name for p in kvflow} == {"prefill-0", "decode-0", "decode-1", "router"}
         keys.append({p.env.get(contract.INTERNAL_KEY_ENV) for p in kvflow})
     assert all(len(k) == 1 and None not in k for k in keys) and keys[0] != keys[1]
+
+
+def test_lora_adapters_are_local_folders_the_router_loads(tmp_path: Path) -> None:
+    """``spec.lora``: every worker runs ``--enable-lora`` with the spec's slots, and the
+    router is told to keep each ``hostPath`` adapter loaded on every worker (as it does for
+    pods in a cluster); Hub and claim adapters, or a folder missing here, are refused."""
+    from kvflow.runtime.router.args import parse_args
+
+    folder = tmp_path / "adapters" / "sql"
+    folder.mkdir(parents=True)
+    sql = {"name": "sql", "source": "hostPath", "hostPath": {"path": str(folder)}}
+    body, secrets = edited(UNIFIED, lambda s: s.update(lora={"maxLoraRank": 8, "adapters": [sql]}))
+    plan = plan_of(body, secrets, tmp_path)
+    workers, router = plan.processes[:2], plan.processes[2]
+    for worker in workers:
+        assert "--enable-lora" in worker.argv and flag(worker.argv, "--max-lora-rank") == "8"
+    assert flag(router.argv, "--lora-adapters") == f"sql={folder}"
+    assert parse_args(router.argv[5:]).lora_adapters == (("sql", str(folder)),)
+    hub = {"name": "hub", "source": "huggingFace", "huggingFace": {"id": "org/x"}}
+    gone = {"name": "gone", "source": "hostPath", "hostPath": {"path": "/var/tmp/no/such"}}
+    body, secrets = edited(UNIFIED, lambda s: s.update(lora={"adapters": [hub, gone]}))
+    with pytest.raises(LocalRefusal) as refused:
+        plan_of(body, secrets, tmp_path)
+    assert refused.value.reasons == [
+        "spec.lora.adapters[0].source huggingFace: not reachable locally (a local folder: "
+        "source hostPath)",
+        "spec.lora.adapters[1].hostPath.path: /var/tmp/no/such is not a folder here",
+    ]

@@ -47,7 +47,8 @@ RBAC rules for the objects the operator reads and writes in a watched namespace.
 mirror kvflow.operator.render.CHILD_KINDS (a test checks): create/patch for server-side
 apply, list/watch for pruning, status and drift events, delete for pruning. Reading pods is
 needed to grant the router's Role (RBAC refuses to grant what the granter lacks); patching
-pods is the autoscaler's (pod-deletion-cost annotations before a scale-in).
+pods is the autoscaler's (pod-deletion-cost annotations before a scale-in) and the
+reconciler's (the kvflow.dev/lora-adapters annotation the router loads adapters from).
 */}}
 {{- define "kvflow-operator.namespacedRules" -}}
 - apiGroups: ["kvflow.dev"]

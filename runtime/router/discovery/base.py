@@ -22,11 +22,14 @@ class WorkerSpec:
     ``url`` is the API base (``http://127.0.0.1:8000``, no trailing slash) and the worker's
     identity; ``role`` is one of :data:`kvflow.contract.ROLES`; ``bootstrap_port`` is the
     prefill worker's KV bootstrap port (``None`` for other roles or when unknown).
+    ``lora_adapters`` are the LoRA adapters the router keeps loaded there, (name, path)
+    sorted by name; ``None``: the router manages none of the worker's adapters.
     """
 
     url: str
     role: str = "unified"
     bootstrap_port: int | None = None
+    lora_adapters: tuple[tuple[str, str], ...] | None = None
 
     def __post_init__(self) -> None:
         if self.role not in contract.ROLES:

@@ -54,6 +54,18 @@ def _bootstrap_port(pod: Mapping[str, Any]) -> int | None:
     return _named_port(pod, contract.BOOTSTRAP_PORT_NAME)
 
 
+def _lora_adapters(pod: Mapping[str, Any]) -> tuple[tuple[str, str], ...] | None:
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(contract.LORA_ADAPTERS_ANNOTATION)
+    if value is None:
+        return None
+    try:
+        return tuple(sorted(contract.parse_lora_adapters(value).items()))
+    except ValueError as err:
+        logger.warning("pod %s: %s: %s", pod_key(pod), contract.LORA_ADAPTERS_ANNOTATION, err)
+        return None
+
+
 def worker_spec_from_pod(pod: Mapping[str, Any]) -> WorkerSpec | None:
     """The worker a pod serves as, or ``None`` while it must get no traffic.
 
@@ -63,7 +75,8 @@ def worker_spec_from_pod(pod: Mapping[str, Any]) -> WorkerSpec | None:
     is the container port named :data:`~kvflow.contract.API_PORT_NAME` (else
     :data:`~kvflow.contract.DEFAULT_API_PORT`); a prefill worker's bootstrap port is its
     :data:`~kvflow.contract.BOOTSTRAP_PORT_ANNOTATION` (else the container port named
-    :data:`~kvflow.contract.BOOTSTRAP_PORT_NAME`, else unknown).
+    :data:`~kvflow.contract.BOOTSTRAP_PORT_NAME`, else unknown). Its LoRA adapters are its
+    :data:`~kvflow.contract.LORA_ADAPTERS_ANNOTATION` (absent: not managed).
     """
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
@@ -76,7 +89,12 @@ def worker_spec_from_pod(pod: Mapping[str, Any]) -> WorkerSpec | None:
     port = _named_port(pod, contract.API_PORT_NAME) or contract.DEFAULT_API_PORT
     host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip  # IPv6 literals go in brackets
     bootstrap_port = _bootstrap_port(pod) if role == "prefill" else None
-    return WorkerSpec(url=f"http://{host}:{port}", role=role, bootstrap_port=bootstrap_port)
+    return WorkerSpec(
+        url=f"http://{host}:{port}",
+        role=role,
+        bootstrap_port=bootstrap_port,
+        lora_adapters=_lora_adapters(pod),
+    )
 
 
 class PodWorkers:
