@@ -148,7 +148,21 @@ class BootstrapClient:
             conn.close()
 
     def register(self, session: str, layout: KVLayout) -> None:
-        self._post("/register", {"session": session, "layout": layout.to_dict()})
+        """Register this decode's ``layout``; the prefill refuses one that differs from
+        its own, and so does the decode with the layout the prefill answers (a refusal,
+        e.g. another ``--kv-cache-dtype``: the KV bytes would not mean the same)."""
+        answer = self._post("/register", {"session": session, "layout": layout.to_dict()})
+        try:
+            theirs = KVLayout.from_dict(answer.get("layout"))  # type: ignore[arg-type]
+        except (ValueError, TypeError, AttributeError) as err:
+            raise BootstrapError(
+                f"prefill bootstrap at {self.address} answered no KV layout: {err}"
+            ) from err
+        problem = layout.mismatch(theirs)
+        if problem:
+            raise BootstrapError(
+                f"refused the prefill at {self.address}: {problem}"[:_MESSAGE_CHARS], refused=True
+            )
 
     def claim(self, session: str, claims: list[tuple[int, list[int], str]]) -> dict[int, str]:
         """Claim rooms ``(room, slots, prompt_hash)``; returns the refused ones with the
