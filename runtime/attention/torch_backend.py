@@ -220,8 +220,6 @@ class TorchBackend(AttentionBackend):
         )
 
     def forward_extend(self, q, k, v, layer_id, fb):
-        if self.reads_stored_kv:  # padded parts read the pool; SDPA parts take k and v
-            k, v = self.kv_pool.read(layer_id, fb.out_cache_loc, q.dtype)
         return self._attend(q, k, v, layer_id, fb)
 
     def forward_decode(self, q, k, v, layer_id, fb):
@@ -236,7 +234,11 @@ class TorchBackend(AttentionBackend):
             pool.k_scales[layer_id],
             pool.v_scales[layer_id],
         )
-        for part in fb.attn_metadata[self.window(layer_id)]:
+        parts = fb.attn_metadata[self.window(layer_id)]
+        if self.reads_stored_kv and not all(isinstance(p, _PaddedPart) for p in parts):
+            # padded parts read the pool; SDPA parts take the new tokens' k and v
+            k, v = pool.read(layer_id, fb.out_cache_loc, q.dtype)
+        for part in parts:
             if isinstance(part, _PaddedPart):
                 rows = self._padded(q, cache, part).index_select(0, part.real)
                 out.index_copy_(0, part.out_rows, rows)
