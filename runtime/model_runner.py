@@ -12,7 +12,7 @@ from kvflow.runtime.config import EngineConfig, ModelConfig
 from kvflow.runtime.cuda_graph import CudaGraphRunner, GraphAttention
 from kvflow.runtime.distributed import ShardedHeads, TPGroup, check_tensor_parallel
 from kvflow.runtime.forward_batch import ForwardBatch
-from kvflow.runtime.layers.quantization import kv_cache_torch_dtype
+from kvflow.runtime.layers.quantization import KVScales, kv_cache_torch_dtype
 from kvflow.runtime.lora import LoraManager, LoraOptions
 from kvflow.runtime.mem import KVPool, ReqToTokenPool, TokenToKVPoolAllocator
 from kvflow.runtime.models.loader import load_model, resolve_model_path
@@ -139,6 +139,11 @@ class ModelRunner:
             self.device,
             self.model.kv_scales,
         )
+        if self.kv_pool.is_fp8 and self.model.kv_scales == KVScales.ones(mc.num_layers):
+            logger.warning(
+                "FP8 KV cache without k_scale/v_scale in the checkpoint: scales default to "
+                "1.0, which may cost accuracy where keys or values exceed the FP8 range"
+            )
         self.req_to_token = ReqToTokenPool(
             config.max_running_requests + _EXTRA_ROWS, self.context_len + 1, self.device
         )
