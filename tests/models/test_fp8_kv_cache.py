@@ -10,83 +10,19 @@ every key and value from that cache, as kvflow's does (the new tokens' included)
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-from family_parity import MAX_NEW, build_hf, engine_greedy, prompts
+from family_parity import build_hf, engine_greedy, prompts
+from fp8_kv_reference import FP8, SCALES, add_kv_scales, greedy_fp8
 
 from kvflow.kernels import cpu as cpu_kernels
-
-FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
-# per layer (k_scale, v_scale): the first layer's keys saturate FP8 where they exceed
-# 0.005 * 448 (if kvflow ignored the scale, nothing would); the second's are large
-SCALES = ((0.005, 0.02), (0.6, 1.5))
-
-
-def _rounded(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    limit = torch.finfo(dtype).max
-    return (x.float() / scale).clamp(-limit, limit).to(dtype).float() * scale
-
-
-def _fp8_cache(dtype: torch.dtype, scales: tuple[tuple[float, float], ...]):
-    from transformers import DynamicCache
-
-    class Fp8RoundedCache(DynamicCache):
-        """transformers' cache, each new key and value rounded through FP8 before it is
-        kept (and before attention reads it back)."""
-
-        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-            k_scale, v_scale = scales[layer_idx]
-            keys = _rounded(key_states, k_scale, dtype).to(key_states.dtype)
-            values = _rounded(value_states, v_scale, dtype).to(value_states.dtype)
-            return super().update(keys, values, layer_idx, *args, **kwargs)
-
-    return Fp8RoundedCache
-
-
-def _greedy_fp8(hf, batch, dtype, scales) -> list[list[int]]:
-    cache_cls = _fp8_cache(dtype, scales)
-    outputs = []
-    with torch.no_grad():
-        for ids in batch:
-            full = hf.generate(
-                torch.tensor([ids]),
-                max_new_tokens=MAX_NEW,
-                do_sample=False,
-                eos_token_id=2,
-                pad_token_id=0,
-                past_key_values=cache_cls(),
-            )
-            outputs.append(full[0, len(ids) :].tolist())
-    return outputs
-
-
-def _add_kv_scales(folder: Path, scales: tuple[tuple[float, float], ...]) -> None:
-    """Write the scales into the checkpoint as FP8 checkpoints name them (one layer as the
-    HF / compressed-tensors ``self_attn.k_scale``, one as ModelOpt's
-    ``self_attn.k_proj.k_scale``)."""
-    from safetensors.torch import load_file, save_file
-
-    file = folder / "model.safetensors"
-    tensors = load_file(str(file))
-    for layer, (k_scale, v_scale) in enumerate(scales):
-        attn = f"model.layers.{layer}.self_attn"
-        k_name, v_name = (
-            (f"{attn}.k_scale", f"{attn}.v_scale")
-            if layer == 0
-            else (f"{attn}.k_proj.k_scale", f"{attn}.v_proj.v_scale")
-        )
-        tensors[k_name] = torch.tensor(k_scale)
-        tensors[v_name] = torch.tensor(v_scale)
-    save_file(tensors, str(file))
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fp8kv")
     hf = build_hf(folder, "LlamaForCausalLM", "LlamaConfig", num_key_value_heads=2)
-    _add_kv_scales(folder, SCALES)
+    add_kv_scales(folder, SCALES)
     return folder, hf
 
 
@@ -94,15 +30,20 @@ def _backends() -> list[str]:
     return ["torch", "cpu"] if cpu_kernels.available() else ["torch"]
 
 
+# 4 prompts of family_parity's 8 (test time); they reach the cached-prefix decode path
+PROMPT_LENGTHS = (3, 41, 64, 12)
 # transformers >= 5 renames generate's past_key_values (kvflow supports >= 4.46)
-@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
+IGNORE_RENAME = pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
+
+
+@IGNORE_RENAME
 @pytest.mark.parametrize("kv_cache_dtype", list(FP8))
 def test_fp8_kv_cache_equals_transformers_with_an_fp8_rounded_cache(checkpoint, kv_cache_dtype):
     folder, hf = checkpoint
-    batch = prompts()
-    expected = _greedy_fp8(hf, batch, FP8[kv_cache_dtype], SCALES)
-    # the test can fail: the checkpoint's scales change tokens (so does the rounding)
-    assert expected != _greedy_fp8(hf, batch, FP8[kv_cache_dtype], ((1.0, 1.0),) * 2)
+    batch = prompts(PROMPT_LENGTHS)
+    expected = greedy_fp8(hf, batch, FP8[kv_cache_dtype], SCALES)
+    if kv_cache_dtype == "fp8_e4m3":  # the test can fail: the checkpoint's scales matter
+        assert expected != greedy_fp8(hf, batch, FP8[kv_cache_dtype], ((1.0, 1.0),) * 2)
     for backend in _backends():
         got = engine_greedy(folder, batch, kv_cache_dtype=kv_cache_dtype, attention_backend=backend)
         assert got == expected, backend
