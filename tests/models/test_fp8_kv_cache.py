@@ -68,3 +68,17 @@ def test_pool_takes_the_checkpoint_scales_and_twice_the_tokens(checkpoint):
     saved = torch.tensor(SCALES, dtype=torch.float32)
     assert fp8_pool.k_scales == tuple(saved[:, 0].tolist())
     assert fp8_pool.v_scales == tuple(saved[:, 1].tolist())
+
+
+@pytest.mark.parametrize("algorithm", ["NGRAM", "STANDALONE"])
+def test_speculative_decoding_over_an_fp8_cache_keeps_greedy_tokens(checkpoint, algorithm):
+    """Verify steps extend over FP8 KV (STANDALONE's draft keeps its own FP8 pool, with its
+    checkpoint's scales): the tokens are those of plain FP8 decoding."""
+    folder, _ = checkpoint
+    batch = prompts(PROMPT_LENGTHS)
+    plain = engine_greedy(folder, batch, kv_cache_dtype="fp8_e4m3")
+    draft = {"speculative_draft_model_path": str(folder)} if algorithm == "STANDALONE" else {}
+    spec = engine_greedy(
+        folder, batch, kv_cache_dtype="fp8_e4m3", speculative_algorithm=algorithm, **draft
+    )
+    assert spec == plain
