@@ -12,7 +12,11 @@ from kvflow.runtime.config import EngineConfig, ModelConfig
 from kvflow.runtime.cuda_graph import CudaGraphRunner, GraphAttention
 from kvflow.runtime.distributed import ShardedHeads, TPGroup, check_tensor_parallel
 from kvflow.runtime.forward_batch import ForwardBatch
-from kvflow.runtime.layers.quantization import KVScales, kv_cache_torch_dtype
+from kvflow.runtime.layers.quantization import (
+    KVScales,
+    check_kv_cache_device,
+    kv_cache_torch_dtype,
+)
 from kvflow.runtime.lora import LoraManager, LoraOptions
 from kvflow.runtime.mem import KVPool, ReqToTokenPool, TokenToKVPoolAllocator
 from kvflow.runtime.models.loader import load_model, resolve_model_path
@@ -93,6 +97,7 @@ class ModelRunner:
         )
         self.dtype = _pick_dtype(config, mc)
         self.kv_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, self.dtype)
+        check_kv_cache_device(config.kv_cache_dtype, self.device)
         self.model = load_model(
             self.model_path,
             mc,

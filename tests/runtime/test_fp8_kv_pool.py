@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvflow.runtime.layers.quantization import KVScaleReader, KVScales, kv_cache_torch_dtype
+from kvflow.runtime.layers.quantization import (
+    KVScaleReader,
+    KVScales,
+    check_kv_cache_device,
+    kv_cache_torch_dtype,
+)
 from kvflow.runtime.mem import KVPool
 
 FP8_DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2]
@@ -65,6 +70,7 @@ def test_flag_values_map_to_storage_dtypes():
     assert kv_cache_torch_dtype("fp8_e4m3", torch.bfloat16) == torch.float8_e4m3fn
     assert kv_cache_torch_dtype("fp8_e5m2", torch.bfloat16) == torch.float8_e5m2
     assert kv_cache_torch_dtype("bfloat16", torch.float32) == torch.bfloat16
+    assert kv_cache_torch_dtype("bf16", torch.float32) == torch.bfloat16
     with pytest.raises(ValueError, match="kv-cache-dtype mxfp8"):
         kv_cache_torch_dtype("mxfp8", torch.bfloat16)
 
@@ -88,3 +94,13 @@ def test_checkpoint_scales_follow_sglangs_rule():
 def test_per_head_scales_are_refused():
     with pytest.raises(ValueError, match="one scale per layer"):
         KVScaleReader(1).take("layers.0.self_attn.k_scale", torch.ones(4))
+
+
+def test_fp8_e4m3_is_refused_on_gpus_before_ada(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with pytest.raises(ValueError, match=r"compute capability 8\.9 or newer"):
+        check_kv_cache_device("fp8_e4m3", "cuda")
+    check_kv_cache_device("fp8_e5m2", "cuda")
+    check_kv_cache_device("fp8_e4m3", "cpu")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    check_kv_cache_device("fp8_e4m3", "cuda:0")

@@ -18,6 +18,7 @@ from kvflow.runtime.layers.quantization.kv_cache import (
     KV_CACHE_DTYPE_FLAG_VALUES,
     KVScaleReader,
     KVScales,
+    check_kv_cache_device,
     kv_cache_torch_dtype,
 )
 from kvflow.runtime.layers.quantization.unquantized import UnquantizedLinearMethod
@@ -35,6 +36,7 @@ __all__ = [
     "ParamLayout",
     "QuantConfig",
     "UnquantizedLinearMethod",
+    "check_kv_cache_device",
     "kv_cache_torch_dtype",
     "resolve_quantization",
 ]

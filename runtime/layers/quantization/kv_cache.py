@@ -21,6 +21,7 @@ __all__ = [
     "KV_CACHE_DTYPE_FLAG_VALUES",
     "KVScaleReader",
     "KVScales",
+    "check_kv_cache_device",
     "kv_cache_torch_dtype",
 ]
 
@@ -30,6 +31,7 @@ _TORCH_DTYPES = {
     "fp8_e4m3": torch.float8_e4m3fn,
     "fp8_e5m2": torch.float8_e5m2,
     "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,  # SGLang's other name (the CLI maps it to bfloat16)
 }
 
 
@@ -43,6 +45,19 @@ def kv_cache_torch_dtype(flag: str, model_dtype: torch.dtype) -> torch.dtype:
             f"{', '.join(KV_CACHE_DTYPE_FLAG_VALUES)}"
         )
     return _TORCH_DTYPES[flag]
+
+
+def check_kv_cache_device(flag: str, device: str) -> None:
+    """Refuse (ValueError, one line) an FP8 format the device's kernels cannot convert:
+    Triton converts ``float8_e4m3fn`` from compute capability 8.9 (Ada, Hopper) on."""
+    if flag != "fp8_e4m3" or not device.startswith("cuda"):
+        return
+    capability = torch.cuda.get_device_capability(torch.device(device))
+    if capability < (8, 9):
+        raise ValueError(
+            f"--kv-cache-dtype fp8_e4m3 needs a GPU of compute capability 8.9 or newer "
+            f"(this one: {capability[0]}.{capability[1]}); use fp8_e5m2 or auto"
+        )
 
 
 @dataclass(frozen=True)
