@@ -31,7 +31,15 @@ from kvflow.kernels.fp8_gemm import (
 from kvflow.kernels.fp8_gemv import fp8_gemv, fp8_gemv_ref
 from kvflow.kernels.fused_moe import fused_moe, fused_moe_ref, moe_align_block_size
 from kvflow.kernels.gemv import gemv, gemv_ref
-from kvflow.kernels.kv_store import store_kv_cache, store_kv_cache_ref
+from kvflow.kernels.kv_store import (
+    FP8_KV_DTYPES,
+    dequantize_kv,
+    is_fp8,
+    quantize_kv,
+    select_rows,
+    store_kv_cache,
+    store_kv_cache_ref,
+)
 from kvflow.kernels.lora import lora_expand, lora_expand_ref, lora_shrink, lora_shrink_ref
 from kvflow.kernels.rmsnorm import rmsnorm, rmsnorm_ref
 from kvflow.kernels.rope_cache import build_cos_sin_cache, rope_inv_freq
@@ -41,6 +49,7 @@ from kvflow.kernels.softcap import softcap_ref
 
 __all__ = [
     "FP8_DTYPE",
+    "FP8_KV_DTYPES",
     "FP8_MAX",
     "MAX_KV_SPLITS",
     "build_cos_sin_cache",
@@ -49,6 +58,7 @@ __all__ = [
     "decode_attention_table_fwd",
     "decode_attention_table_ref",
     "default_num_kv_splits",
+    "dequantize_kv",
     "extend_attention_fwd",
     "extend_attention_ref",
     "fp8_gemv",
@@ -60,6 +70,7 @@ __all__ = [
     "fused_moe_ref",
     "gemv",
     "gemv_ref",
+    "is_fp8",
     "lora_expand",
     "lora_expand_ref",
     "lora_shrink",
@@ -67,11 +78,13 @@ __all__ = [
     "moe_align_block_size",
     "per_token_group_quant_fp8",
     "per_token_group_quant_fp8_ref",
+    "quantize_kv",
     "rmsnorm",
     "rmsnorm_ref",
     "rope_inv_freq",
     "rotary_embedding",
     "rotary_embedding_ref",
+    "select_rows",
     "silu_and_mul",
     "silu_and_mul_ref",
     "softcap_ref",

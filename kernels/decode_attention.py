@@ -17,6 +17,12 @@ both stages see that range alone, so the slots before it are never read. With a
 ``logit_cap``, the scaled scores are soft-capped (:mod:`kvflow.kernels.softcap`) before the
 softmax.
 
+The pool may store another dtype than ``q`` (an FP8 KV cache): its tiles are converted to
+``q``'s dtype as they load (exact for FP8 into 16-bit floats), ``k_scale`` is folded into the
+score scale and ``v_scale`` into the output, so the result is attention over ``stored *
+scale``. Both are plain floats: under a CUDA graph they are fixed at capture, as the pool's
+scales are once the model is loaded.
+
 A request's slice length is ``cdiv(seq_len, num_kv_splits)`` rounded up to whole KV tiles
 and to at least ``MIN_SPLIT_LEN``, computed on the device from ``kv_indptr``; short
 requests therefore use fewer splits, and empty
@@ -80,7 +86,7 @@ def _kv_range(meta_ptr, lens_ptr, batch, stride_table, window, TABLE: tl.constex
 @triton.jit
 def _decode_partial_kernel(
     q_ptr, k_ptr, v_ptr, kv_meta_ptr, kv_lens_ptr, kv_indices_ptr, part_o_ptr, part_lse_ptr,
-    scale_log2, stride_table, window, cap_log2,
+    scale_log2, v_scale, stride_table, window, cap_log2,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
     num_q_heads, num_splits,
@@ -128,8 +134,7 @@ def _decode_partial_kernel(
                 mask=mask_nd,
                 other=0.0,
             )
-            if UPCAST_DOT:
-                k_t = k_t.to(tl.float32)
+            k_t = k_t.to(q.dtype)  # the pool's dtype (FP8, ...) -> q's; a no-op when equal
             qk = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2
             if SOFTCAP:  # in log2 units: cap_log2 = cap * log2(e)
                 qk = softcap(qk, cap_log2)
@@ -142,15 +147,14 @@ def _decode_partial_kernel(
                 mask=mask_n[:, None] & mask_d[None, :],
                 other=0.0,
             )
-            if UPCAST_DOT:
-                v = v.to(tl.float32)
+            v = v.to(q.dtype)
             acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
             e_sum = e_sum * rescale + tl.sum(p, 1)
             e_max = n_max
         out_offs = batch * stride_ob + offs_h[:, None] * stride_oh + split * stride_os
         tl.store(
             part_o_ptr + out_offs + offs_d[None, :],
-            acc / e_sum[:, None],
+            acc * (v_scale / e_sum)[:, None],
             mask=mask_h[:, None] & mask_d[None, :],
         )
         tl.store(
@@ -243,7 +247,8 @@ def _scratch(q, splits, partial_o, partial_lse):
 
 
 def _decode(q, k_buffer, v_buffer, o, meta, lens, kv_indices, stride_table, table, sm_scale,
-            num_kv_splits, partial_o, partial_lse, window, logit_cap):  # fmt: skip
+            num_kv_splits, partial_o, partial_lse, window, logit_cap, k_scale,
+            v_scale):  # fmt: skip
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
     if num_q_heads % num_kv_heads:
@@ -269,7 +274,8 @@ def _decode(q, k_buffer, v_buffer, o, meta, lens, kv_indices, stride_table, tabl
     grid = (batch, triton.cdiv(num_q_heads, heads_per_program), splits)
     _decode_partial_kernel[grid](
         q, k_buffer, v_buffer, meta, lens, kv_indices, partial_o, partial_lse,
-        sm_scale * _LOG2E, stride_table, window or 0, (logit_cap or 1.0) * _LOG2E,
+        sm_scale * k_scale * _LOG2E, float(v_scale), stride_table, window or 0,
+        (logit_cap or 1.0) * _LOG2E,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1),
         partial_o.stride(0), partial_o.stride(1), partial_o.stride(2),
@@ -306,6 +312,8 @@ def decode_attention_fwd(
     partial_lse: torch.Tensor | None = None,
     window: int | None = None,
     logit_cap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Attention of one new token per request over its KV in the pool; writes ``o``.
 
@@ -319,11 +327,13 @@ def decode_attention_fwd(
     and ``partial_lse`` [batch, num_q_heads, >= splits] (fp32) are optional scratch buffers,
     e.g. preallocated once for CUDA-graph capture. ``window``: attend only to the last
     ``window`` slots of each request (sliding-window attention). ``logit_cap``: soft-cap
-    the scaled scores, ``cap * tanh(s / cap)`` (Gemma 2); None: none. Returns ``o``.
+    the scaled scores, ``cap * tanh(s / cap)`` (Gemma 2); None: none. The pools may hold
+    another dtype than ``q`` (FP8: an FP8 KV cache), read as ``stored * k_scale`` (keys) and
+    ``stored * v_scale`` (values). Returns ``o``.
     """
     return _decode(q, k_buffer, v_buffer, o, kv_indptr, kv_indptr, kv_indices, 0, False,
                    sm_scale, num_kv_splits, partial_o, partial_lse, window,
-                   logit_cap)  # fmt: skip
+                   logit_cap, k_scale, v_scale)  # fmt: skip
 
 
 def decode_attention_table_fwd(
@@ -341,6 +351,8 @@ def decode_attention_table_fwd(
     partial_lse: torch.Tensor | None = None,
     window: int | None = None,
     logit_cap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """:func:`decode_attention_fwd` reading each request's slots straight from the
     request-to-token table: request ``i`` attends to
@@ -351,7 +363,7 @@ def decode_attention_table_fwd(
         raise ValueError("req_to_token rows must be contiguous")
     return _decode(q, k_buffer, v_buffer, o, req_pool_indices, seq_lens, req_to_token,
                    req_to_token.stride(0), True, sm_scale, num_kv_splits, partial_o,
-                   partial_lse, window, logit_cap)  # fmt: skip
+                   partial_lse, window, logit_cap, k_scale, v_scale)  # fmt: skip
 
 
 def decode_attention_table_ref(
@@ -364,6 +376,8 @@ def decode_attention_table_ref(
     sm_scale: float,
     window: int | None = None,
     logit_cap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Pure-torch :func:`decode_attention_table_fwd` (through :func:`decode_attention_ref`)."""
     rows, lens = req_pool_indices.tolist(), seq_lens.tolist()
@@ -372,7 +386,7 @@ def decode_attention_table_ref(
     kv_indptr = torch.zeros(len(lens) + 1, dtype=torch.int64)
     kv_indptr[1:] = torch.tensor(lens, dtype=torch.int64).cumsum(0)
     return decode_attention_ref(
-        q, k_buffer, v_buffer, kv_indptr, kv_indices, sm_scale, window, logit_cap
+        q, k_buffer, v_buffer, kv_indptr, kv_indices, sm_scale, window, logit_cap, k_scale, v_scale
     )
 
 
@@ -385,10 +399,12 @@ def decode_attention_ref(
     sm_scale: float,
     window: int | None = None,
     logit_cap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """Pure-torch decode attention (fp32 math, one request at a time); returns a new
-    [batch, num_q_heads, head_dim] tensor in ``q``'s dtype. Same contract as
-    :func:`decode_attention_fwd`."""
+    """Pure-torch decode attention (fp32 math, one request at a time, over ``stored.float()
+    * scale``); returns a new [batch, num_q_heads, head_dim] tensor in ``q``'s dtype. Same
+    contract as :func:`decode_attention_fwd`."""
     batch, num_q_heads, _ = q.shape
     group_size = num_q_heads // k_buffer.shape[1]
     out = torch.zeros_like(q)
@@ -399,8 +415,8 @@ def decode_attention_ref(
             slots = slots[-window:]
         if slots.numel() == 0:
             continue
-        keys = k_buffer[slots].float().repeat_interleave(group_size, dim=1)  # [len, qh, d]
-        values = v_buffer[slots].float().repeat_interleave(group_size, dim=1)
+        keys = (k_buffer[slots].float() * k_scale).repeat_interleave(group_size, dim=1)
+        values = (v_buffer[slots].float() * v_scale).repeat_interleave(group_size, dim=1)
         scores = torch.einsum("hd,thd->ht", q[req].float(), keys) * sm_scale
         scores = softcap_ref(scores, logit_cap)
         probs = torch.softmax(scores, dim=-1)

@@ -17,6 +17,11 @@ loop starts at the tile holding its block's first row's first key, so key tiles 
 before every row's window are never read, and the rest are masked. A row may then have no
 key in a tile, which the online softmax takes without NaN. With a ``logit_cap``, the
 scaled scores are soft-capped (:mod:`kvflow.kernels.softcap`) before the masks.
+
+The pool and the new tokens' K/V may hold another dtype than ``q`` (an FP8 KV cache: pass
+the new tokens' K/V as stored): tiles are converted to ``q``'s dtype as they load,
+``k_scale`` is folded into the score scale and ``v_scale`` into the output, for attention
+over ``stored * scale``.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ def _online_softmax_step(qk, v, acc, m_i, l_i, DOT_PRECISION: tl.constexpr):
 def _extend_kernel(
     q_ptr, k_ext_ptr, v_ext_ptr, o_ptr, k_buf_ptr, v_buf_ptr,
     qo_indptr_ptr, kv_indptr_ptr, kv_indices_ptr,
-    scale_log2, window, cap_log2,
+    scale_log2, v_scale, window, cap_log2,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_ot, stride_oh, stride_kbt, stride_kbh, stride_vbt, stride_vbh,
     GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -111,9 +116,8 @@ def _extend_kernel(
             mask=mask_n[:, None] & mask_d[None, :],
             other=0.0,
         )
-        if UPCAST_DOT:
-            k_t = k_t.to(tl.float32)
-            v = v.to(tl.float32)
+        k_t = k_t.to(q.dtype)  # the pool's dtype (FP8, ...) -> q's; a no-op when equal
+        v = v.to(q.dtype)
         qk = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2
         if SOFTCAP:  # in log2 units: cap_log2 = cap * log2(e)
             qk = softcap(qk, cap_log2)
@@ -133,9 +137,8 @@ def _extend_kernel(
                       mask=mask_d[:, None], other=0.0)  # fmt: skip
         v = tl.load(v_ext_ptr + cols[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
                     mask=mask_d[None, :], other=0.0)  # fmt: skip
-        if UPCAST_DOT:
-            k_t = k_t.to(tl.float32)
-            v = v.to(tl.float32)
+        k_t = k_t.to(q.dtype)  # the pool's dtype (FP8, ...) -> q's; a no-op when equal
+        v = v.to(q.dtype)
         qk = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2
         if SOFTCAP:  # in log2 units: cap_log2 = cap * log2(e)
             qk = softcap(qk, cap_log2)
@@ -159,9 +162,8 @@ def _extend_kernel(
             mask=mask_n[:, None] & mask_d[None, :],
             other=0.0,
         )
-        if UPCAST_DOT:
-            k_t = k_t.to(tl.float32)
-            v = v.to(tl.float32)
+        k_t = k_t.to(q.dtype)  # the pool's dtype (FP8, ...) -> q's; a no-op when equal
+        v = v.to(q.dtype)
         qk = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2
         if SOFTCAP:  # in log2 units: cap_log2 = cap * log2(e)
             qk = softcap(qk, cap_log2)
@@ -174,7 +176,7 @@ def _extend_kernel(
     tl.store(
         o_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
         # padding rows past ext_len may have seen no key (l_i 0); they are not stored
-        (acc / tl.where(l_i > 0, l_i, 1.0)[:, None]).to(o_ptr.dtype.element_ty),
+        (acc * (v_scale / tl.where(l_i > 0, l_i, 1.0))[:, None]).to(o_ptr.dtype.element_ty),
         mask=mask_m[:, None] & mask_d[None, :],
     )
 
@@ -206,6 +208,8 @@ def extend_attention_fwd(
     sm_scale: float,
     window: int | None = None,
     logit_cap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its cached prefix plus the new
     tokens themselves; writes ``o_extend`` and returns it.
@@ -218,7 +222,9 @@ def extend_attention_fwd(
     cached prefix, which may be empty. ``max_len_extend`` (host int) bounds the longest
     request's new tokens; it sizes the grid. ``window``: a sliding window (see the module
     docstring); None: full causal attention. ``logit_cap``: soft-cap the scaled scores,
-    ``cap * tanh(s / cap)`` (Gemma 2); None: none.
+    ``cap * tanh(s / cap)`` (Gemma 2); None: none. Keys (pool and ``k_extend``) are read as
+    ``stored * k_scale``, values as ``stored * v_scale``: with an FP8 pool, ``k_extend`` and
+    ``v_extend`` are the new tokens' stored FP8 values.
     """
     num_q_heads, head_dim = q_extend.shape[1], q_extend.shape[2]
     num_kv_heads = k_extend.shape[1]
@@ -237,7 +243,7 @@ def extend_attention_fwd(
     _extend_kernel[grid](
         q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer,
         qo_indptr, kv_indptr, kv_indices,
-        sm_scale * _LOG2E, window or 0, (logit_cap or 1.0) * _LOG2E,
+        sm_scale * k_scale * _LOG2E, float(v_scale), window or 0, (logit_cap or 1.0) * _LOG2E,
         q_extend.stride(0), q_extend.stride(1), k_extend.stride(0), k_extend.stride(1),
         v_extend.stride(0), v_extend.stride(1), o_extend.stride(0), o_extend.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
@@ -260,9 +266,12 @@ def extend_attention_ref(
     sm_scale: float,
     window: int | None = None,
     logit_cap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """Pure-torch extend attention (fp32 math, one request at a time); returns a new
-    tensor shaped like ``q_extend``. Same contract as :func:`extend_attention_fwd`."""
+    """Pure-torch extend attention (fp32 math, one request at a time, over ``stored.float()
+    * scale``); returns a new tensor shaped like ``q_extend``. Same contract as
+    :func:`extend_attention_fwd`."""
     group_size = q_extend.shape[1] // k_extend.shape[1]
     out = torch.empty_like(q_extend)
     qo_bounds, kv_bounds = qo_indptr.tolist(), kv_indptr.tolist()
@@ -272,8 +281,8 @@ def extend_attention_ref(
         extend_len, prefix_len = rows.stop - rows.start, slots.numel()
         if extend_len == 0:
             continue
-        keys = torch.cat([k_buffer[slots], k_extend[rows]]).float()
-        values = torch.cat([v_buffer[slots], v_extend[rows]]).float()
+        keys = torch.cat([k_buffer[slots].float(), k_extend[rows].float()]) * k_scale
+        values = torch.cat([v_buffer[slots].float(), v_extend[rows].float()]) * v_scale
         keys = keys.repeat_interleave(group_size, dim=1)  # [prefix + extend, q_heads, d]
         values = values.repeat_interleave(group_size, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q_extend[rows].float(), keys) * sm_scale

@@ -1,4 +1,11 @@
-"""Scatter of new tokens' K and V into the KV pool at their token slots."""
+"""Scatter of new tokens' K and V into the KV pool at their token slots, and the KV cache's
+FP8 rounding (SGLang's ``--kv-cache-dtype fp8_e4m3 | fp8_e5m2``).
+
+A pool of a float8 dtype stores ``clamp(x / scale, -max, max)`` cast to it (float32 math,
+``max`` the format's largest finite value) and is read as ``stored.to(dtype) * scale``;
+``scale`` is one float per layer for K and one for V. Pools of any other dtype store
+``x.to(dtype)`` and ignore the scales.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +15,59 @@ import triton.language as tl
 
 from kvflow.kernels._launch import next_power_of_2
 
-__all__ = ["store_kv_cache", "store_kv_cache_ref"]
+__all__ = [
+    "FP8_KV_DTYPES",
+    "dequantize_kv",
+    "is_fp8",
+    "quantize_kv",
+    "select_rows",
+    "store_kv_cache",
+    "store_kv_cache_ref",
+]
+
+FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    """Whether a pool of ``dtype`` stores FP8 with scales."""
+    return dtype in FP8_KV_DTYPES
+
+
+def _fp8_max(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).max)  # e4m3fn 448, e5m2 57344
+
+
+def quantize_kv(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` as a pool of ``dtype`` stores it (see the module docstring)."""
+    if not is_fp8(dtype):
+        return x.to(dtype)
+    limit = _fp8_max(dtype)
+    return (x.float() / scale).clamp_(-limit, limit).to(dtype)
+
+
+def dequantize_kv(stored: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """What attention reads from ``stored`` pool values: ``stored.to(dtype) * scale`` for
+    FP8, else ``stored.to(dtype)``."""
+    if not is_fp8(stored.dtype):
+        return stored.to(dtype)
+    return stored.to(dtype) * scale
+
+
+def select_rows(buffer: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``buffer.index_select(0, index)``; one-byte (FP8) buffers through a ``uint8`` view,
+    as not every device's indexing kernels take float8 types."""
+    if buffer.element_size() != 1:
+        return buffer.index_select(0, index)
+    return buffer.view(torch.uint8).index_select(0, index).view(buffer.dtype)
 
 
 @triton.jit
 def _store_kv_kernel(
-    k_buf_ptr, v_buf_ptr, loc_ptr, k_ptr, v_ptr,
+    k_buf_ptr, v_buf_ptr, loc_ptr, k_ptr, v_ptr, k_scale, v_scale,
     stride_kbt, stride_kbh, stride_vbt, stride_vbh,
     stride_kt, stride_kh, stride_vt, stride_vh,
     num_heads, head_dim,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, FP8_MAX: tl.constexpr,
 ):  # fmt: skip
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(loc_ptr + token).to(tl.int64)
@@ -30,6 +80,11 @@ def _store_kv_kernel(
     v = tl.load(
         v_ptr + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask
     )
+    if FP8_MAX > 0:  # an FP8 pool: round x / scale (IEEE division, as the torch reference)
+        k = tl.math.div_rn(k.to(tl.float32), k_scale)
+        v = tl.math.div_rn(v.to(tl.float32), v_scale)
+        k = tl.minimum(tl.maximum(k, -FP8_MAX), FP8_MAX)
+        v = tl.minimum(tl.maximum(v, -FP8_MAX), FP8_MAX)
     k_dst = k_buf_ptr + slot * stride_kbt + offs_h[:, None] * stride_kbh + offs_d[None, :]
     v_dst = v_buf_ptr + slot * stride_vbt + offs_h[:, None] * stride_vbh + offs_d[None, :]
     tl.store(k_dst, k.to(k_buf_ptr.dtype.element_ty), mask=mask)
@@ -42,22 +97,27 @@ def store_kv_cache(
     loc: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Write ``k``, ``v`` [tokens, num_kv_heads, head_dim] into ``k_buffer``, ``v_buffer``
     [num_token_slots, num_kv_heads, head_dim] at token slots ``loc`` [tokens] (int32 or
-    int64, distinct), casting to the buffers' dtype. Last dims must be contiguous."""
+    int64, distinct), as :func:`quantize_kv` rounds them to the buffers' dtype (the scales
+    matter for FP8 buffers only; under a CUDA graph they are fixed at capture). Last dims
+    must be contiguous."""
     tokens, num_heads, head_dim = k.shape
     if tokens == 0:
         return
     block_d = next_power_of_2(head_dim)
     block_h = max(1, min(next_power_of_2(num_heads), 2048 // block_d))
     grid = (tokens, triton.cdiv(num_heads, block_h))
+    fp8_max = _fp8_max(k_buffer.dtype) if is_fp8(k_buffer.dtype) else 0.0
     _store_kv_kernel[grid](
-        k_buffer, v_buffer, loc, k, v,
+        k_buffer, v_buffer, loc, k, v, float(k_scale), float(v_scale),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         num_heads, head_dim,
-        BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4,
+        BLOCK_H=block_h, BLOCK_D=block_d, FP8_MAX=fp8_max, num_warps=4,
     )  # fmt: skip
 
 
@@ -67,7 +127,9 @@ def store_kv_cache_ref(
     loc: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Pure-torch :func:`store_kv_cache` (index assignment), in place."""
-    k_buffer[loc.long()] = k.to(k_buffer.dtype)
-    v_buffer[loc.long()] = v.to(v_buffer.dtype)
+    k_buffer[loc.long()] = quantize_kv(k, k_scale, k_buffer.dtype)
+    v_buffer[loc.long()] = quantize_kv(v, v_scale, v_buffer.dtype)

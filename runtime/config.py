@@ -243,6 +243,10 @@ class EngineConfig:
     # fp8 (an FP8 checkpoint, or a float one quantized per channel at load), or a
     # checkpoint format by name (kvflow.runtime.layers.quantization.QUANTIZATION_FLAG_VALUES)
     quantization: str | None = None
+    # SGLang's --kv-cache-dtype: the KV cache's storage type; auto: the model's dtype;
+    # fp8_e4m3 / fp8_e5m2: FP8 with per-layer K and V scales from the checkpoint (else 1.0)
+    # (kvflow.runtime.layers.quantization.kv_cache)
+    kv_cache_dtype: str = "auto"
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0
     context_length: int | None = None

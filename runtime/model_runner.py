@@ -12,6 +12,11 @@ from kvflow.runtime.config import EngineConfig, ModelConfig
 from kvflow.runtime.cuda_graph import CudaGraphRunner, GraphAttention
 from kvflow.runtime.distributed import ShardedHeads, TPGroup, check_tensor_parallel
 from kvflow.runtime.forward_batch import ForwardBatch
+from kvflow.runtime.layers.quantization import (
+    KVScales,
+    check_kv_cache_device,
+    kv_cache_torch_dtype,
+)
 from kvflow.runtime.lora import LoraManager, LoraOptions
 from kvflow.runtime.mem import KVPool, ReqToTokenPool, TokenToKVPoolAllocator
 from kvflow.runtime.models.loader import load_model, resolve_model_path
@@ -91,6 +96,8 @@ class ModelRunner:
             mc.num_heads, mc.num_kv_heads, tp.rank if tp else 0, config.tp_size
         )
         self.dtype = _pick_dtype(config, mc)
+        self.kv_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, self.dtype)
+        check_kv_cache_device(config.kv_cache_dtype, self.device)
         self.model = load_model(
             self.model_path,
             mc,
@@ -133,9 +140,15 @@ class ModelRunner:
             mc.num_layers,
             self.heads.num_kv_heads,
             mc.head_dim,
-            self.dtype,
+            self.kv_dtype,
             self.device,
+            self.model.kv_scales,
         )
+        if self.kv_pool.is_fp8 and self.model.kv_scales == KVScales.ones(mc.num_layers):
+            logger.warning(
+                "FP8 KV cache without k_scale/v_scale in the checkpoint: scales default to "
+                "1.0, which may cost accuracy where keys or values exceed the FP8 range"
+            )
         self.req_to_token = ReqToTokenPool(
             config.max_running_requests + _EXTRA_ROWS, self.context_len + 1, self.device
         )
@@ -149,6 +162,7 @@ class ModelRunner:
             mc.attention_scale,
             tuple(mc.layer_window(layer_id) for layer_id in range(mc.num_layers)),
             mc.attn_logit_softcapping,
+            self.dtype,
         )
         self.sampler = Sampler(mc.vocab_size, self.device, tp)
         self.graph_runner: CudaGraphRunner | None = None
@@ -164,13 +178,13 @@ class ModelRunner:
             "KV cache: %d tokens in pages of %d (%s)",
             self.allocator.size,
             self.page_size,
-            self.dtype,
+            self.kv_dtype,
         )
 
     def _num_kv_pages(self) -> int:
         mc, cfg = self.model_config, self.config
         per_token = KVPool.bytes_per_token(
-            mc.num_layers, self.heads.num_kv_heads, mc.head_dim, self.dtype
+            mc.num_layers, self.heads.num_kv_heads, mc.head_dim, self.kv_dtype
         )
         if cfg.max_total_tokens:
             tokens = cfg.max_total_tokens

@@ -19,8 +19,11 @@
  * with vdpbf16ps (products summed in float32; the scale applied after), no conversion.
  *
  * Strides are in elements; the head dimension must be contiguous. Storage: float32 or
- * bfloat16 (is_bf16), the same for q, the pool and out. Contract and limits are checked by
- * the Python wrapper (kvflow/kernels/cpu/paged_attention.py).
+ * bfloat16 (is_bf16), the same for q and out; the pool is float32, bfloat16 or FP8 (an FP8
+ * KV cache): FP8 bytes are read through `kv_lut` (the 256 float32 values of the format,
+ * built by the wrapper from torch's own conversion) and multiplied by the layer's `k_scale`
+ * / `v_scale` as each row is loaded, so the float32 math sees exactly `fp8 * scale`. Contract
+ * and limits are checked by the Python wrapper (kvflow/kernels/cpu/paged_attention.py).
  */
 #include <float.h>
 #include <math.h>
@@ -41,16 +44,22 @@
 #define KVF_MAX_VECS 32 /* query vectors (rows x heads) one work item holds */
 #define KVF_BLOCK 32
 #define KVF_PREFETCH 24
+/* the pool's storage (kv_kind): float32, bfloat16, or FP8 read through a lookup table */
+#define KVF_KV_F32 0
+#define KVF_KV_BF16 1
+#define KVF_KV_FP8 2
+
+static inline int kv_bytes(int kv_kind) { return kv_kind == KVF_KV_F32 ? 4 : kv_kind == KVF_KV_BF16 ? 2 : 1; }
 
 /* Rows `slots[0..count)` of one KV head of a pool as float32 rows of `dim` in `dst` (row
- * stride `ds`, a multiple of 16; converted from bfloat16 once, for every query vector of the
- * head). While row t loads, the rows `KVF_PREFETCH` slots ahead in `ahead` (up to
- * `ahead_count`) are fetched. */
+ * stride `ds`, a multiple of 16; converted from bfloat16 or FP8 (times `kv_scale`) once, for
+ * every query vector of the head). While row t loads, the rows `KVF_PREFETCH` slots ahead
+ * in `ahead` (up to `ahead_count`) are fetched. */
 static inline __attribute__((always_inline)) void load_block(
     const void *pool, const int32_t *slots, int count, int64_t kv_st, int64_t head_off,
     int dim, int ds, float *dst, const void *ahead, int64_t ahead_count, int64_t ahead_bytes,
-    const int is_bf16) {
-    int bytes = is_bf16 ? 2 : 4;
+    const int kv_kind, const float *lut, float kv_scale) {
+    int bytes = kv_bytes(kv_kind);
     for (int t = 0; t < count; t++) {
         if (ahead && t + KVF_PREFETCH < ahead_count) {
             const char *row = (const char *)ahead + ((int64_t)slots[t + KVF_PREFETCH] * kv_st + head_off) * bytes;
@@ -58,7 +67,10 @@ static inline __attribute__((always_inline)) void load_block(
         }
         int64_t at = (int64_t)slots[t] * kv_st + head_off;
         float *row = dst + (int64_t)t * ds;
-        if (is_bf16) {
+        if (kv_kind == KVF_KV_FP8) {
+            const uint8_t *src = (const uint8_t *)pool + at;
+            for (int d = 0; d < dim; d++) row[d] = lut[src[d]] * kv_scale;
+        } else if (kv_kind == KVF_KV_BF16) {
             const uint16_t *src = (const uint16_t *)pool + at;
             for (int d = 0; d < dim; d++) row[d] = bf16_to_f32(src[d]);
         } else {
@@ -116,10 +128,13 @@ static inline void score_block(const float *restrict q, const float *restrict ro
  * zero. */
 static inline __attribute__((always_inline)) void load_block_t(
     const void *pool, const int32_t *slots, int count, int64_t kv_st, int64_t head_off,
-    int dim, float *restrict kt, const int is_bf16) {
+    int dim, float *restrict kt, const int kv_kind, const float *lut, float kv_scale) {
     for (int t = 0; t < count; t++) {
         int64_t at = (int64_t)slots[t] * kv_st + head_off;
-        if (is_bf16) {
+        if (kv_kind == KVF_KV_FP8) {
+            const uint8_t *src = (const uint8_t *)pool + at;
+            for (int d = 0; d < dim; d++) kt[d * KVF_BLOCK + t] = lut[src[d]] * kv_scale;
+        } else if (kv_kind == KVF_KV_BF16) {
             const uint16_t *src = (const uint16_t *)pool + at;
             for (int d = 0; d < dim; d++) kt[d * KVF_BLOCK + t] = bf16_to_f32(src[d]);
         } else {
@@ -252,7 +267,8 @@ static inline __attribute__((always_inline)) void attend_tile(
     const void *q, const int64_t *q_rows, const int64_t *limit, int nt, int64_t q_sh,
     const void *k, const void *v, int64_t kv_st, int64_t kv_sh, int kv_first, int kv_count,
     const int32_t *slots, void *out, const int64_t *o_rows, int64_t o_sh, int group, int dim,
-    float scale, int64_t window, float cap, const int is_bf16) {
+    float scale, int64_t window, float cap, const int is_bf16, const int kv_kind,
+    const float *lut, float k_scale, float v_scale) {
     float qf[KVF_MAX_VECS * KVF_MAX_DIM] __attribute__((aligned(64)));
     float acc[KVF_MAX_VECS * KVF_MAX_DIM] __attribute__((aligned(64)));
     float rows[KVF_BLOCK * KVF_MAX_DIM] __attribute__((aligned(64)));
@@ -267,7 +283,9 @@ static inline __attribute__((always_inline)) void attend_tile(
     const int64_t q_first = (int64_t)kv_first * group;
     const int64_t len = limit[nt - 1];
     const int64_t begin = window > 0 && limit[0] > window ? limit[0] - window : 0;
-    const int bytes = is_bf16 ? 2 : 4;
+    const int bytes = kv_bytes(kv_kind);
+    /* the bf16 dot-product paths read bf16 rows of q and of the pool alike */
+    const int dp_bf16 = is_bf16 && kv_kind == KVF_KV_BF16;
     /* the first KV head's pass fetches every head of the rows ahead, K and V */
     const int64_t span = ((int64_t)(kv_count - 1) * kv_sh + dim) * bytes;
 
@@ -301,7 +319,7 @@ static inline __attribute__((always_inline)) void attend_tile(
                     for (int vec = j * per_row + h * group; vec < j * per_row + (h + 1) * group; vec++)
                         if (seen[vec]) vecs[nv_h++] = vec;
 #if KVF_DPBF16
-                if (is_bf16 && dim % 2 == 0) { /* whole pairs */
+                if (dp_bf16 && dim % 2 == 0) { /* whole pairs */
                     const uint16_t *qs[KVF_MAX_VECS];
                     for (int u = 0; u < nv_h; u++)
                         qs[u] = (const uint16_t *)q + q_rows[vecs[u] / per_row] +
@@ -313,12 +331,12 @@ static inline __attribute__((always_inline)) void attend_tile(
                 }
 #endif
                 load_block_t(k, block, count, kv_st, first_off + (int64_t)h * kv_sh, dim, kt,
-                             is_bf16);
+                             kv_kind, lut, k_scale);
                 score_tile(qf, ds, vecs, nv_h, kt, dim, s);
                 continue;
             }
 #if KVF_DPBF16
-            if (is_bf16 && dim % 32 == 0) {
+            if (dp_bf16 && dim % 32 == 0) {
                 for (int j = 0; j < nt; j++) {
                     int first = j * per_row + h * group;
                     if (!seen[first]) continue;
@@ -333,7 +351,7 @@ static inline __attribute__((always_inline)) void attend_tile(
             }
 #endif
             load_block(k, block, count, kv_st, first_off + (int64_t)h * kv_sh, dim, ds, rows,
-                       h == 0 ? k : NULL, len - start, span, is_bf16);
+                       h == 0 ? k : NULL, len - start, span, kv_kind, lut, k_scale);
             for (int j = 0; j < nt; j++)
                 for (int vec = j * per_row + h * group; vec < j * per_row + (h + 1) * group; vec++)
                     if (seen[vec]) score_block(qf + vec * ds, rows, ds, seen[vec], dim, s[vec]);
@@ -360,7 +378,7 @@ static inline __attribute__((always_inline)) void attend_tile(
         }
         for (int h = 0; h < kv_count; h++) {
             load_block(v, block, count, kv_st, first_off + (int64_t)h * kv_sh, dim, ds, rows,
-                       h == 0 ? v : NULL, len - start, span, is_bf16);
+                       h == 0 ? v : NULL, len - start, span, kv_kind, lut, v_scale);
             for (int j = 0; j < nt; j++)
                 for (int vec = j * per_row + h * group; vec < j * per_row + (h + 1) * group; vec++)
                     if (seen[vec]) accumulate(acc + vec * ds, s[vec], seen[vec], rows, ds);
@@ -395,6 +413,9 @@ struct attention_args {
     int64_t q_st, q_sh, kv_st, kv_sh, table_st, o_st, o_sh, per_tile, window;
     int per_item, group, dim, is_bf16;
     float scale, cap;
+    int kv_kind;
+    const float *kv_lut;
+    float k_scale, v_scale;
 };
 
 /* Work items [lo, hi): item i is KV heads (i % per_tile) * per_item .. + per_item - 1 of
@@ -427,12 +448,21 @@ static void attention_items(void *ctx, int64_t lo, int64_t hi) {
                 }
             continue;
         }
-        if (is_bf16)
-            attend_tile(q, q_rows, visible + i0, nt, q_sh, k, v, kv_st, kv_sh, first, per_item,
-                        slots, out, o_rows, o_sh, group, dim, scale, a->window, a->cap, 1);
-        else
-            attend_tile(q, q_rows, visible + i0, nt, q_sh, k, v, kv_st, kv_sh, first, per_item,
-                        slots, out, o_rows, o_sh, group, dim, scale, a->window, a->cap, 0);
+        const float *lut = a->kv_lut;
+        const float ks = a->k_scale, vs = a->v_scale;
+        /* constant storage types, so that each combination is compiled on its own */
+#define KVF_ATTEND(Q_BF16, KV_KIND)                                                            \
+    attend_tile(q, q_rows, visible + i0, nt, q_sh, k, v, kv_st, kv_sh, first, per_item, slots, \
+                out, o_rows, o_sh, group, dim, scale, a->window, a->cap, Q_BF16, KV_KIND, lut, ks, vs)
+        switch (a->kv_kind * 2 + is_bf16) {
+        case KVF_KV_F32 * 2: KVF_ATTEND(0, KVF_KV_F32); break;
+        case KVF_KV_F32 * 2 + 1: KVF_ATTEND(1, KVF_KV_F32); break;
+        case KVF_KV_BF16 * 2: KVF_ATTEND(0, KVF_KV_BF16); break;
+        case KVF_KV_BF16 * 2 + 1: KVF_ATTEND(1, KVF_KV_BF16); break;
+        case KVF_KV_FP8 * 2: KVF_ATTEND(0, KVF_KV_FP8); break;
+        default: KVF_ATTEND(1, KVF_KV_FP8); break;
+        }
+#undef KVF_ATTEND
     }
 }
 
@@ -440,7 +470,8 @@ static void attention_items(void *ctx, int64_t lo, int64_t hi) {
  * (strides kv_st, kv_sh); table: request-to-token rows (stride table_st); rows[i] and
  * visible[i]: query row i's table row and how many of its slots it sees (the last `window`
  * of them when window > 0); out like q. logit_cap > 0 soft-caps the scaled scores,
- * cap * tanh(s / cap), before the softmax (0: none).
+ * cap * tanh(s / cap), before the softmax (0: none). kv_kind: the pool's storage (KVF_KV_*):
+ * float32, bfloat16, or FP8 bytes read as kv_lut[byte] * k_scale (v_scale for V).
  *
  * Work items: runs of rows continuing each other (an extend's new tokens) are cut into tiles
  * of up to KVF_MAX_VECS / group rows, one item per (tile, KV head), so each K/V block serves
@@ -452,7 +483,8 @@ int kvflow_paged_attention(const void *q, int64_t q_st, int64_t q_sh, const void
                            int64_t table_st, const int64_t *rows, const int64_t *visible,
                            void *out, int64_t o_st, int64_t o_sh, int64_t n, int heads,
                            int kv_heads, int dim, float scale, int64_t window,
-                           float logit_cap, int is_bf16) {
+                           float logit_cap, int is_bf16, int kv_kind, const float *kv_lut,
+                           float k_scale, float v_scale) {
     int group = heads / kv_heads;
     int runs = 0;
     for (int64_t i = 1; i < n && !runs; i++) runs = continues(rows, visible, i);
@@ -467,7 +499,8 @@ int kvflow_paged_attention(const void *q, int64_t q_st, int64_t q_sh, const void
     tile_first[tiles] = n;
     struct attention_args a = {q, k, v, table, rows, visible, out, tile_first, q_st, q_sh, kv_st,
                                kv_sh, table_st, o_st, o_sh, kv_heads / per_item, window,
-                               per_item, group, dim, is_bf16, scale, logit_cap};
+                               per_item, group, dim, is_bf16, scale, logit_cap, kv_kind,
+                               kv_lut, k_scale, v_scale};
     kvf_parallel_for(tiles * a.per_tile, 1, attention_items, &a);
     free(tile_first);
     return 0;

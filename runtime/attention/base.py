@@ -30,6 +30,12 @@ class AttentionBackend(ABC):
     None, or a layer past the tuple's end: full causal attention. ``logit_cap`` soft-caps
     every layer's scaled scores before the softmax, ``cap * tanh(s / cap)`` (Gemma 2);
     None: none.
+
+    ``model_dtype`` is the dtype of ``q`` (None: the pool's). The pool may store another
+    (``--kv-cache-dtype``): attention then reads every key and value as the pool holds it,
+    dequantized (:meth:`KVPool.read`: ``stored * scale`` for FP8), the batch's new tokens
+    included, so a token's attention does not depend on whether its context was cached,
+    chunked or computed in this step.
     """
 
     def __init__(
@@ -42,6 +48,7 @@ class AttentionBackend(ABC):
         scale: float,
         layer_windows: tuple[int | None, ...] = (),
         logit_cap: float | None = None,
+        model_dtype: torch.dtype | None = None,
     ) -> None:
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
@@ -51,6 +58,13 @@ class AttentionBackend(ABC):
         self.scale = scale
         self.layer_windows = layer_windows
         self.logit_cap = logit_cap
+        self.model_dtype = kv_pool.dtype if model_dtype is None else model_dtype
+
+    @property
+    def reads_stored_kv(self) -> bool:
+        """Whether the pool stores K/V in another dtype than ``q``'s (then the new tokens'
+        K/V are read back from the pool, as stored, rather than taken as computed)."""
+        return self.kv_pool.dtype != self.model_dtype
 
     def window(self, layer_id: int) -> int | None:
         """Layer ``layer_id``'s attention window, or None for full attention."""

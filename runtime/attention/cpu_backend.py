@@ -7,7 +7,8 @@ its new tokens (each new token sees its prefix and the new tokens up to itself; 
 sliding window, the last ``window`` of those, read from the window's first slot on). Needs a C
 compiler on first use (:mod:`kvflow.kernels.cpu.build`); ``attention_backend`` "auto" picks
 this backend on CPU only when the kernels build. Shapes or dtypes the kernel does not take
-(float16, head_dim > 256, ...) run on the torch backend, with a warning.
+(float16, head_dim > 256, ...) run on the torch backend, with a warning. An FP8 KV cache is
+read by the kernel itself (each FP8 row converted to float32 and scaled as it is loaded).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class CpuKernelBackend(TorchBackend):
         scale,
         layer_windows=(),
         logit_cap=None,
+        model_dtype=None,
     ) -> None:
         super().__init__(
             kv_pool,
@@ -68,16 +70,19 @@ class CpuKernelBackend(TorchBackend):
             scale,
             layer_windows,
             logit_cap,
+            model_dtype,
         )
         if kv_pool.k_buffer[0].device.type != "cpu":
             raise ValueError("the cpu attention backend runs on CPU only")
-        self.native = supports(kv_pool.dtype, num_heads, num_kv_heads, head_dim)
+        self.native = supports(self.model_dtype, num_heads, num_kv_heads, head_dim, kv_pool.dtype)
         if not self.native:
             log.warning(
-                "native attention takes float32/bfloat16, head_dim <= %d and <= %d query heads "
-                "per KV head; %s with %d/%d heads of %d runs on torch",
+                "native attention takes float32/bfloat16 models (float32, bfloat16 or FP8 KV), "
+                "head_dim <= %d and <= %d query heads per KV head; %s over %s KV with %d/%d "
+                "heads of %d runs on torch",
                 MAX_HEAD_DIM,
                 MAX_GROUP,
+                self.model_dtype,
                 kv_pool.dtype,
                 num_heads,
                 num_kv_heads,
@@ -117,4 +122,6 @@ class CpuKernelBackend(TorchBackend):
             self.scale,
             window=self.window(layer_id),
             logit_cap=self.logit_cap,
+            k_scale=self.kv_pool.k_scales[layer_id],
+            v_scale=self.kv_pool.v_scales[layer_id],
         )

@@ -16,6 +16,10 @@ gathered; the bias masks the rest of the window. Layers sharing a window share o
 With a ``logit_cap`` (Gemma 2), the scores are soft-capped before the bias; SDPA has no
 such option, so an SDPA part then runs as explicit matmuls over the same mask.
 
+A pool of another dtype (an FP8 KV cache) is read as ``stored.to(q.dtype) * scale``
+(:func:`~kvflow.kernels.dequantize_kv`); an SDPA part then takes its new tokens' K/V back
+from the pool too (see :class:`AttentionBackend`).
+
 Why not SDPA everywhere: on CPU, SDPA with an explicit mask takes a slow path (bf16 worst,
 ~8x slower than the matmuls here), and one call per short request costs more in overhead
 than the attention itself. The KV cache is read per head with ``index_select`` on a strided
@@ -27,11 +31,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from kvflow.kernels import softcap_ref
+from kvflow.kernels import dequantize_kv, select_rows, softcap_ref
 from kvflow.runtime.attention.base import AttentionBackend
 from kvflow.runtime.forward_batch import ForwardBatch
 
@@ -67,6 +72,15 @@ class _SdpaPart:
 
 
 _Part = _PaddedPart | _SdpaPart
+
+
+class _LayerCache(NamedTuple):
+    """One layer's K/V buffers of the pool and their scales (1.0 unless FP8)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: float
+    v_scale: float
 
 
 @dataclass(frozen=True)
@@ -213,16 +227,26 @@ class TorchBackend(AttentionBackend):
 
     def _attend(self, q, k, v, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
         out = torch.empty_like(q)
-        k_buf, v_buf = self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
-        for part in fb.attn_metadata[self.window(layer_id)]:
+        pool = self.kv_pool
+        cache = _LayerCache(
+            pool.k_buffer[layer_id],
+            pool.v_buffer[layer_id],
+            pool.k_scales[layer_id],
+            pool.v_scales[layer_id],
+        )
+        parts = fb.attn_metadata[self.window(layer_id)]
+        if self.reads_stored_kv and not all(isinstance(p, _PaddedPart) for p in parts):
+            # padded parts read the pool; SDPA parts take the new tokens' k and v
+            k, v = pool.read(layer_id, fb.out_cache_loc, q.dtype)
+        for part in parts:
             if isinstance(part, _PaddedPart):
-                rows = self._padded(q, k_buf, v_buf, part).index_select(0, part.real)
+                rows = self._padded(q, cache, part).index_select(0, part.real)
                 out.index_copy_(0, part.out_rows, rows)
             else:
-                out[part.start : part.start + part.new] = self._sdpa(q, k, v, k_buf, v_buf, part)
+                out[part.start : part.start + part.new] = self._sdpa(q, k, v, cache, part)
         return out
 
-    def _padded(self, q, k_buf, v_buf, part: _PaddedPart) -> torch.Tensor:
+    def _padded(self, q, cache: _LayerCache, part: _PaddedPart) -> torch.Tensor:
         """``[R * max_new, heads, D]`` attention output at every padded query position."""
         kv_heads, dim = self.num_kv_heads, self.head_dim
         group = self.num_heads // kv_heads
@@ -232,24 +256,26 @@ class TorchBackend(AttentionBackend):
         bias = part.bias.to(q.dtype)  # 0 / -inf: exact in any float dtype
         out = torch.empty_like(queries)
         for h in range(kv_heads):
-            keys = k_buf[:, h].index_select(0, part.kv_slots).view(count, part.max_ctx, dim)
-            values = v_buf[:, h].index_select(0, part.kv_slots).view(count, part.max_ctx, dim)
+            keys = select_rows(cache.k[:, h], part.kv_slots).view(count, part.max_ctx, dim)
+            values = select_rows(cache.v[:, h], part.kv_slots).view(count, part.max_ctx, dim)
+            keys = dequantize_kv(keys, cache.k_scale, q.dtype)
+            values = dequantize_kv(values, cache.v_scale, q.dtype)
             qh = queries[:, :, h].reshape(count, part.max_new * group, dim)
-            scores = softcap_ref(torch.bmm(qh, keys.to(q.dtype).transpose(1, 2)), self.logit_cap)
+            scores = softcap_ref(torch.bmm(qh, keys.transpose(1, 2)), self.logit_cap)
             scores = scores.view(count, part.max_new, group, part.max_ctx).add_(bias)
             # softmax accumulates in float32 for half types on CPU and CUDA alike
             probs = torch.softmax(scores, dim=-1).view(count, part.max_new * group, part.max_ctx)
-            out[:, :, h] = torch.bmm(probs, values.to(q.dtype)).view(
-                count, part.max_new, group, dim
-            )
+            out[:, :, h] = torch.bmm(probs, values).view(count, part.max_new, group, dim)
         return out.view(count * part.max_new, self.num_heads, dim)
 
-    def _sdpa(self, q, k, v, k_buf, v_buf, part: _SdpaPart) -> torch.Tensor:
+    def _sdpa(self, q, k, v, cache: _LayerCache, part: _SdpaPart) -> torch.Tensor:
         rows = slice(part.start, part.start + part.new)
         keys, values = k[rows], v[rows]
         if part.prefix_slots is not None:
-            keys = torch.cat([k_buf.index_select(0, part.prefix_slots).to(q.dtype), keys])
-            values = torch.cat([v_buf.index_select(0, part.prefix_slots).to(q.dtype), values])
+            prefix_k = select_rows(cache.k, part.prefix_slots)
+            prefix_v = select_rows(cache.v, part.prefix_slots)
+            keys = torch.cat([dequantize_kv(prefix_k, cache.k_scale, q.dtype), keys])
+            values = torch.cat([dequantize_kv(prefix_v, cache.v_scale, q.dtype), values])
         if self.logit_cap is not None:
             return self._capped(q[rows], keys, values, part.mask)
         out = F.scaled_dot_product_attention(

@@ -5,7 +5,9 @@ Decode reads each request's KV slots straight from the request-to-token table (r
 metadata: its CUDA graph replays from the five per-request inputs alone. A layer's sliding
 window is a kernel argument (the same at capture and replay): decode reads only the window's
 slots, extend skips the key tiles wholly before each block's windows. Soft-capping
-(``logit_cap``) is a kernel argument as well.
+(``logit_cap``) is a kernel argument as well. So are an FP8 KV cache's per-layer scales
+(floats fixed after loading, so the captured graphs stay valid); the kernels load FP8 tiles
+and convert them, and an extend reads its new tokens' K/V back from the pool as stored.
 """
 
 from __future__ import annotations
@@ -78,13 +80,17 @@ class TritonBackend(AttentionBackend):
     def forward_extend(self, q, k, v, layer_id, fb):
         plan: _Plan = fb.attn_metadata
         out = torch.empty_like(q)
+        pool = self.kv_pool
+        k_buf, v_buf = pool.k_buffer[layer_id], pool.v_buffer[layer_id]
+        if self.reads_stored_kv:  # the new tokens as the pool holds them (FP8, unscaled)
+            k, v = pool.stored(layer_id, fb.out_cache_loc)
         extend_attention_fwd(
             q.contiguous(),
             k.contiguous(),
             v.contiguous(),
             out,
-            self.kv_pool.k_buffer[layer_id],
-            self.kv_pool.v_buffer[layer_id],
+            k_buf,
+            v_buf,
             plan.qo_indptr,
             plan.kv_indptr,
             plan.kv_indices,
@@ -92,6 +98,8 @@ class TritonBackend(AttentionBackend):
             self.scale,
             self.window(layer_id),
             self.logit_cap,
+            pool.k_scales[layer_id],
+            pool.v_scales[layer_id],
         )
         return out
 
@@ -108,5 +116,7 @@ class TritonBackend(AttentionBackend):
             self.scale,
             window=self.window(layer_id),
             logit_cap=self.logit_cap,
+            k_scale=self.kv_pool.k_scales[layer_id],
+            v_scale=self.kv_pool.v_scales[layer_id],
         )
         return out

@@ -77,7 +77,7 @@ def _storage_tier(
     config: EngineConfig, runner: ModelRunner, host: HostKVPool, lockstep: Lockstep
 ) -> StorageTier:
     """The L3 link: a store of the configured backend behind a background I/O worker, in
-    a namespace of this model's identity (same model, dtype, page layout -> same keys) and
+    a namespace of this model's identity (same model, KV dtype, page layout -> same keys) and
     of this rank's share of the KV heads (each tensor-parallel rank stores its own)."""
     from kvflow.runtime.cache.storage import StorageConfig, StorageIO, StoreNamespace, create_store
     from kvflow.runtime.cache.storage_tier import StorageTier
@@ -85,7 +85,8 @@ def _storage_tier(
     mc = runner.model_config
     namespace = StoreNamespace(
         model=_model_identity(config, runner),
-        dtype=str(runner.dtype).removeprefix("torch."),
+        # the KV as stored (--kv-cache-dtype): an FP8 page is never read back as bfloat16
+        dtype=str(runner.kv_dtype).removeprefix("torch."),
         page_size=runner.page_size,
         num_layers=mc.num_layers,
         num_kv_heads=mc.num_kv_heads,

@@ -14,6 +14,9 @@ On CUDA copies run on a side stream, so they overlap with the compute stream:
 
 Both sides must wait for the compute stream before writing: a step built ahead and undone
 may free a page while its forward is still queued (see the scheduler's NOTE).
+
+Pages move as they are stored: an FP8 KV cache's bytes (through ``uint8`` views, as not
+every device's indexing kernels take float8 types), its scales staying with the model.
 """
 
 from __future__ import annotations
@@ -26,6 +29,11 @@ from kvflow.runtime.mem import KVPool
 from kvflow.runtime.mem.host_pool import HostKVPool
 
 __all__ = ["Copy", "TierCopy"]
+
+
+def _as_copied(buffer: torch.Tensor) -> torch.Tensor:
+    """``buffer`` itself, or a ``uint8`` view of a one-byte (FP8) one."""
+    return buffer.view(torch.uint8) if buffer.element_size() == 1 else buffer
 
 
 class Copy:
@@ -64,6 +72,7 @@ class TierCopy:
     def __init__(self, device: KVPool, host: HostKVPool) -> None:
         self.device = device
         self.host = host
+        self._host_data = _as_copied(host.data)
         self.page_size = host.page_size
         self.on_cuda = device.k_buffer[0].is_cuda
         self._stream = torch.cuda.Stream() if self.on_cuda else None
@@ -75,7 +84,7 @@ class TierCopy:
         return slots.view(-1, self.page_size)[:, 0] // self.page_size
 
     def _layer_pages(self, layer: int, kv: int) -> torch.Tensor:
-        buf = (self.device.k_buffer if kv == 0 else self.device.v_buffer)[layer]
+        buf = _as_copied((self.device.k_buffer if kv == 0 else self.device.v_buffer)[layer])
         return buf.view(-1, self.page_size, buf.shape[1], buf.shape[2])
 
     def to_host(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> Copy:
@@ -86,7 +95,7 @@ class TierCopy:
             dev_pages = self._pages(device_slots)
             for layer in range(self.host.num_layers):
                 for kv in (0, 1):
-                    self.host.data[host_pages, layer, kv] = self._layer_pages(layer, kv)[dev_pages]
+                    self._host_data[host_pages, layer, kv] = self._layer_pages(layer, kv)[dev_pages]
             return Copy()
         return self._to_host_cuda(device_slots, host_pages)
 
@@ -96,7 +105,7 @@ class TierCopy:
         self.bytes_to_device += len(host_pages) * self.host.page_bytes
         if not self.on_cuda:
             dev_pages = self._pages(device_slots)
-            block = self.host.data[host_pages]
+            block = self._host_data[host_pages]
             for layer in range(self.host.num_layers):
                 for kv in (0, 1):
                     self._layer_pages(layer, kv)[dev_pages] = block[:, layer, kv]
@@ -118,7 +127,7 @@ class TierCopy:
         compute = torch.cuda.current_stream()
         dev_pages = self._pages(device_slots.to(self.device.k_buffer[0].device))
         staging = torch.empty(
-            self.host.data[host_pages].shape, dtype=self.host.dtype, pin_memory=True
+            self._host_data[host_pages].shape, dtype=self._host_data.dtype, pin_memory=True
         )
         self._stream.wait_stream(compute)
         gathered, landed = torch.cuda.Event(), torch.cuda.Event()
@@ -136,7 +145,7 @@ class TierCopy:
         compute.wait_event(gathered)  # the pages may be reused once gathered
 
         def finish() -> None:
-            self.host.data[host_pages] = staging
+            self._host_data[host_pages] = staging
 
         copy = Copy(landed, finish)
         self._in_flight.append(copy)
@@ -146,9 +155,9 @@ class TierCopy:
         assert self._stream is not None
         compute = torch.cuda.current_stream()
         staging = torch.empty(
-            self.host.data[host_pages].shape, dtype=self.host.dtype, pin_memory=True
+            self._host_data[host_pages].shape, dtype=self._host_data.dtype, pin_memory=True
         )
-        torch.index_select(self.host.data, 0, host_pages, out=staging)
+        torch.index_select(self._host_data, 0, host_pages, out=staging)
         dev_pages = self._pages(device_slots.to(self.device.k_buffer[0].device))
         self._stream.wait_stream(compute)
         landed = torch.cuda.Event()

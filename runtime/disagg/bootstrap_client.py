@@ -148,8 +148,23 @@ class BootstrapClient:
             conn.close()
 
     def register(self, session: str, layout: KVLayout, peer: dict[str, Any] | None = None) -> None:
+        """Register this decode's ``layout`` and its transport's ``peer`` info; the prefill
+        refuses a layout that differs from its own (or a peer its transport cannot reach),
+        and so does the decode with the layout the prefill answers (a refusal, e.g. another
+        ``--kv-cache-dtype``: the KV bytes would not mean the same)."""
         body = {"session": session, "layout": layout.to_dict()}
-        self._post("/register", body if peer is None else {**body, "peer": peer})
+        answer = self._post("/register", body if peer is None else {**body, "peer": peer})
+        try:
+            theirs = KVLayout.from_dict(answer.get("layout"))  # type: ignore[arg-type]
+        except (ValueError, TypeError, AttributeError) as err:
+            raise BootstrapError(
+                f"prefill bootstrap at {self.address} answered no KV layout: {err}"
+            ) from err
+        problem = layout.mismatch(theirs)
+        if problem:
+            raise BootstrapError(
+                f"refused the prefill at {self.address}: {problem}"[:_MESSAGE_CHARS], refused=True
+            )
 
     def claim(self, session: str, claims: list[tuple[int, list[int], str]]) -> dict[int, str]:
         """Claim rooms ``(room, slots, prompt_hash)``; returns the refused ones with the

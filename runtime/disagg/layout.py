@@ -2,7 +2,10 @@
 
 A decode instance sends its :class:`KVLayout` to the prefill at registration; the prefill
 refuses a layout whose shape differs from its own (:meth:`KVLayout.mismatch`) instead of
-writing bytes that would decode as garbage KV.
+writing bytes that would decode as garbage KV, and the decode refuses the prefill's answer
+likewise. ``dtype`` is the KV as stored (``--kv-cache-dtype``): an FP8 pool moves one byte
+per element, and a bfloat16 peer of an FP8 one is refused. FP8 scales come with the model's
+checkpoint on both sides and are not compared (as the weights are not).
 """
 
 from __future__ import annotations
@@ -43,6 +46,10 @@ _COMPARED = (
     ("slot_bytes", "bytes per slot"),
     ("model", "model"),
 )
+_HINTS = {
+    "dtype": ": start prefill and decode with the same --kv-cache-dtype (and --dtype)",
+    "slot_bytes": ": start prefill and decode with the same --kv-cache-dtype (and --dtype)",
+}
 
 
 @dataclass(frozen=True)
@@ -94,7 +101,10 @@ class KVLayout:
         for name, label in _COMPARED:
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine != theirs:
-                return f"KV layout mismatch: {label} differs (local {mine!r}, peer {theirs!r})"
+                hint = _HINTS.get(name, "")
+                return (
+                    f"KV layout mismatch: {label} differs (local {mine!r}, peer {theirs!r}){hint}"
+                )
         return None
 
     def to_dict(self) -> dict[str, Any]:

@@ -6,7 +6,15 @@ import mmap
 
 import torch
 
-from kvflow.kernels import cpu, store_kv_cache, store_kv_cache_ref
+from kvflow.kernels import (
+    cpu,
+    dequantize_kv,
+    is_fp8,
+    select_rows,
+    store_kv_cache,
+    store_kv_cache_ref,
+)
+from kvflow.runtime.layers.quantization import KVScales
 
 __all__ = ["KVPool"]
 
@@ -15,6 +23,10 @@ class KVPool:
     """Per-layer ``k_buffer[layer]`` / ``v_buffer[layer]`` of shape ``[num_slots, kv_heads, head_dim]``.
 
     ``num_slots`` includes the padding page (slot indices start at 0; see the allocator).
+    ``dtype`` is the storage type (``--kv-cache-dtype``), which may differ from the
+    model's. An FP8 pool stores ``x / k_scales[layer]`` (``v_scales`` for V) rounded to
+    FP8 and is read as ``stored * scale`` (:mod:`kvflow.kernels.kv_store`); other pools
+    ignore ``scales`` (theirs are 1.0).
     """
 
     def __init__(
@@ -25,6 +37,7 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: str,
+        scales: KVScales | None = None,
     ) -> None:
         shape = (num_slots, num_kv_heads, head_dim)
         if torch.device(device).type == "cpu":
@@ -46,6 +59,15 @@ class KVPool:
                 torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)
             ]
         self.dtype = dtype
+        if scales is None or not is_fp8(dtype):
+            scales = KVScales.ones(num_layers)
+        if len(scales.k) != num_layers or len(scales.v) != num_layers:
+            raise ValueError(f"KV scales for {len(scales.k)} layers, the pool has {num_layers}")
+        self.k_scales, self.v_scales = scales.k, scales.v
+
+    @property
+    def is_fp8(self) -> bool:
+        return is_fp8(self.dtype)
 
     @staticmethod
     def bytes_per_token(
@@ -54,16 +76,33 @@ class KVPool:
         return 2 * num_layers * num_kv_heads * head_dim * _size(dtype)
 
     def store(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write ``k``/``v`` ``[tokens, kv_heads, head_dim]`` at slots ``loc`` ``[tokens]``:
-        the Triton kernel on CUDA, the native one on CPU (same dtype, kernels built), else
-        index assignment."""
+        """Write ``k``/``v`` ``[tokens, kv_heads, head_dim]`` at slots ``loc`` ``[tokens]``,
+        rounded to the pool's dtype with the layer's scales: the Triton kernel on CUDA, the
+        native one on CPU (same dtype, kernels built), else index assignment."""
         k_buf, v_buf = self.k_buffer[layer_id], self.v_buffer[layer_id]
+        k_scale, v_scale = self.k_scales[layer_id], self.v_scales[layer_id]
         if k.is_cuda:
-            store_kv_cache(k_buf, v_buf, loc, k, v)
+            store_kv_cache(k_buf, v_buf, loc, k, v, k_scale, v_scale)
         elif cpu.elementwise.supports(k_buf, v_buf, k, v) and cpu.available():  # one dtype
             cpu.elementwise.store_kv(k_buf, v_buf, loc, k, v)
         else:
-            store_kv_cache_ref(k_buf, v_buf, loc, k, v)
+            store_kv_cache_ref(k_buf, v_buf, loc, k, v, k_scale, v_scale)
+
+    def stored(self, layer_id: int, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V ``[tokens, kv_heads, head_dim]`` at slots ``loc`` as stored (pool dtype,
+        unscaled)."""
+        return select_rows(self.k_buffer[layer_id], loc), select_rows(self.v_buffer[layer_id], loc)
+
+    def read(
+        self, layer_id: int, loc: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V ``[tokens, kv_heads, head_dim]`` at slots ``loc`` as attention sees them,
+        in ``dtype`` (dequantized with the layer's scales)."""
+        k, v = self.stored(layer_id, loc)
+        return (
+            dequantize_kv(k, self.k_scales[layer_id], dtype),
+            dequantize_kv(v, self.v_scales[layer_id], dtype),
+        )
 
     def zero_slots(self, loc: torch.Tensor) -> None:
         """Zero K and V of every layer at slots ``loc`` ``[tokens]`` (int64, the pool's
@@ -71,8 +110,9 @@ class KVPool:
         before the prefill may write them, so a slot the transfer did not write holds no
         other request's KV."""
         for k_buf, v_buf in zip(self.k_buffer, self.v_buffer, strict=True):
-            k_buf.index_fill_(0, loc, 0)
-            v_buf.index_fill_(0, loc, 0)
+            # as bytes: index_fill_ has no float8 kernel on CPU; zero bits are 0.0 anyway
+            k_buf.view(torch.uint8).index_fill_(0, loc, 0)
+            v_buf.view(torch.uint8).index_fill_(0, loc, 0)
         if loc.is_cuda:
             # NOTE: the peer writes these slots over the network, outside any CUDA stream:
             # the zeros must have landed before the decode claims the room.

@@ -29,7 +29,7 @@ from kvflow.runtime.layers import (
     matmul_weight,
     pack_weight,
 )
-from kvflow.runtime.layers.quantization import QuantConfig
+from kvflow.runtime.layers.quantization import KVScaleReader, KVScales, QuantConfig
 
 __all__ = ["CausalLM"]
 
@@ -65,6 +65,8 @@ class CausalLM(nn.Module, ABC):
         super().__init__()
         self.config, self.tp = config, tp
         self.quant_config: QuantConfig | None = None
+        # the checkpoint's FP8 KV cache scales (1.0 where it has none), set by load_weights
+        self.kv_scales = KVScales.ones(config.num_layers)
         rotary = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
         )
@@ -154,14 +156,15 @@ class CausalLM(nn.Module, ABC):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face-named tensors into the parameters, merged ones shard by shard;
         raises if a tensor has no parameter or a parameter (or shard) gets no tensor, and
-        for an FP8 tensor where the layer is not quantized (its scales would be lost)."""
+        for an FP8 tensor where the layer is not quantized (its scales would be lost). The
+        KV cache scales (``k_scale``, ``v_scale``, ``kv_scale``) go to :attr:`kv_scales`."""
         params = dict(self.named_parameters())
         modules = dict(self.named_modules())
         loaded: set[tuple[str, ShardId]] = set()
-        quant = self.quant_config
+        kv_scales = KVScaleReader(self.config.num_layers)
         for hf_name, tensor in weights:
             name = hf_name.removeprefix("model.")
-            if "rotary_emb" in name or (quant is not None and quant.skips(name)):
+            if "rotary_emb" in name or kv_scales.take(name, tensor):
                 continue
             if name == "lm_head.weight" and self.lm_head is None:
                 continue  # tied: the embedding is the head
@@ -183,6 +186,7 @@ class CausalLM(nn.Module, ABC):
         missing = sorted(f"{n}#{s}" if s is not None else n for n, s in self._expected() - loaded)
         if missing:
             raise KeyError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+        self.kv_scales = kv_scales.scales()
 
     def _param_name(self, name: str) -> tuple[str, ShardId]:
         """Our parameter and shard id for a checkpoint tensor (``model.`` removed)."""

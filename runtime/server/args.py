@@ -21,7 +21,11 @@ from kvflow.runtime.cache.storage import STORAGE_BACKENDS
 from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.disagg.transport import KV_TRANSPORTS, KVTransferOptions
 from kvflow.runtime.disagg.transport.options import KV_TRANSFER_PROTOCOLS, transport_problem
-from kvflow.runtime.layers.quantization import QUANTIZATION_FLAG_VALUES, resolve_quantization
+from kvflow.runtime.layers.quantization import (
+    KV_CACHE_DTYPE_FLAG_VALUES,
+    QUANTIZATION_FLAG_VALUES,
+    resolve_quantization,
+)
 from kvflow.runtime.lora import parse_lora_paths, resolve_target_modules
 from kvflow.runtime.scheduler.policy import SCHEDULE_POLICIES
 from kvflow.runtime.server.engine_flag_help import ENGINE_FLAG_HELP, DefaultsHelpFormatter
@@ -42,6 +46,7 @@ _CHOICES = {
     "load_format": ["auto", "dummy"],
     "dtype": ["auto", "float32", "bfloat16", "float16"],
     "quantization": list(QUANTIZATION_FLAG_VALUES),
+    "kv_cache_dtype": list(KV_CACHE_DTYPE_FLAG_VALUES),
     "device": ["auto", "cpu", "cuda"],
     "schedule_policy": list(SCHEDULE_POLICIES),
     "attention_backend": ["auto", *ATTENTION_BACKENDS.choices()],

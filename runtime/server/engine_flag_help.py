@@ -18,12 +18,16 @@ ENGINE_FLAG_HELP: Mapping[str, str] = {
     "load_format": "auto: the model folder's *.safetensors; dummy: random weights in the "
     "model's shapes (--model-path may then name a shipped config, e.g. llama-3.1-8b, "
     "or a config.json)",
-    "dtype": "weights, activations and KV cache; auto: on CPU bfloat16 where it is native "
+    "dtype": "weights, activations and (--kv-cache-dtype auto) the KV cache; auto: on CPU bfloat16 where it is native "
     "(AVX512-BF16 or AMX), else float32; on CUDA the "
     "checkpoint's dtype (bfloat16 for a float32 checkpoint)",
     "quantization": "weight format (SGLang's --quantization); unset: the checkpoint's own "
     "(its config.json quantization_config: HF fp8, compressed-tensors or ModelOpt FP8); "
     "fp8: an FP8 checkpoint, or a float one quantized per output channel at load "
+    "(docs/quantization.md)",
+    "kv_cache_dtype": "KV cache storage (SGLang's --kv-cache-dtype): auto: the model's "
+    "dtype; fp8_e4m3 / fp8_e5m2: FP8 with per-layer K and V scales from the checkpoint "
+    "(k_scale/v_scale, else 1.0), twice the tokens of bfloat16; bf16/bfloat16 "
     "(docs/quantization.md)",
     "device": "auto: cuda when a GPU is visible, else cpu",
     "seed": "the server's random seed: torch's, dummy weights', and the per-request seed "

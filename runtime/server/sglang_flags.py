@@ -112,9 +112,10 @@ SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
         "compressed-tensors, modelopt; unset: the checkpoint's quantization_config "
         "(docs/quantization.md)"
     ),
-    "--kv-cache-dtype": Refuse(
-        "the KV cache is kept in the model's --dtype; FP8/FP4 KV caches are not built",
-        accepts=("auto",),
+    "--kv-cache-dtype": Same(
+        "auto | fp8_e4m3 | fp8_e5m2 | bf16 | bfloat16; FP8 with the checkpoint's per-layer "
+        "k_scale/v_scale (else 1.0); auto stays the model's dtype even where the checkpoint "
+        "declares an FP8 KV cache (docs/quantization.md)"
     ),
     # memory and scheduling
     "--mem-fraction-static": Same(),
@@ -241,6 +242,10 @@ VALUE_RULES: Mapping[str, ValueRule] = {
     "--quantization": ValueRule(
         "kvflow serves FP8 weights only: fp8, compressed-tensors or modelopt FP8 "
         "checkpoints, or fp8 at load"
+    ),
+    "--kv-cache-dtype": ValueRule(
+        "kvflow's KV caches are auto, fp8_e4m3, fp8_e5m2, bfloat16 (MXFP8/FP4 not built)",
+        {"bf16": "bfloat16"},
     ),
 }
 

@@ -34,14 +34,15 @@ Script = Callable[[str, dict[str, Any]], Any]
 
 
 def reports(report: Any, extra: dict[str, Any] | None = None) -> Script:
-    """Registers anyone, accepts every claim, and reports ``report`` (any shape) for every
-    room it is asked about, plus the ``extra`` entries."""
+    """Registers anyone (answering with the decode's own layout), accepts every claim, and
+    reports ``report`` (any shape) for every room it is asked about, plus the ``extra``
+    entries."""
 
     def answer(path: str, body: dict[str, Any]) -> Any:
         if path == "/rooms/status":
             asked = {str(room): report for room in body.get("rooms", [])}
             return 200, {"states": {**asked, **(extra or {})}}
-        return 200, {"refused": {}} if path == "/rooms" else {"layout": {}}
+        return 200, {"refused": {}} if path == "/rooms" else {"layout": body.get("layout")}
 
     return answer
 
@@ -58,7 +59,7 @@ def states(raw_states: Any) -> Script:
     def answer(path: str, body: dict[str, Any]) -> Any:
         if path == "/rooms/status":
             return 200, {"states": raw_states}
-        return 200, {"refused": {}} if path == "/rooms" else {"layout": {}}
+        return 200, {"refused": {}} if path == "/rooms" else {"layout": body.get("layout")}
 
     return answer
 

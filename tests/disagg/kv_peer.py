@@ -1,6 +1,6 @@
 """KV memory in its own process, reachable through the Mooncake transport (for the tests).
 
-Default: real ``KVPool``s (float32 and bfloat16) in SmolLM2's shape. ``--bare``: the
+Default: real ``KVPool``s (float32, bfloat16, FP8) in SmolLM2's shape. ``--bare``: the
 float32 pool's layout over plain ``ctypes`` buffers, without importing torch (which takes
 seconds on a busy machine), for peers that only need to be reachable or dead.
 
@@ -20,7 +20,7 @@ from kv_helpers import model_config
 
 from kvflow.runtime.disagg import KV_TRANSPORTS, KVLayout, model_fingerprint
 
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "float8_e4m3fn")  # the last: an FP8 KV cache
 
 
 def bare_layout(num_slots: int, keep: list) -> KVLayout:

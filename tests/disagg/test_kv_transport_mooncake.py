@@ -84,7 +84,7 @@ class Peer:
 
 @pytest.fixture(scope="module")
 def pool_peer(tmp_path_factory) -> Iterator[Peer]:
-    """Real float32 and bfloat16 KV pools in another process, advertised at 127.0.0.2 (its
+    """Real float32, bfloat16 and FP8 KV pools in another process, advertised at 127.0.0.2 (its
     "pod IP"; any 127/8 address is loopback)."""
     peer = Peer(tmp_path_factory.mktemp("peer"), env={POD_IP_ENV: "127.0.0.2"})
     yield peer
@@ -101,10 +101,10 @@ def bare_peer(tmp_path: Path) -> Iterator[Peer]:
 
 @pytest.fixture(scope="module")
 def local() -> Iterator[tuple[KVTransport, dict[str, KVPool]]]:
-    """This process's transport, with a random float32 and a bfloat16 pool registered."""
+    """This process's transport, with a random float32, bfloat16 and FP8 pool registered."""
     transport = KV_TRANSPORTS.get("mooncake")(timeout_s=TIMEOUT_S)
     pools = {}
-    for dtype in ("float32", "bfloat16"):
+    for dtype in ("float32", "bfloat16", "float8_e4m3fn"):
         pool = pools[dtype] = kv_pool(CONFIG, 64, getattr(torch, dtype))
         for buf in (*pool.k_buffer, *pool.v_buffer):
             buf.copy_(torch.randn(buf.shape))
@@ -122,7 +122,7 @@ def _raw(buf: torch.Tensor) -> np.ndarray:
     return buf.view(torch.uint8).numpy()
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float8_e4m3fn"])
 def test_write_moves_kv_between_processes(local, pool_peer, dtype: str) -> None:
     transport, pools = local
     low, high = KV_TRANSFER_PORT_RANGE

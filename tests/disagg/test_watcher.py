@@ -128,7 +128,7 @@ def test_a_claim_without_an_answer_is_withdrawn_before_its_slots_are_reused(layo
         if path == "/rooms/status":
             report = {"state": "cancelled", "result": {}, "message": "cancelled by the decode"}
             return 200, {"states": {str(room): report for room in body["rooms"]}}
-        return 200, {"layout": {}}
+        return 200, {"layout": body["layout"]}
 
     room_watcher = RoomWatcher("127.0.0.1:1", layout, timeout_s=0.5)
     with FakeBootstrap(claim_lost) as fake:

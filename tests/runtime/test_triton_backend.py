@@ -1,4 +1,5 @@
-"""The Triton attention backend inside the engine equals the torch backend, token for token.
+"""The Triton attention backend inside the engine equals the torch backend, token for token,
+with the KV cache in the model's dtype and in FP8 (``--kv-cache-dtype fp8_e4m3``).
 
 Runs anywhere: on CPU the kernels execute under Triton's interpreter (``TRITON_INTERPRET=1``
 must be set before triton is imported, so this runs in a subprocess) on a tiny random
@@ -26,13 +27,15 @@ SCRIPT = textwrap.dedent("""
     prompts = [[(7 * i + 3 * j) % 250 for j in range(5 + 3 * i)] for i in range(4)]
     params = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
     outputs = {}
-    for backend in ("torch", "triton"):
-        engine = Engine(str(folder), load_format="dummy", skip_tokenizer_init=True, device="cpu",
-                        attention_backend=backend, chunked_prefill_size=8, max_total_tokens=512)
-        first = engine.generate(input_ids=prompts, sampling_params=params)
-        again = engine.generate(input_ids=prompts, sampling_params=params)  # prefix-cache hits
-        outputs[backend] = [r.output_ids for r in first + again]
-        assert engine.is_memory_free()
+    for kv in ("auto", "fp8_e4m3"):
+        for backend in ("torch", "triton"):
+            engine = Engine(str(folder), load_format="dummy", skip_tokenizer_init=True,
+                            device="cpu", attention_backend=backend, chunked_prefill_size=8,
+                            max_total_tokens=512, kv_cache_dtype=kv)
+            first = engine.generate(input_ids=prompts, sampling_params=params)
+            again = engine.generate(input_ids=prompts, sampling_params=params)  # cache hits
+            outputs[f"{backend}-{kv}"] = [r.output_ids for r in first + again]
+            assert engine.is_memory_free()
     print(json.dumps(outputs))
 """)
 
@@ -44,4 +47,6 @@ def test_triton_backend_matches_torch_backend():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     outputs = json.loads(done.stdout.strip().splitlines()[-1])
-    assert outputs["triton"] == outputs["torch"]
+    assert outputs["triton-auto"] == outputs["torch-auto"]
+    # an FP8 KV cache (scales 1.0): both read the same stored values, new tokens' included
+    assert outputs["triton-fp8_e4m3"] == outputs["torch-fp8_e4m3"]

@@ -119,3 +119,13 @@ def test_value_rules_name_choice_flags_and_map_into_their_choices() -> None:
 def test_abbreviations_are_not_accepted(capsys) -> None:
     err = _refused(["--enable-m"], capsys)  # once the start of --enable-mixed-chunk
     assert "unrecognized arguments: --enable-m" in err
+
+
+def test_kv_cache_dtype_takes_sglangs_values(capsys) -> None:
+    assert parse_args([]).engine.kv_cache_dtype == "auto"
+    for value in ("auto", "fp8_e4m3", "fp8_e5m2", "bfloat16"):
+        assert parse_args(["--kv-cache-dtype", value]).engine.kv_cache_dtype == value
+    assert parse_args(["--kv-cache-dtype", "bf16"]).engine.kv_cache_dtype == "bfloat16"
+    for value in ("mxfp8", "nvfp4", "fp4_mx_block16", "fp8"):
+        err = _refused(["--kv-cache-dtype", value], capsys)
+        assert f"'{value}': " + VALUE_RULES["--kv-cache-dtype"].refusal in err

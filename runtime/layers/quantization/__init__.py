@@ -4,6 +4,7 @@ A new format (FP8, ...) is one module here with a :class:`LinearMethod` subclass
 registered below; kernels it needs go in ``kernels/``. Which method a model's layers take
 comes from its checkpoint's ``quantization_config`` and ``--quantization``
 (:func:`resolve_quantization`, ``config.py``; the checkpoint formats in ``formats.py``).
+The KV cache's storage type and FP8 scales (``--kv-cache-dtype``) are in ``kv_cache.py``.
 """
 
 from kvflow.runtime.layers.quantization.base import LinearLayer, LinearMethod, ParamLayout
@@ -13,18 +14,30 @@ from kvflow.runtime.layers.quantization.config import (
     QuantConfig,
     resolve_quantization,
 )
+from kvflow.runtime.layers.quantization.kv_cache import (
+    KV_CACHE_DTYPE_FLAG_VALUES,
+    KVScaleReader,
+    KVScales,
+    check_kv_cache_device,
+    kv_cache_torch_dtype,
+)
 from kvflow.runtime.layers.quantization.unquantized import UnquantizedLinearMethod
 from kvflow.runtime.utils import Registry
 
 __all__ = [
+    "KV_CACHE_DTYPE_FLAG_VALUES",
     "LINEAR_METHODS",
     "QUANTIZATION_FLAG_VALUES",
     "Fp8Scheme",
+    "KVScaleReader",
+    "KVScales",
     "LinearLayer",
     "LinearMethod",
     "ParamLayout",
     "QuantConfig",
     "UnquantizedLinearMethod",
+    "check_kv_cache_device",
+    "kv_cache_torch_dtype",
     "resolve_quantization",
 ]
 

@@ -52,22 +52,17 @@ class QuantConfig:
     """The weight format of a model's linear layers. ``quant_method``: the checkpoint's (or
     ``fp8`` for a float checkpoint quantized at load); ``ignore``: full-match regexes of
     Hugging Face module names left unquantized (``model.layers.0.mlp.down_proj``);
-    ``skipped_suffixes``: checkpoint tensors read and dropped (FP8 KV cache scales, which
-    kvflow's KV cache in the model's dtype does not use); ``linear_method``: the
+    ``linear_method``: the
     :data:`~kvflow.runtime.layers.quantization.LINEAR_METHODS` entry of the layers."""
 
     quant_method: str
     scheme: Fp8Scheme
     ignore: tuple[str, ...] = ()
-    skipped_suffixes: tuple[str, ...] = ()
     linear_method: str = "fp8"
 
     def ignores(self, module_name: str) -> bool:
         """Whether the Hugging Face module ``module_name`` stays unquantized."""
         return any(re.fullmatch(pattern, module_name) for pattern in self.ignore)
-
-    def skips(self, tensor_name: str) -> bool:
-        return tensor_name.endswith(self.skipped_suffixes)
 
 
 # A checkpoint format's parser: its quantization_config -> QuantConfig (ValueError if not

@@ -18,8 +18,6 @@ from kvflow.runtime.layers.quantization.config import Fp8Scheme, QuantConfig
 
 __all__ = ["parse_compressed_tensors", "parse_hf_fp8", "parse_modelopt"]
 
-_KV_SCALES = (".k_scale", ".v_scale", ".kv_scale")
-
 
 def _substring(name: str) -> str:
     return f".*{re.escape(name)}.*"
@@ -113,18 +111,19 @@ def parse_compressed_tensors(config: Mapping[str, Any]) -> QuantConfig:
     if len(schemes) != 1:
         raise ValueError("compressed-tensors config groups with different FP8 schemes")
     ignore = tuple(_ct_pattern(name) for name in config.get("ignore") or ())
-    return QuantConfig("compressed-tensors", schemes.pop(), ignore, _KV_SCALES)
+    return QuantConfig("compressed-tensors", schemes.pop(), ignore)
 
 
 def parse_modelopt(config: Mapping[str, Any]) -> QuantConfig:
     """NVIDIA ModelOpt (TensorRT Model Optimizer) ``quant_algo: FP8``: per-tensor
     ``weight_scale`` and static per-tensor ``input_scale``; ``exclude_modules`` are
     shell-style patterns. The fields may sit under ``quantization`` (its
-    ``hf_quant_config.json``). FP8 KV cache scales are read and not used."""
+    ``hf_quant_config.json``). Its FP8 KV cache scales are read by the model loader
+    (:class:`~kvflow.runtime.layers.quantization.KVScaleReader`)."""
     fields = {**config, **(config.get("quantization") or {})}
     algo = fields.get("quant_algo")
     if algo != "FP8":
         raise ValueError(f"modelopt quant_algo {algo!r} is not served; kvflow serves FP8")
     ignore = tuple(fnmatch.translate(name) for name in fields.get("exclude_modules") or ())
     scheme = Fp8Scheme(weight="tensor", static_input=True)
-    return QuantConfig("modelopt", scheme, ignore, _KV_SCALES)
+    return QuantConfig("modelopt", scheme, ignore)
