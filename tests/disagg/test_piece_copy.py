@@ -8,7 +8,12 @@ import torch
 from kv_helpers import kv_pool, model_config
 
 from kvflow.runtime.disagg import TransferError, Write, layout_of, transfer_plan
-from kvflow.runtime.disagg.transport.piece_copy import Buffers, copy_pieces, unit_indices
+from kvflow.runtime.disagg.transport.piece_copy import (
+    Buffers,
+    _all_rows,
+    copy_pieces,
+    unit_indices,
+)
 
 CONFIG = model_config()
 
@@ -56,8 +61,8 @@ def test_units_are_the_largest_common_size_per_pair() -> None:
     src_rows, dst_rows = pair.units()
     assert src_rows.tolist() == [2, 3, 6, 7, 8]
     assert dst_rows.tolist() == [1, 2, 5, 6, 7]
-    on_device = pair.rows_on(torch.device("cpu"))
-    assert [r.tolist() for r in on_device] == [src_rows.tolist(), dst_rows.tolist()]
+    built = _all_rows([pair, pair], torch.device("cpu"))  # what copy_pieces expands
+    assert [r.tolist() for r in built] == [src_rows.tolist() * 2, dst_rows.tolist() * 2]
 
 
 @pytest.mark.parametrize(

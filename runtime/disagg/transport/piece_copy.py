@@ -59,21 +59,6 @@ class PairCopy(NamedTuple):
             np.repeat(self.dst_starts, self.counts) + steps,
         )
 
-    def rows_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`units` built on ``device`` from the runs (a KV plan has a run per page and
-        buffer, 16 rows or more each: the runs cross to the device, not the rows)."""
-        total = int(self.counts.sum())
-        counts = torch.from_numpy(self.counts).to(device, non_blocking=True)
-        firsts = torch.cumsum(counts, 0) - counts
-        steps = torch.arange(total, device=device) - torch.repeat_interleave(
-            firsts, counts, output_size=total
-        )
-        rows = []
-        for starts in (self.src_starts, self.dst_starts):
-            on_device = torch.from_numpy(starts).to(device, non_blocking=True)
-            rows.append(torch.repeat_interleave(on_device, counts, output_size=total) + steps)
-        return rows[0], rows[1]
-
 
 def _locate(
     ptrs: np.ndarray, nbytes: np.ndarray, addrs: Sequence[int], sizes: Sequence[int], side: str
@@ -148,14 +133,39 @@ def copy_pieces(writes: Sequence[Write], src: Buffers, dst: Buffers) -> int:
     """Copy every piece of ``writes`` from ``src`` into ``dst`` (on the current stream of
     the source's device; a destination on another device gets one extra copy per pair).
     Returns the bytes copied. Enqueued only: the caller synchronizes."""
-    copied = 0
-    for pair in unit_indices(writes, src.addrs, src.sizes, dst.addrs, dst.sizes):
+    pairs = unit_indices(writes, src.addrs, src.sizes, dst.addrs, dst.sizes)
+    if not pairs:
+        return 0
+    device = src.tensors[pairs[0].src].device
+    src_rows, dst_rows = _all_rows(pairs, device)
+    copied = start = 0
+    for pair in pairs:
         source, target = src.tensors[pair.src], dst.tensors[pair.dst]
-        src_rows, dst_rows = pair.rows_on(source.device)
-        dst_rows = dst_rows.to(target.device, non_blocking=True)
-        gathered = _rows(source, pair.unit).index_select(0, src_rows)
+        end = start + int(pair.counts.sum())
+        these = dst_rows[start:end].to(target.device, non_blocking=True)
+        gathered = _rows(source, pair.unit).index_select(0, src_rows[start:end])
         if gathered.device != target.device:
             gathered = gathered.to(target.device, non_blocking=True)
-        _rows(target, pair.unit).index_copy_(0, dst_rows, gathered)
+        _rows(target, pair.unit).index_copy_(0, these, gathered)
         copied += gathered.numel() * gathered.element_size()
+        start = end
     return copied
+
+
+def _all_rows(pairs: list[PairCopy], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every pair's source and destination rows, one after another, built on ``device``
+    from the runs: one host-to-device copy per write (from pinned memory on CUDA, so it
+    waits for nothing in the stream), rows expanded there."""
+    runs = np.concatenate([np.stack([p.src_starts, p.dst_starts, p.counts]) for p in pairs], axis=1)
+    total = int(runs[2].sum())
+    host = torch.from_numpy(np.ascontiguousarray(runs))
+    if device.type == "cuda":
+        host = host.pin_memory()
+    src_starts, dst_starts, counts = host.to(device, non_blocking=True)
+    steps = torch.arange(total, device=device) - torch.repeat_interleave(
+        torch.cumsum(counts, 0) - counts, counts, output_size=total
+    )
+    return (
+        torch.repeat_interleave(src_starts, counts, output_size=total) + steps,
+        torch.repeat_interleave(dst_starts, counts, output_size=total) + steps,
+    )
