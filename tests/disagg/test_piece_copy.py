@@ -10,7 +10,7 @@ from kv_helpers import kv_pool, model_config
 from kvflow.runtime.disagg import TransferError, Write, layout_of, transfer_plan
 from kvflow.runtime.disagg.transport.piece_copy import (
     Buffers,
-    _all_rows,
+    _runs_on,
     copy_pieces,
     unit_indices,
 )
@@ -61,8 +61,8 @@ def test_units_are_the_largest_common_size_per_pair() -> None:
     src_rows, dst_rows = pair.units()
     assert src_rows.tolist() == [2, 3, 6, 7, 8]
     assert dst_rows.tolist() == [1, 2, 5, 6, 7]
-    built = _all_rows([pair, pair], torch.device("cpu"))  # what copy_pieces expands
-    assert [r.tolist() for r in built] == [src_rows.tolist() * 2, dst_rows.tolist() * 2]
+    runs = _runs_on([pair, pair], torch.device("cpu"))  # what copy_pieces sends
+    assert runs.tolist() == [[2, 6, 2, 6], [1, 5, 1, 5], [2, 3, 2, 3]]
 
 
 @pytest.mark.parametrize(

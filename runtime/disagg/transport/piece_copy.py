@@ -2,9 +2,10 @@
 
 A KV plan writes, per layer, K and V runs of slots from one pool into another: thousands of
 pieces of a few KiB each. Copying them one call per piece costs microseconds of launch each;
-grouped by (source buffer, destination buffer) pair and cut into units of their greatest
-common size, every pair is one ``index_select`` and one ``index_copy_`` however many pieces
-it has: two kernels per K or V buffer, at the memory's bandwidth.
+grouped by (source buffer, destination buffer) pair and cut into rows of their greatest
+common size, every pair is one kernel however many pieces it has: on one CUDA device
+:func:`~kvflow.kernels.row_runs.copy_row_runs` (each run of rows copied in one pass),
+elsewhere an ``index_select`` and an ``index_copy_`` over the expanded rows.
 
 :func:`unit_indices` is the pure part (addresses in, unit indices out, numpy);
 :func:`copy_pieces` runs it over byte tensors of any device.
@@ -19,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from kvflow.kernels.row_runs import copy_row_runs
 from kvflow.runtime.disagg.plan import Write
 from kvflow.runtime.disagg.transport.base import TransferError
 
@@ -137,35 +139,39 @@ def copy_pieces(writes: Sequence[Write], src: Buffers, dst: Buffers) -> int:
     if not pairs:
         return 0
     device = src.tensors[pairs[0].src].device
-    src_rows, dst_rows = _all_rows(pairs, device)
-    copied = start = 0
+    src_starts, dst_starts, counts = _runs_on(pairs, device)
+    copied = first = 0
     for pair in pairs:
         source, target = src.tensors[pair.src], dst.tensors[pair.dst]
-        end = start + int(pair.counts.sum())
-        these = dst_rows[start:end].to(target.device, non_blocking=True)
-        gathered = _rows(source, pair.unit).index_select(0, src_rows[start:end])
-        if gathered.device != target.device:
-            gathered = gathered.to(target.device, non_blocking=True)
-        _rows(target, pair.unit).index_copy_(0, these, gathered)
-        copied += gathered.numel() * gathered.element_size()
-        start = end
+        last = first + len(pair.counts)
+        runs = (src_starts[first:last], dst_starts[first:last], counts[first:last])
+        rows = int(pair.counts.sum())
+        src_rows, dst_rows = _rows(source, pair.unit), _rows(target, pair.unit)
+        if source.is_cuda and target.device == source.device:
+            copy_row_runs(src_rows, dst_rows, *runs, longest=int(pair.counts.max()))
+        else:
+            steps = torch.arange(rows, device=device) - torch.repeat_interleave(
+                torch.cumsum(runs[2], 0) - runs[2], runs[2], output_size=rows
+            )
+            picked, placed = (
+                torch.repeat_interleave(starts, runs[2], output_size=rows) + steps
+                for starts in runs[:2]
+            )
+            gathered = src_rows.index_select(0, picked)
+            if gathered.device != target.device:
+                gathered = gathered.to(target.device, non_blocking=True)
+            dst_rows.index_copy_(0, placed.to(target.device, non_blocking=True), gathered)
+        copied += rows * pair.unit
+        first = last
     return copied
 
 
-def _all_rows(pairs: list[PairCopy], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every pair's source and destination rows, one after another, built on ``device``
-    from the runs: one host-to-device copy per write (from pinned memory on CUDA, so it
-    waits for nothing in the stream), rows expanded there."""
+def _runs_on(pairs: list[PairCopy], device: torch.device) -> torch.Tensor:
+    """Every pair's runs, one after another, as ``[3, runs]`` (source starts, destination
+    starts, counts) on ``device``: one host-to-device copy per write, from pinned memory on
+    CUDA (a pageable copy would wait for the stream's earlier work)."""
     runs = np.concatenate([np.stack([p.src_starts, p.dst_starts, p.counts]) for p in pairs], axis=1)
-    total = int(runs[2].sum())
     host = torch.from_numpy(np.ascontiguousarray(runs))
     if device.type == "cuda":
         host = host.pin_memory()
-    src_starts, dst_starts, counts = host.to(device, non_blocking=True)
-    steps = torch.arange(total, device=device) - torch.repeat_interleave(
-        torch.cumsum(counts, 0) - counts, counts, output_size=total
-    )
-    return (
-        torch.repeat_interleave(src_starts, counts, output_size=total) + steps,
-        torch.repeat_interleave(dst_starts, counts, output_size=total) + steps,
-    )
+    return host.to(device, non_blocking=True)

@@ -1,0 +1,78 @@
+"""Copy runs of rows from one 2-D buffer into another in one pass: run ``i`` moves
+``counts[i]`` rows from source row ``src_starts[i]`` to destination row ``dst_starts[i]``.
+
+What a KV transfer plan is on one device (or between devices the source device can write
+to): per K or V buffer, a run per page. One program copies up to ``ROWS`` rows of one run,
+so a 16-slot page is one program and a long contiguous run is spread over many; no index
+per row, no temporary (an ``index_select`` + ``index_copy_`` pair moves every byte twice
+and expands an index per row).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kvflow.kernels._launch import next_power_of_2
+
+__all__ = ["copy_row_runs", "copy_row_runs_ref"]
+
+ROWS = 16
+
+
+@triton.jit
+def _copy_row_runs_kernel(
+    src_ptr, dst_ptr, src_start_ptr, dst_start_ptr, count_ptr, width,
+    ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
+):  # fmt: skip
+    run = tl.program_id(0)
+    first = tl.program_id(1) * ROWS
+    count = tl.load(count_ptr + run)
+    if first < count:
+        src_row = tl.load(src_start_ptr + run).to(tl.int64) + first
+        dst_row = tl.load(dst_start_ptr + run).to(tl.int64) + first
+        rows = tl.arange(0, ROWS)
+        row_ok = rows < count - first
+        for w in range(0, width, BLOCK_W):
+            cols = w + tl.arange(0, BLOCK_W)
+            mask = row_ok[:, None] & (cols[None, :] < width)
+            values = tl.load(src_ptr + (src_row + rows)[:, None] * width + cols[None, :], mask=mask)
+            tl.store(dst_ptr + (dst_row + rows)[:, None] * width + cols[None, :], values, mask=mask)
+
+
+def copy_row_runs(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    src_starts: torch.Tensor,
+    dst_starts: torch.Tensor,
+    counts: torch.Tensor,
+    longest: int,
+) -> None:
+    """The runs (int64 tensors on ``src``'s device) of ``src`` ``[rows, width]`` into
+    ``dst`` ``[rows, width]`` (contiguous, one dtype); ``longest`` is the largest count
+    (known on the host: it sizes the grid). Enqueued on the current stream."""
+    assert src.dtype == dst.dtype and src.shape[1] == dst.shape[1]
+    assert src.is_contiguous() and dst.is_contiguous()
+    runs = counts.numel()
+    if runs == 0 or longest == 0:
+        return
+    width = src.shape[1]
+    grid = (runs, triton.cdiv(longest, ROWS))
+    _copy_row_runs_kernel[grid](
+        src, dst, src_starts, dst_starts, counts, width,
+        ROWS=ROWS, BLOCK_W=min(next_power_of_2(width), 256),
+    )  # fmt: skip
+
+
+def copy_row_runs_ref(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    src_starts: torch.Tensor,
+    dst_starts: torch.Tensor,
+    counts: torch.Tensor,
+    longest: int,
+) -> None:
+    """:func:`copy_row_runs` one run at a time (the reference)."""
+    for s, d, n in zip(src_starts.tolist(), dst_starts.tolist(), counts.tolist(), strict=True):
+        dst[d : d + n] = src[s : s + n]
