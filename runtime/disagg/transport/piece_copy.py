@@ -13,6 +13,7 @@ elsewhere an ``index_select`` and an ``index_copy_`` over the expanded rows.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -91,22 +92,26 @@ def unit_indices(
     that divides every offset and length of the pair (a KV plan: a slot's bytes)."""
     if not writes:
         return []
-    table = np.asarray(writes, dtype=np.int64).reshape(-1, 3)
-    src_ptr, dst_ptr, nbytes = table[:, 0], table[:, 1], table[:, 2]
+    # NOTE: fromiter over the flattened tuples: np.asarray of 16k NamedTuples took 8 ms
+    flat = np.fromiter(itertools.chain.from_iterable(writes), dtype=np.int64, count=3 * len(writes))
+    src_ptr, dst_ptr, nbytes = flat.reshape(-1, 3).T
     if (nbytes <= 0).any():
         raise TransferError("a piece of a KV write has no bytes")
     src_buf, src_off = _locate(src_ptr, nbytes, src_addrs, src_sizes, "source")
     dst_buf, dst_off = _locate(dst_ptr, nbytes, dst_addrs, dst_sizes, "destination")
     pairs = src_buf * len(dst_addrs) + dst_buf
+    order = np.argsort(pairs, kind="stable")  # pieces grouped by pair, plan order kept
+    keys = pairs[order]
+    bounds = np.flatnonzero(np.diff(keys)) + 1
     copies = []
-    for pair in np.unique(pairs):
-        mask = pairs == pair
-        s_off, d_off, n = src_off[mask], dst_off[mask], nbytes[mask]
+    for group in np.split(order, bounds):
+        pair = int(pairs[group[0]])
+        s_off, d_off, n = src_off[group], dst_off[group], nbytes[group]
         unit = math.gcd(int(np.gcd.reduce(s_off)), int(np.gcd.reduce(d_off)), int(np.gcd.reduce(n)))
         copies.append(
             PairCopy(
-                int(pair // len(dst_addrs)),
-                int(pair % len(dst_addrs)),
+                pair // len(dst_addrs),
+                pair % len(dst_addrs),
                 unit,
                 s_off // unit,
                 d_off // unit,
