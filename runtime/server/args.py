@@ -279,7 +279,7 @@ def _check_hicache(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> N
 
 
 def _cuda_available() -> bool:
-    import torch  # here: only a PD server asking for a same-host transport pays the import
+    import torch
 
     return torch.cuda.is_available()
 

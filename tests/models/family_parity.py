@@ -45,7 +45,8 @@ def prompts(lengths: tuple[int, ...] = (3, 41, 17, 64, 5, 29, 9, 12)) -> list[li
     return [torch.randint(0, 500, (n,), generator=g).tolist() for n in lengths]
 
 
-def hf_greedy(hf: torch.nn.Module, batch: list[list[int]]) -> list[list[int]]:
+def hf_greedy(hf: torch.nn.Module, batch: list[list[int]], cache=None) -> list[list[int]]:
+    """Greedy tokens of each prompt; ``cache``: a class of transformers cache to use."""
     outputs = []
     with torch.no_grad():
         for ids in batch:
@@ -55,6 +56,7 @@ def hf_greedy(hf: torch.nn.Module, batch: list[list[int]]) -> list[list[int]]:
                 do_sample=False,
                 eos_token_id=2,
                 pad_token_id=0,
+                **({} if cache is None else {"past_key_values": cache()}),
             )
             outputs.append(full[0, len(ids) :].tolist())
     return outputs

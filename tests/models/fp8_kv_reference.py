@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from family_parity import MAX_NEW
+from family_parity import hf_greedy
 
 __all__ = ["FP8", "SCALES", "add_kv_scales", "fp8_rounded_cache", "greedy_fp8", "rounded"]
 
@@ -39,20 +39,7 @@ def fp8_rounded_cache(dtype: torch.dtype, scales: tuple[tuple[float, float], ...
 
 
 def greedy_fp8(hf, batch, dtype, scales) -> list[list[int]]:
-    cache_cls = fp8_rounded_cache(dtype, scales)
-    outputs = []
-    with torch.no_grad():
-        for ids in batch:
-            full = hf.generate(
-                torch.tensor([ids]),
-                max_new_tokens=MAX_NEW,
-                do_sample=False,
-                eos_token_id=2,
-                pad_token_id=0,
-                past_key_values=cache_cls(),
-            )
-            outputs.append(full[0, len(ids) :].tolist())
-    return outputs
+    return hf_greedy(hf, batch, cache=fp8_rounded_cache(dtype, scales))
 
 
 def add_kv_scales(folder: Path, scales: tuple[tuple[float, float], ...]) -> None:

@@ -206,7 +206,7 @@ class CudaIpcTransport(KVTransport):
         self.device = torch.cuda.current_device()
         self.timeout_s = timeout_s
         self._session_id = f"cuda_ipc:{self.host}:{os.getpid()}:{secrets.token_hex(4)}"
-        self._local: dict[int, torch.Tensor] = {}  # registered address -> its bytes
+        self._local = Buffers((), ())  # the registered buffers' bytes, by address
         self._exported: list[dict[str, Any]] = []
         self._peers: dict[str, _Peer] = {}
         self._lock = threading.Lock()
@@ -227,7 +227,7 @@ class CudaIpcTransport(KVTransport):
         if not (isinstance(buffer, torch.Tensor) and buffer.is_cuda and buffer.is_contiguous()):
             raise TransferError("cuda_ipc registers contiguous CUDA tensors only")
         flat = buffer.view(-1).view(torch.uint8)
-        self._local[buffer.data_ptr()] = flat
+        self._local = Buffers((*self._local.addrs, buffer.data_ptr()), (*self._local.tensors, flat))
         self._exported.append(share(buffer))
 
     def peer_info(self) -> dict[str, Any]:
@@ -258,14 +258,13 @@ class CudaIpcTransport(KVTransport):
             raise TransferError(f"KV transfer session {session_id!r} is not registered here")
         torch.cuda.set_device(self.device)
         cuda_driver.bind_context(self.device)  # the driver calls act on this thread's context
-        local = Buffers(tuple(self._local), tuple(self._local.values()))
         with self._lock:  # one mapping per peer, made once
             remote = peer.mapped()
         stream = self._stream()
         with torch.cuda.stream(stream):
             if after is not None:
                 stream.wait_event(after)
-            copy_pieces(writes, local, remote)
+            copy_pieces(writes, self._local, remote)
         stream.synchronize()
 
     def _stream(self) -> torch.cuda.Stream:
@@ -281,4 +280,4 @@ class CudaIpcTransport(KVTransport):
             peers, self._peers = list(self._peers.values()), {}
         for peer in peers:
             peer.close()
-        self._local.clear()
+        self._local = Buffers((), ())

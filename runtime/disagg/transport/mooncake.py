@@ -64,9 +64,11 @@ RETRY_FIRST_S = 0.005
 RETRY_MAX_S = 0.2
 # Calls of one piece that failed to a live peer before the transport starts a new engine
 # (Mooncake's lanes to a peer can stay broken after a large rejection, see above), and the
-# shortest time between two new engines.
+# most new engines one transport starts: each replaced engine stays alive (calls may run
+# in it) with its two ports and threads, and a peer that fails every call for another
+# reason (its memory not registered) must not make the prefill start one per write.
 RENEW_AFTER = 3
-RENEW_EVERY_S = 1.0
+MAX_RENEWALS = 3
 # Engine calls abandoned at their deadline keep their engine alive here: destroying an
 # engine while a call still runs inside it would crash the process.
 _ABANDONED_ENGINES: list[object] = []
@@ -151,7 +153,7 @@ class MooncakeTransport(KVTransport):
             NVLINK_BATCH if protocol == "nvlink_intra" else _engine_queue()
         )
         self._retries = 0
-        self._renewed_at = 0.0
+        self._renewals = 0
 
     @property
     def retries(self) -> int:
@@ -261,12 +263,12 @@ class MooncakeTransport(KVTransport):
 
     def _renew(self, stuck: Any) -> Any:
         """A new engine in place of ``stuck`` (unless another writer renewed it already, or
-        one was started less than :data:`RENEW_EVERY_S` ago), with the same memory
-        registered. The old engine is kept alive: other calls may still run in it."""
+        :data:`MAX_RENEWALS` were started), with the same memory registered. The old engine
+        is kept alive: other calls may still run in it."""
         with self._lock:
-            if self._engine is not stuck or time.monotonic() - self._renewed_at < RENEW_EVERY_S:
+            if self._engine is not stuck or self._renewals >= MAX_RENEWALS:
                 return self._engine
-            self._renewed_at = time.monotonic()
+            self._renewals += 1
             try:
                 engine, session_id = self._start()
                 for ptr, nbytes in self._registered:

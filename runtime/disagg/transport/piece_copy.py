@@ -144,29 +144,22 @@ def copy_pieces(writes: Sequence[Write], src: Buffers, dst: Buffers) -> int:
     if not pairs:
         return 0
     device = src.tensors[pairs[0].src].device
-    src_starts, dst_starts, counts = _runs_on(pairs, device)
+    runs = _runs_on(pairs, device) if device.type == "cuda" else None  # the kernel's input
     copied = first = 0
     for pair in pairs:
         source, target = src.tensors[pair.src], dst.tensors[pair.dst]
         last = first + len(pair.counts)
-        runs = (src_starts[first:last], dst_starts[first:last], counts[first:last])
-        rows = int(pair.counts.sum())
         src_rows, dst_rows = _rows(source, pair.unit), _rows(target, pair.unit)
-        if source.is_cuda and target.device == source.device:
-            copy_row_runs(src_rows, dst_rows, *runs, longest=int(pair.counts.max()))
-        else:
-            steps = torch.arange(rows, device=device) - torch.repeat_interleave(
-                torch.cumsum(runs[2], 0) - runs[2], runs[2], output_size=rows
-            )
-            picked, placed = (
-                torch.repeat_interleave(starts, runs[2], output_size=rows) + steps
-                for starts in runs[:2]
-            )
-            gathered = src_rows.index_select(0, picked)
+        if runs is not None and target.device == source.device:
+            longest = int(pair.counts.max())
+            copy_row_runs(src_rows, dst_rows, *runs[:, first:last], longest=longest)
+        else:  # CPU, or another device: gather and scatter the expanded rows
+            picked, placed = (torch.from_numpy(rows) for rows in pair.units())
+            gathered = src_rows.index_select(0, picked.to(source.device))
             if gathered.device != target.device:
                 gathered = gathered.to(target.device, non_blocking=True)
-            dst_rows.index_copy_(0, placed.to(target.device, non_blocking=True), gathered)
-        copied += rows * pair.unit
+            dst_rows.index_copy_(0, placed.to(target.device), gathered)
+        copied += int(pair.counts.sum()) * pair.unit
         first = last
     return copied
 
