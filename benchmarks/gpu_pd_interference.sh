@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
-# One device-tool call (issue 17): long-prefill interference, PD on two GPUs vs two unified
-# replicas on the same two GPUs. Llama-3.1-8B shapes, dummy weights, bf16, ids in / ids out
-# (--skip-tokenizer-init), default chunked prefill (8,192 on CUDA). Two phases, one after
-# the other (the first phase's processes are stopped before the second starts):
+# One device-tool call (issues 17 and 34): long-prefill interference, PD on two GPUs vs two
+# unified replicas on the same two GPUs. Llama-3.1-8B shapes, dummy weights, bf16, ids in /
+# ids out (--skip-tokenizer-init), default chunked prefill (8,192 on CUDA). Phases, one after
+# the other (a phase's processes are stopped before the next starts), chosen by PHASES
+# (default "pd unified"):
 #   pd      : prefill :31100 on GPU 0 (--role prefill --bootstrap-port 31198
 #             --disable-cuda-graph), decode :31200 on GPU 1 (--role decode), KV through the
-#             Mooncake transfer engine (CUDA build, TCP loopback, device memory registered),
-#             `kvflow router` PD mode :31300 in front
+#             transport PD_TRANSFER names (default: the Mooncake transfer engine, CUDA build,
+#             TCP loopback; "--disaggregation-transfer-backend cuda_ipc": kvflow's kernel
+#             writing the decode's GPU over NVLink; "--kv-transfer-protocol nvlink_intra":
+#             Mooncake's NVLink transport; for both same-host transports the prefill sees
+#             both GPUs, CUDA_VISIBLE_DEVICES=0,1, and computes on the first),
+#             `kvflow router` PD mode :31300 in front; its results are stored under
+#             PD_LABEL (default "pd")
 #   unified : two `kvflow serve` :32000 on GPU 0 and :32001 on GPU 1 behind `kvflow router
 #             --worker-urls ... --policy round_robin` :32300
-# Same client, same seed, same workload in both phases (all through the phase's router):
+# Same client, same seed, same workload in every phase (all through the phase's router):
 #   1. greedy: GREEDY_LENS prompts, 32 tokens each, temperature 0; the unified phase sends
-#      each prompt twice (round robin: both replicas) and compares with the pd phase's ids;
-#   2. a steady stream: one request every 1/RATE s, STREAM_IN prompt ids, STREAM_OUT tokens
+#      each prompt twice (round robin: both replicas) and compares with every pd phase's ids;
+#   2. TTFT: TTFT_N fresh TTFT_LEN-token prompts one at a time (streamed, 8 tokens), and
+#      for a pd phase the prefill's KV-transfer metrics over them (GB/s over write time);
+#   3. a steady stream: one request every 1/RATE s, STREAM_IN prompt ids, STREAM_OUT tokens
 #      (ignore_eos), streamed /generate; first QUIET_S s alone ("quiet"), then LOAD_S s while
 #      long prompts (LONG_LENS, cycled; LONG_OUT tokens) arrive every LONG_EVERY s ("long");
 #      ITL (gap between stream events, split evenly over the tokens an event adds, as
@@ -20,38 +28,45 @@
 #      (all tokens whose event fell in the window), ITL p99.9, each request's longest gap,
 #      requests that ended short of their tokens (finish reasons), long prompts' TTFT; the prefill's
 #      /metrics before/after the long window (KV-transfer seconds per 1,000 prompt tokens).
+# At the end of a pd phase both servers' /metrics show whether KV is still held (kv_used).
 # Everything is time-guarded (STOP_AT seconds after the start); results.json is rewritten
 # after every step, so a cut-off run still returns what it measured. At most 8 files come
 # back: run.log (env first), results.json, prefill.log, decode.log, unified0.log,
 # unified1.log, routers.log.
 #
-#   bash benchmarks/gpu_pd_interference.sh            # on nvidia-h200-x2 (device tool `run`,
+#   PD_TRANSFER="--disaggregation-transfer-backend cuda_ipc" \
+#     bash benchmarks/gpu_pd_interference.sh          # on nvidia-h200-x2 (device tool `run`,
 #                                                     # carry .whl)
+#   PHASES=pd PD_LABEL=pd_tcp bash benchmarks/gpu_pd_interference.sh   # TCP, pd phase only
 #   PD_LOCAL=1 bash benchmarks/gpu_pd_interference.sh # CPU dry run here: a tiny dummy Llama,
 #                                                     # small prompts, low rate, short windows
 # Carried (gitignored): .whl/grammar, .whl/http and .whl/mooncake-cuda.tar.xz, made by
 # benchmarks/gpu_http_prep.sh and benchmarks/gpu_pd_prep.sh (see gpu_pd_run.sh).
 set -u
 STOP_AT=${STOP_AT:-310}  # seconds after the start by which everything has ended
+PHASES=${PHASES:-pd unified}
+PD_LABEL=${PD_LABEL:-pd}
 source benchmarks/pd/device.sh
 if [ "$LOCAL" = 1 ]; then
   FLAGS=(--context-length 2048 --max-total-tokens 8000 --max-running-requests 8 --skip-tokenizer-init)
   PREFILL_FLAGS=()
-  export VOCAB=32000 GREEDY_LENS="40 300 900" STREAM_IN=32 STREAM_OUT=12 RATE=0.5 \
-    LONG_LENS="600 900" LONG_OUT=4 LONG_EVERY=4 QUIET_S=4 LOAD_S=10 DRAIN_S=20
+  export VOCAB=32000 GREEDY_LENS="40 300 900" TTFT_LEN=500 TTFT_N=2 STREAM_IN=32 \
+    STREAM_OUT=12 RATE=0.5 LONG_LENS="600 900" LONG_OUT=4 LONG_EVERY=4 QUIET_S=4 LOAD_S=10 \
+    DRAIN_S=20
 else
   FLAGS=(--context-length 20480 --max-total-tokens 160000 --max-running-requests 64
     --cuda-graph-max-bs 32 --skip-tokenizer-init)
   PREFILL_FLAGS=(--disable-cuda-graph)
-  export VOCAB=128256 GREEDY_LENS="64 512 4096 16000" STREAM_IN=512 STREAM_OUT=256 RATE=2 \
-    LONG_LENS="8192 12288 16384" LONG_OUT=16 LONG_EVERY=6 QUIET_S=${QUIET_S:-12} \
-    LOAD_S=${LOAD_S:-50} DRAIN_S=15
+  export VOCAB=128256 GREEDY_LENS="64 512 4096 16000" TTFT_LEN=4000 TTFT_N=4 STREAM_IN=512 \
+    STREAM_OUT=256 RATE=${RATE:-4} LONG_LENS="8192 12288 16384" LONG_OUT=16 \
+    LONG_EVERY=${LONG_EVERY:-3} QUIET_S=${QUIET_S:-12} LOAD_S=${LOAD_S:-50} DRAIN_S=15
 fi
 {
   env_lines
   nvidia-smi topo -m 2> /dev/null
   echo "flags: ${MODEL[*]} ${FLAGS[*]}; prefill also ${PREFILL_FLAGS[*]:-}"
-  env | grep -E '^(GREEDY_LENS|STREAM_IN|STREAM_OUT|RATE|LONG_LENS|LONG_OUT|LONG_EVERY|QUIET_S|LOAD_S|DRAIN_S|STOP_AT)='
+  echo "phases: $PHASES; pd transfer: ${PD_TRANSFER:-mooncake over tcp} (label $PD_LABEL)"
+  env | grep -E '^(GREEDY_LENS|TTFT_LEN|TTFT_N|STREAM_IN|STREAM_OUT|RATE|LONG_LENS|LONG_OUT|LONG_EVERY|QUIET_S|LOAD_S|DRAIN_S|STOP_AT)='
 }
 
 CLIENT=/tmp/kvflow_pd_interference_client.py
@@ -71,6 +86,8 @@ E = os.environ
 DEADLINE = time.monotonic() + float(E["PHASE_LEFT_S"])
 VOCAB = int(E["VOCAB"])
 GREEDY_LENS = [int(n) for n in E["GREEDY_LENS"].split()]
+TTFT_LEN, TTFT_N = int(E["TTFT_LEN"]), int(E["TTFT_N"])
+PD = PHASE.startswith("pd")
 STREAM_IN, STREAM_OUT, RATE = int(E["STREAM_IN"]), int(E["STREAM_OUT"]), float(E["RATE"])
 LONG_LENS = [int(n) for n in E["LONG_LENS"].split()]
 LONG_OUT, LONG_EVERY = int(E["LONG_OUT"]), float(E["LONG_EVERY"])
@@ -163,7 +180,8 @@ def metrics() -> dict[str, float]:
     for line in text.splitlines():
         if line.startswith("#") or "_bucket" in line:
             continue
-        if not any(k in line for k in ("kv_transfer", "prompt_tokens_total", "num_requests_total")):
+        if not any(k in line for k in ("kv_transfer", "prompt_tokens_total", "num_requests_total",
+                                       "token_usage")):
             continue
         name, _, value = line.rpartition(" ")
         base = name.split("{")[0]
@@ -176,7 +194,7 @@ greedy = []
 for n in GREEDY_LENS:
     prompt = ids(n)
     row: dict = {"len": n}
-    for _rep in range(2 if PHASE == "unified" else 1):
+    for _rep in range(1 if PD else 2):
         if time.monotonic() > DEADLINE - 30:
             row["skipped"] = "deadline"
             break
@@ -191,22 +209,67 @@ for n in GREEDY_LENS:
     print(PHASE, "greedy", n, {k: v for k, v in row.items() if k != "ids"}, flush=True)
     greedy.append(row)
 res["greedy"] = greedy
-if PHASE == "unified":
+if not PD:
     try:
-        pd = {r["len"]: r.get("ids", [None])[0] for r in json.load(open(RESULTS))["pd"]["greedy"]}
-    except (OSError, ValueError, KeyError):
-        pd = {}
+        earlier = json.load(open(RESULTS))
+    except (OSError, ValueError):
+        earlier = {}
+    res["greedy_equal_to_pd"] = {}
+    for label, phase in earlier.items():
+        if not label.startswith("pd"):
+            continue
+        pd = {r["len"]: r.get("ids", [None])[0] for r in phase.get("greedy", [])}
+        res["greedy_equal_to_pd"][label] = [
+            None if pd.get(r["len"]) is None or not r.get("ids")
+            else all(o == pd[r["len"]] for o in r["ids"])
+            for r in greedy
+        ]
     for r in greedy:
         outs = r.get("ids", [])
         r["replicas_equal"] = len(outs) == 2 and outs[0] == outs[1]
-        if pd.get(r["len"]) is not None and outs:
-            r["equal_to_pd"] = all(o == pd[r["len"]] for o in outs)
-    res["greedy_equal_to_pd"] = [r.get("equal_to_pd") for r in greedy]
     print(PHASE, "greedy equal to pd:", res["greedy_equal_to_pd"], "replicas equal:",
           [r["replicas_equal"] for r in greedy], flush=True)
 save()
 
-# 2. the steady stream, quiet then with long prompts; windows shortened to fit the deadline
+
+def transfer_between(b: dict, a: dict) -> dict | None:
+    """The prefill's KV writes between two scrapes."""
+    if not PD or not b or not a or "error" in a or "error" in b:
+        return None
+    d = {k: a.get(k, 0.0) - b.get(k, 0.0) for k in a}
+    secs = d.get("kvflow:kv_transfer_seconds_sum", 0.0)
+    nbytes = d.get("kvflow:kv_transfer_bytes_total", 0.0)
+    ptoks = d.get("sglang:prompt_tokens_total", 0.0)
+    return {
+        "prompt_tokens": ptoks, "requests": d.get("sglang:num_requests_total"),
+        "bytes": nbytes, "writes": d.get("kvflow:kv_transfer_seconds_count"),
+        "write_seconds_sum": round(secs, 4),
+        "write_ms_per_1000_prompt_tokens": round(secs / (ptoks / 1e6), 2) if ptoks else None,
+        "gb_s_over_write_time": round(nbytes / secs / 1e9, 2) if secs else None,
+        "bytes_per_prompt_token": round(nbytes / ptoks, 1) if ptoks else None,
+    }
+
+
+# 2. TTFT of fresh TTFT_LEN-token prompts, one at a time
+time.sleep(1.0)  # the prefill's /metrics lags its last writes (stats push)
+before = metrics()
+ttft = []
+for _ in range(TTFT_N):
+    if time.monotonic() > DEADLINE - 60:
+        break
+    try:
+        r = stream(ids(TTFT_LEN), 8, timeout=60)
+        ttft.append(round(1000 * (r["events"][0][0] - r["sent"]), 1) if r["events"] else None)
+    except Exception as exc:
+        ttft.append(repr(exc)[:200])
+time.sleep(1.0)
+good = sorted(t for t in ttft if isinstance(t, float))
+res["ttft"] = {"len": TTFT_LEN, "ms": ttft, "median_ms": good[len(good) // 2] if good else None,
+               "transfer": transfer_between(before, metrics())}
+print(PHASE, "ttft", json.dumps(res["ttft"]), flush=True)
+save()
+
+# 3. the steady stream, quiet then with long prompts; windows shortened to fit the deadline
 avail = DEADLINE - time.monotonic() - DRAIN_S - 5
 quiet_s = max(0.0, min(QUIET_S, 0.2 * avail))
 load_s = max(0.0, min(LOAD_S, avail - quiet_s))
@@ -338,20 +401,7 @@ res["long_prompts"] = {
 }
 res["errors"] = len(errs)
 res["first_errors"] = errs[:5]
-b, a = scrape.get("before", {}), scrape["after"]
-if PHASE == "pd" and b and "error" not in a and "error" not in b:
-    d = {k: a.get(k, 0.0) - b.get(k, 0.0) for k in a}
-    secs = d.get("kvflow:kv_transfer_seconds_sum", 0.0)
-    nbytes = d.get("kvflow:kv_transfer_bytes_total", 0.0)
-    ptoks = d.get("sglang:prompt_tokens_total", 0.0)
-    res["transfer_long_window"] = {
-        "prompt_tokens": ptoks, "requests": d.get("sglang:num_requests_total"),
-        "bytes": nbytes, "writes": d.get("kvflow:kv_transfer_seconds_count"),
-        "write_seconds_sum": round(secs, 3),
-        "write_ms_per_1000_prompt_tokens": round(secs / (ptoks / 1e6), 1) if ptoks else None,
-        "gb_s_over_write_time": round(nbytes / secs / 1e9, 3) if secs else None,
-        "bytes_per_prompt_token": round(nbytes / ptoks, 1) if ptoks else None,
-    }
+res["transfer_long_window"] = transfer_between(scrape.get("before", {}), scrape["after"])
 res["prefill_metrics"] = scrape
 save()
 shown = {k: v for k, v in res.items() if k not in ("greedy", "prefill_metrics")}
@@ -359,48 +409,59 @@ print(PHASE, "result", json.dumps(shown, indent=1), flush=True)
 PY
 
 # Phase PD: prefill GPU 0, decode GPU 1, router PD mode.
-echo "=== phase pd ($(elapsed) s)"
-GPU=0 start prefill 31100 --role prefill --bootstrap-port 31198 "${PREFILL_FLAGS[@]}"
-P=$!
-GPU=1 start decode 31200 --role decode
-D=$!
-if wait_up $(($(left) / 2 - 60)) "prefill:31100:$P" "decode:31200:$D"; then
-  echo "pd servers up after $(elapsed) s"
-  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader 2> /dev/null
-  router --port 31300 --prefill-urls "http://127.0.0.1:31100#31198" \
-    --decode-urls http://127.0.0.1:31200
-  for _ in $(seq 30); do up 31300 && break; sleep 1; done
-  # this phase gets half of what is left after the unified start-up (~40 s) and stop
-  PHASE_LEFT=$((($(left) - 60) / 2))
-  PHASE_LEFT_S=$PHASE_LEFT timeout $((PHASE_LEFT + 10)) $PYTHON $CLIENT pd 31300 31100 "$OUT/results.json"
-  echo "pd client rc=$? after $(elapsed) s"
-  for p in 31100 31200; do
-    echo "metrics :$p"
-    $PYTHON -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$p/metrics', timeout=5).read().decode())" \
-      2> /dev/null | grep -E '^(kvflow|sglang):(kv_transfer|num_requests_total|prompt_tokens_total|generation_tokens_total)' | grep -v _bucket
-  done
-else
-  echo "pd phase skipped: servers not up"
+read -r -a TRANSFER <<< "${PD_TRANSFER:-}"
+PREFILL_GPUS=0
+case "${PD_TRANSFER:-}" in *cuda_ipc* | *nvlink_intra*) PREFILL_GPUS=0,1 ;; esac
+if [[ " $PHASES " == *" pd "* ]]; then
+  echo "=== phase $PD_LABEL ($(elapsed) s): ${PD_TRANSFER:-mooncake over tcp}, prefill sees GPUs $PREFILL_GPUS"
+  GPU=$PREFILL_GPUS start prefill 31100 --role prefill --bootstrap-port 31198 \
+    "${PREFILL_FLAGS[@]}" "${TRANSFER[@]}"
+  P=$!
+  GPU=1 start decode 31200 --role decode "${TRANSFER[@]}"
+  D=$!
+  # the pd phase gets half of what is left when a unified phase follows
+  SHARE=1
+  [[ " $PHASES " == *" unified "* ]] && SHARE=2
+  if wait_up $(($(left) / 2 - 60)) "prefill:31100:$P" "decode:31200:$D"; then
+    echo "pd servers up after $(elapsed) s"
+    nvidia-smi --query-gpu=index,memory.used --format=csv,noheader 2> /dev/null
+    router --port 31300 --prefill-urls "http://127.0.0.1:31100#31198" \
+      --decode-urls http://127.0.0.1:31200
+    for _ in $(seq 30); do up 31300 && break; sleep 1; done
+    PHASE_LEFT=$((($(left) - 60) / SHARE))
+    PHASE_LEFT_S=$PHASE_LEFT timeout $((PHASE_LEFT + 10)) $PYTHON $CLIENT "$PD_LABEL" 31300 31100 "$OUT/results.json"
+    echo "pd client rc=$? after $(elapsed) s"
+    sleep 2
+    for p in 31100 31200; do  # token_usage 0: no request holds KV on that side
+      echo "metrics :$p"
+      $PYTHON -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$p/metrics', timeout=5).read().decode())" \
+        2> /dev/null | grep -E '^(kvflow|sglang):(kv_transfer|num_requests_total|prompt_tokens_total|generation_tokens_total|token_usage|num_transfer_failed)' | grep -v _bucket
+    done
+  else
+    echo "pd phase skipped: servers not up"
+  fi
+  stop_all
 fi
-stop_all
 
 # Phase unified: two replicas, GPU 0 and GPU 1, router round robin.
-echo "=== phase unified ($(elapsed) s)"
-GPU=0 start unified0 32000
-U0=$!
-GPU=1 start unified1 32001
-U1=$!
-if wait_up $(($(left) - 40)) "unified0:32000:$U0" "unified1:32001:$U1"; then
-  echo "unified servers up after $(elapsed) s"
-  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader 2> /dev/null
-  router --port 32300 --policy round_robin \
-    --worker-urls http://127.0.0.1:32000,http://127.0.0.1:32001
-  for _ in $(seq 30); do up 32300 && break; sleep 1; done
-  PHASE_LEFT=$(($(left) - 20))
-  PHASE_LEFT_S=$PHASE_LEFT timeout $((PHASE_LEFT + 5)) $PYTHON $CLIENT unified 32300 32000 "$OUT/results.json"
-  echo "unified client rc=$? after $(elapsed) s"
-else
-  echo "unified phase skipped: servers not up"
+if [[ " $PHASES " == *" unified "* ]]; then
+  echo "=== phase unified ($(elapsed) s)"
+  GPU=0 start unified0 32000
+  U0=$!
+  GPU=1 start unified1 32001
+  U1=$!
+  if wait_up $(($(left) - 40)) "unified0:32000:$U0" "unified1:32001:$U1"; then
+    echo "unified servers up after $(elapsed) s"
+    nvidia-smi --query-gpu=index,memory.used --format=csv,noheader 2> /dev/null
+    router --port 32300 --policy round_robin \
+      --worker-urls http://127.0.0.1:32000,http://127.0.0.1:32001
+    for _ in $(seq 30); do up 32300 && break; sleep 1; done
+    PHASE_LEFT=$(($(left) - 20))
+    PHASE_LEFT_S=$PHASE_LEFT timeout $((PHASE_LEFT + 5)) $PYTHON $CLIENT unified 32300 32000 "$OUT/results.json"
+    echo "unified client rc=$? after $(elapsed) s"
+  else
+    echo "unified phase skipped: servers not up"
+  fi
+  stop_all
 fi
-stop_all
 echo "end after $(elapsed) s"

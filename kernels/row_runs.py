@@ -16,7 +16,7 @@ import triton.language as tl
 
 from kvflow.kernels._launch import next_power_of_2
 
-__all__ = ["copy_row_runs", "copy_row_runs_ref"]
+__all__ = ["copy_row_runs", "copy_row_runs_ref", "copy_slot_runs"]
 
 ROWS = 16
 
@@ -62,6 +62,62 @@ def copy_row_runs(
     _copy_row_runs_kernel[grid](
         src, dst, src_starts, dst_starts, counts, width,
         ROWS=ROWS, BLOCK_W=min(next_power_of_2(width), 256),
+    )  # fmt: skip
+
+
+@triton.jit
+def _copy_slot_runs_kernel(
+    src_bases, dst_bases, src_start_ptr, dst_start_ptr, count_ptr, width,
+    WORD: tl.constexpr, ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
+):  # fmt: skip
+    run = tl.program_id(0)
+    first = tl.program_id(1) * ROWS
+    buffer = tl.program_id(2)
+    count = tl.load(count_ptr + run)
+    if first < count:
+        src_ptr = tl.load(src_bases + buffer).to(tl.pointer_type(WORD))
+        dst_ptr = tl.load(dst_bases + buffer).to(tl.pointer_type(WORD))
+        src_row = tl.load(src_start_ptr + run).to(tl.int64) + first
+        dst_row = tl.load(dst_start_ptr + run).to(tl.int64) + first
+        rows = tl.arange(0, ROWS)
+        row_ok = rows < count - first
+        for w in range(0, width, BLOCK_W):
+            cols = w + tl.arange(0, BLOCK_W)
+            mask = row_ok[:, None] & (cols[None, :] < width)
+            values = tl.load(src_ptr + (src_row + rows)[:, None] * width + cols[None, :], mask=mask)
+            tl.store(dst_ptr + (dst_row + rows)[:, None] * width + cols[None, :], values, mask=mask)
+
+
+_WORDS = {8: tl.int64, 4: tl.int32, 2: tl.int16, 1: tl.int8}
+
+
+def copy_slot_runs(
+    table: torch.Tensor, num_buffers: int, row_bytes: int, longest: int, word: int = 8
+) -> None:
+    """Copy the same runs of rows in ``num_buffers`` buffer pairs, all in one launch.
+
+    ``table`` is one int64 tensor on the launching device: the source buffers' addresses
+    (``num_buffers``), the destinations' (``num_buffers``), then the runs' source starts,
+    destination starts and counts (``runs`` each). Rows are ``row_bytes`` long; run ``i``
+    moves ``counts[i]`` rows from source row ``src_starts[i]`` to destination row
+    ``dst_starts[i]`` of every pair. A destination may live on another device this one
+    has peer access to. ``longest`` (the largest count, known on the host) sizes the grid.
+    Moved in elements of up to ``word`` bytes (1, 2, 4 or 8: it must divide every address
+    in the table). The caller checks every row lies inside its buffer. Enqueued on the
+    current stream.
+    """
+    assert table.dtype == torch.int64 and table.is_contiguous()
+    runs = (table.numel() - 2 * num_buffers) // 3
+    if runs <= 0 or longest <= 0 or num_buffers <= 0:
+        return
+    word = max(w for w in _WORDS if row_bytes % w == 0 and word % w == 0)
+    width = row_bytes // word
+    bases, starts = table[: 2 * num_buffers], table[2 * num_buffers :]
+    grid = (runs, triton.cdiv(longest, ROWS), num_buffers)
+    _copy_slot_runs_kernel[grid](
+        bases[:num_buffers], bases[num_buffers:], starts[:runs], starts[runs : 2 * runs],
+        starts[2 * runs :], width,
+        WORD=_WORDS[word], ROWS=ROWS, BLOCK_W=min(next_power_of_2(width), 256),
     )  # fmt: skip
 
 

@@ -1,13 +1,21 @@
-"""Which bytes go where: KV slots of one pool into KV slots of a peer's pool."""
+"""Which bytes go where: KV slots of one pool into KV slots of a peer's pool.
+
+:func:`slot_plan` is the plan as runs of slots (a few numpy arrays however many layers the
+model has); :meth:`SlotPlan.writes` expands it into the byte ranges a transfer engine
+takes, one per run per K or V buffer (:func:`transfer_plan`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
+
+import numpy as np
 
 from kvflow.runtime.disagg.layout import KVLayout
 
-__all__ = ["Write", "transfer_plan"]
+__all__ = ["SlotPlan", "Write", "slot_plan", "transfer_plan"]
 
 
 class Write(NamedTuple):
@@ -18,60 +26,93 @@ class Write(NamedTuple):
     nbytes: int
 
 
-class _Run(NamedTuple):
-    src_slot: int
-    dst_slot: int
-    num_slots: int
+@dataclass(frozen=True, eq=False)
+class SlotPlan:
+    """Run ``i`` copies ``counts[i]`` slots from ``src`` slot ``src_starts[i]`` to ``dst``
+    slot ``dst_starts[i]``, in every layer's K and V buffer (int64 arrays, checked against
+    both pools by :func:`slot_plan`)."""
+
+    src: KVLayout
+    dst: KVLayout
+    src_starts: np.ndarray
+    dst_starts: np.ndarray
+    counts: np.ndarray
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.counts.sum())
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes moved over all layers, K and V."""
+        return self.num_slots * self.src.slot_bytes * 2 * self.src.num_layers
+
+    def buffers(self) -> list[tuple[int, int]]:
+        """(source, destination) address of every K and V buffer, layer by layer."""
+        src, dst = self.src, self.dst
+        return [
+            pair
+            for layer in range(src.num_layers)
+            for pair in (
+                (src.k_addrs[layer], dst.k_addrs[layer]),
+                (src.v_addrs[layer], dst.v_addrs[layer]),
+            )
+        ]
+
+    def writes(self) -> list[Write]:
+        """One write per run per buffer, buffer by buffer."""
+        size = self.src.slot_bytes
+        runs = list(
+            zip(
+                (self.src_starts * size).tolist(),
+                (self.dst_starts * size).tolist(),
+                (self.counts * size).tolist(),
+                strict=True,
+            )
+        )
+        return [
+            Write(src_base + s, dst_base + d, n)
+            for src_base, dst_base in self.buffers()
+            for s, d, n in runs
+        ]
 
 
-def transfer_plan(
+def slot_plan(
     src: KVLayout, dst: KVLayout, src_slots: Sequence[int], dst_slots: Sequence[int]
-) -> list[Write]:
-    """The writes that put ``src`` slot ``src_slots[i]`` at ``dst`` slot ``dst_slots[i]``,
-    in every layer's K and V buffer.
+) -> SlotPlan:
+    """The plan that puts ``src`` slot ``src_slots[i]`` at ``dst`` slot ``dst_slots[i]``.
 
-    Runs where both the source and the destination slots are consecutive become one write
-    per buffer, so a contiguous transfer of any length is ``2 * num_layers`` writes.
-    Raises ``ValueError`` when the layouts differ in shape, the two slot lists differ in
-    length, or a slot lies outside its pool.
+    Runs where both the source and the destination slots are consecutive are one run, so a
+    contiguous transfer of any length is one run. Raises ``ValueError`` when the layouts
+    differ in shape, the two slot lists differ in length, or a slot lies outside its pool.
     """
     problem = src.mismatch(dst)
     if problem is not None:
         raise ValueError(problem)
     if len(src_slots) != len(dst_slots):
         raise ValueError(f"{len(src_slots)} source slots but {len(dst_slots)} destination slots")
-    runs = _runs([int(s) for s in src_slots], [int(s) for s in dst_slots], src, dst)
-    size = src.slot_bytes
-    writes: list[Write] = []
-    for layer in range(src.num_layers):
-        for src_base, dst_base in (
-            (src.k_addrs[layer], dst.k_addrs[layer]),
-            (src.v_addrs[layer], dst.v_addrs[layer]),
-        ):
-            writes.extend(
-                Write(
-                    src_base + run.src_slot * size,
-                    dst_base + run.dst_slot * size,
-                    run.num_slots * size,
-                )
-                for run in runs
+    source = np.asarray(src_slots, dtype=np.int64).reshape(-1)
+    target = np.asarray(dst_slots, dtype=np.int64).reshape(-1)
+    for side, slots, layout in (("source", source, src), ("destination", target, dst)):
+        bad = slots[(slots < 0) | (slots >= layout.num_slots)]
+        if bad.size:
+            raise ValueError(
+                f"{side} slots {bad[:5].tolist()} out of range [0, {layout.num_slots})"
             )
-    return writes
+    # a run starts where either side does not continue the one before
+    if not source.size:
+        empty = np.zeros(0, dtype=np.int64)
+        return SlotPlan(src, dst, empty, empty, empty)
+    breaks = np.flatnonzero((np.diff(source) != 1) | (np.diff(target) != 1)) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.append(breaks, source.size)
+    return SlotPlan(src, dst, source[starts], target[starts], ends - starts)
 
 
-def _runs(src_slots: list[int], dst_slots: list[int], src: KVLayout, dst: KVLayout) -> list[_Run]:
-    for side, slots, layout in (("source", src_slots, src), ("destination", dst_slots, dst)):
-        bad = [s for s in slots if not 0 <= s < layout.num_slots]
-        if bad:
-            raise ValueError(f"{side} slots {bad[:5]} out of range [0, {layout.num_slots})")
-    runs: list[_Run] = []
-    start = 0
-    for i in range(1, len(src_slots) + 1):
-        if (
-            i == len(src_slots)
-            or src_slots[i] != src_slots[i - 1] + 1
-            or dst_slots[i] != dst_slots[i - 1] + 1
-        ):
-            runs.append(_Run(src_slots[start], dst_slots[start], i - start))
-            start = i
-    return runs
+def transfer_plan(
+    src: KVLayout, dst: KVLayout, src_slots: Sequence[int], dst_slots: Sequence[int]
+) -> list[Write]:
+    """The writes that put ``src`` slot ``src_slots[i]`` at ``dst`` slot ``dst_slots[i]``,
+    in every layer's K and V buffer: :func:`slot_plan`'s runs as byte ranges (a contiguous
+    transfer of any length is ``2 * num_layers`` writes). Raises as :func:`slot_plan`."""
+    return slot_plan(src, dst, src_slots, dst_slots).writes()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -29,7 +29,7 @@ import torch
 
 from kvflow.runtime.disagg.bootstrap import BootstrapServer
 from kvflow.runtime.disagg.layout import KVLayout, layout_of
-from kvflow.runtime.disagg.plan import Write, transfer_plan
+from kvflow.runtime.disagg.plan import SlotPlan, slot_plan
 from kvflow.runtime.disagg.roles import Role, RoleStats
 from kvflow.runtime.disagg.rooms import Claim, Rooms
 from kvflow.runtime.disagg.transfer_log import TimedWrite, TransferLog, timed_write
@@ -178,7 +178,7 @@ class PrefillRole(Role):
         send.writes.append(
             self._sender.submit(
                 _plan_and_write,
-                functools.partial(self.transport.write, after=self._kv_ready()),
+                functools.partial(self.transport.write_plan, after=self._kv_ready()),
                 send.claim.session,
                 self.layout,
                 send.peer,
@@ -253,7 +253,7 @@ def _claim_problem(prompt: list[int], claim: Claim, peer: KVLayout | None) -> st
 
 
 def _plan_and_write(
-    write: Callable[[str, Sequence[Write]], None],
+    write: Callable[[str, SlotPlan], None],
     session: str,
     src: KVLayout,
     dst: KVLayout,
@@ -261,7 +261,7 @@ def _plan_and_write(
     dst_slots: tuple[int, ...],
 ) -> TimedWrite:
     """One write of prompt KV (on a sender thread): the plan's errors fail the room."""
-    return timed_write(write, session, transfer_plan(src, dst, src_slots, dst_slots))
+    return timed_write(write, session, slot_plan(src, dst, src_slots, dst_slots))
 
 
 @dataclass

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import NamedTuple
 
-from kvflow.runtime.disagg.plan import Write
+from kvflow.runtime.disagg.plan import SlotPlan
 
 __all__ = ["TimedWrite", "TransferLog", "TransferTotals", "timed_write"]
 
@@ -34,14 +34,12 @@ class TransferTotals(NamedTuple):
     retries: int = 0  # transport calls repeated (set by the role from its transport)
 
 
-def timed_write(
-    write: Callable[[str, Sequence[Write]], None], session: str, writes: Sequence[Write]
-) -> TimedWrite:
-    """Run ``write(session, writes)`` and time it (on the sender thread: the clock covers the
+def timed_write(write: Callable[[str, SlotPlan], None], session: str, plan: SlotPlan) -> TimedWrite:
+    """Run ``write(session, plan)`` and time it (on the sender thread: the clock covers the
     transport alone, not the wait for a free sender)."""
     start = time.perf_counter()
-    write(session, writes)
-    return TimedWrite(time.perf_counter() - start, sum(w.nbytes for w in writes))
+    write(session, plan)
+    return TimedWrite(time.perf_counter() - start, plan.nbytes)
 
 
 class TransferLog:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-from kvflow.runtime.disagg.plan import Write
+from kvflow.runtime.disagg.plan import SlotPlan, Write
 
 __all__ = ["KVTransport", "TransferError"]
 
@@ -26,7 +26,9 @@ class KVTransport(ABC):
       the source of a write and its destination. It must stay allocated until
       :meth:`close`.
     - :meth:`write` copies every ``Write`` (local ``src_ptr`` -> the peer's ``dst_ptr``)
-      and returns once all bytes are at the peer. It raises :class:`TransferError` with a
+      and returns once all bytes are at the peer; :meth:`write_plan` does the same for a
+      plan of slot runs (the prefill's call), as byte ranges unless the transport copies
+      runs itself. It raises :class:`TransferError` with a
       message on any failure, within a bounded time (implementations state the bound);
       it never hangs. On error, any subset of the writes may have landed.
     - Nothing is written into this endpoint's memory without a peer calling
@@ -90,6 +92,11 @@ class KVTransport(ABC):
         """``after``: a CUDA event recorded where the source bytes were made (the forward
         pass that wrote the KV); the write reads them only once it completed. None: the
         bytes are ready now."""
+
+    def write_plan(self, session_id: str, plan: SlotPlan, after: Any = None) -> None:
+        """:meth:`write` of ``plan``'s byte ranges; a transport that moves slot runs
+        without expanding them (one kernel for all layers) overrides it."""
+        self.write(session_id, plan.writes(), after)
 
     @abstractmethod
     def close(self) -> None: ...

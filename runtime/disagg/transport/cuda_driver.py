@@ -1,13 +1,16 @@
-"""The two CUDA driver calls the cuda_ipc transport needs beyond torch (``libcuda.so.1``,
+"""The CUDA driver calls the cuda_ipc transport needs beyond torch (``libcuda.so.1``,
 ctypes): which allocation holds a device address (to check a peer's claims against what
-was really mapped), and binding the runtime's primary context to a thread that has none."""
+was really mapped), binding the runtime's primary context to a thread that has none, and
+letting kernels of one device write another's memory (peer access)."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
 
-__all__ = ["allocation_range", "bind_context"]
+__all__ = ["allocation_range", "bind_context", "enable_peer_access"]
+
+_PEER_ACCESS_ALREADY_ENABLED = 704
 
 
 @functools.cache
@@ -26,6 +29,7 @@ def _driver() -> ctypes.CDLL:
     lib.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
     lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
     lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
+    lib.cuCtxEnablePeerAccess.argtypes = [ctypes.c_void_p, ctypes.c_uint]
     return lib
 
 
@@ -46,10 +50,25 @@ def bind_context(ordinal: int) -> None:
     _check(lib.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
     if current.value:
         return
+    _check(lib.cuCtxSetCurrent(_primary_context(ordinal)), "cuCtxSetCurrent")
+
+
+def _primary_context(ordinal: int) -> ctypes.c_void_p:
+    lib = _driver()
     device, context = ctypes.c_int(), ctypes.c_void_p()
     _check(lib.cuDeviceGet(ctypes.byref(device), ordinal), "cuDeviceGet")
     _check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
-    _check(lib.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+    return context
+
+
+def enable_peer_access(ordinal: int, peer: int) -> None:
+    """Let kernels of device ``ordinal`` read and write memory of device ``peer`` (the
+    caller checked ``torch.cuda.can_device_access_peer``); done once per pair and process,
+    a repeat is a no-op."""
+    bind_context(ordinal)
+    status = _driver().cuCtxEnablePeerAccess(_primary_context(peer), 0)
+    if status != _PEER_ACCESS_ALREADY_ENABLED:
+        _check(status, f"cuCtxEnablePeerAccess({ordinal} -> {peer})")
 
 
 def allocation_range(ptr: int) -> tuple[int, int]:

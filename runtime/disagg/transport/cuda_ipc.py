@@ -8,11 +8,17 @@ decode's KV buffers into its own address space once and copies pages with the GP
   prefill checks it came from this host (the kernel's boot id) and a GPU it can see (by
   UUID), opens every buffer on first use (``UntypedStorage._new_shared_cuda``) and checks
   each against the allocation the driver really mapped (a peer's sizes are claims).
-- Copy: a write's pieces become one gather and one scatter per (K or V) buffer pair
-  (:func:`~kvflow.runtime.disagg.transport.piece_copy.copy_pieces`) on a copy stream of
-  the writing thread, which first waits for the event the prefill recorded after the
-  forward pass that made the KV (``after``): the copy overlaps the next chunk's forward
-  pass instead of queueing behind it. :meth:`write` returns once the copy finished. The decode zeroes a
+- Copy: a plan of slot runs (:meth:`~CudaIpcTransport.write_plan`, what the prefill
+  sends) is one kernel for every layer's K and V buffer
+  (:func:`~kvflow.kernels.row_runs.copy_slot_runs`), launched on the prefill's GPU and
+  writing the decode's memory directly, over NVLink when that is another GPU (peer access
+  enabled once); byte-range writes (:meth:`~CudaIpcTransport.write`) become one gather and
+  one scatter per buffer pair
+  (:func:`~kvflow.runtime.disagg.transport.piece_copy.copy_pieces`). Both run on a copy
+  stream of the writing thread, which first waits for the event the prefill recorded after
+  the forward pass that made the KV (``after``): the copy overlaps the next chunk's
+  forward pass instead of queueing behind it. A write returns once the copy finished. The
+  decode zeroes a
   request's slots before it claims them and waits for that (``KVPool.zero_slots``), so
   the copy never races the zeroing.
 - Both processes must see the decode's GPU (one GPU shared by prefill and decode, or the
@@ -31,9 +37,11 @@ import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
-from kvflow.runtime.disagg.plan import Write
+from kvflow.kernels.row_runs import copy_slot_runs
+from kvflow.runtime.disagg.plan import SlotPlan, Write
 from kvflow.runtime.disagg.transport import cuda_driver
 from kvflow.runtime.disagg.transport.base import KVTransport, TransferError
 from kvflow.runtime.disagg.transport.piece_copy import Buffers, copy_pieces
@@ -183,6 +191,31 @@ class _Peer:
         self.buffers = None  # torch unmaps once the last storage of a block is gone
 
 
+def _buffer_pairs(plan: SlotPlan, local: Buffers, remote: Buffers) -> list[tuple[Any, Any]]:
+    """The (local, mapped peer) tensor of every buffer the plan names, each checked to hold
+    the layout's slots (the slots were checked against the layouts by ``slot_plan``)."""
+    found: list[tuple[Any, Any]] = []
+    need = plan.src.buffer_bytes, plan.dst.buffer_bytes
+    for src_addr, dst_addr in plan.buffers():
+        pair = []
+        for side, addr, buffers, size in (
+            ("source", src_addr, local, need[0]),
+            ("destination", dst_addr, remote, need[1]),
+        ):
+            try:
+                tensor = buffers.tensors[buffers.addrs.index(addr)]
+            except ValueError:
+                raise TransferError(f"no registered {side} buffer at {addr:#x}") from None
+            if tensor.numel() < size:
+                raise TransferError(
+                    f"the {side} buffer at {addr:#x} holds {tensor.numel()} bytes, "
+                    f"the layout says {size}"
+                )
+            pair.append(tensor)
+        found.append((pair[0], pair[1]))
+    return found
+
+
 class CudaIpcTransport(KVTransport):
     """KV writes between processes of one host by CUDA IPC (see the module docstring).
 
@@ -211,6 +244,7 @@ class CudaIpcTransport(KVTransport):
         self._peers: dict[str, _Peer] = {}
         self._lock = threading.Lock()
         self._streams = threading.local()
+        self._peer_access: set[int] = set()  # GPUs this one's kernels may write
 
     @classmethod
     def require_env(cls, options: Any) -> None:
@@ -252,6 +286,52 @@ class CudaIpcTransport(KVTransport):
     def write(self, session_id: str, writes: Sequence[Write], after: Any = None) -> None:
         if not writes:
             return
+        remote = self._remote(session_id)
+        stream = self._stream()
+        with torch.cuda.stream(stream):
+            if after is not None:
+                stream.wait_event(after)
+            copy_pieces(writes, self._local, remote)
+        stream.synchronize()
+
+    def write_plan(self, session_id: str, plan: SlotPlan, after: Any = None) -> None:
+        """The plan's runs in every K and V buffer, one kernel on this GPU writing the
+        decode's memory; byte-range writes (:meth:`write`) where this GPU cannot reach the
+        decode's by peer access."""
+        if not plan.counts.size:
+            return
+        remote = self._remote(session_id)
+        pairs = _buffer_pairs(plan, self._local, remote)
+        peer_device = pairs[0][1].device
+        if any(d.device != peer_device or s.device.index != self.device for s, d in pairs):
+            raise TransferError("a plan's buffers span GPUs other than this one and the peer's")
+        if peer_device.index != self.device:
+            if not torch.cuda.can_device_access_peer(self.device, peer_device.index):
+                self.write(session_id, plan.writes(), after)
+                return
+            with self._lock:
+                if peer_device.index not in self._peer_access:
+                    cuda_driver.enable_peer_access(self.device, peer_device.index)
+                    self._peer_access.add(peer_device.index)
+        addresses = [t.data_ptr() for pair in zip(*pairs, strict=True) for t in pair]
+        word = 8
+        while any(a % word for a in addresses) or plan.src.slot_bytes % word:
+            word //= 2
+        table = np.concatenate(
+            (np.asarray(addresses, dtype=np.int64), plan.src_starts, plan.dst_starts, plan.counts)
+        )
+        # pinned: a pageable copy would wait for the stream's earlier work
+        host = torch.from_numpy(table).pin_memory()
+        stream = self._stream()
+        with torch.cuda.stream(stream):
+            if after is not None:
+                stream.wait_event(after)
+            on_device = host.to(f"cuda:{self.device}", non_blocking=True)
+            copy_slot_runs(on_device, len(pairs), plan.src.slot_bytes, int(plan.counts.max()), word)
+        stream.synchronize()
+
+    def _remote(self, session_id: str) -> Buffers:
+        """The peer's buffers, mapped on first use; this thread bound to this GPU."""
         with self._lock:
             peer = self._peers.get(session_id)
         if peer is None:
@@ -259,13 +339,7 @@ class CudaIpcTransport(KVTransport):
         torch.cuda.set_device(self.device)
         cuda_driver.bind_context(self.device)  # the driver calls act on this thread's context
         with self._lock:  # one mapping per peer, made once
-            remote = peer.mapped()
-        stream = self._stream()
-        with torch.cuda.stream(stream):
-            if after is not None:
-                stream.wait_event(after)
-            copy_pieces(writes, self._local, remote)
-        stream.synchronize()
+            return peer.mapped()
 
     def _stream(self) -> torch.cuda.Stream:
         """This thread's copy stream: beside the forward passes, ordered after the one that
