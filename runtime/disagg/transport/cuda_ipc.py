@@ -174,7 +174,8 @@ class _Peer:
                         item.event_sync,
                     )
                     start = storage.data_ptr() + item.byte_offset
-                    base, size = cuda_driver.allocation_range(start)
+                    with torch.cuda.device(device):  # the driver looks in the owner's context
+                        base, size = cuda_driver.allocation_range(start)
                     if start + item.nbytes > base + size:
                         raise TransferError(
                             f"the decode advertised {item.nbytes} bytes at offset "
