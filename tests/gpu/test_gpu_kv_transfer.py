@@ -156,7 +156,7 @@ def test_a_slot_plan_lands_where_it_says_in_one_kernel(peer, writer, shape) -> N
 @pytest.mark.parametrize("shape", ["contiguous", "pages"])
 def test_kv_reaches_another_gpus_memory(other_gpu_peer, writer, shape) -> None:
     """The writer on GPU 0 maps the decode's buffers on GPU 1: the slot-run kernel writes
-    them over peer access, byte ranges through the staged copy."""
+    them over NVLink (mapped into GPU 0's address space), byte ranges likewise."""
     from kvflow.runtime.disagg import KVLayout, slot_plan
 
     transport, layout = writer

@@ -1,16 +1,13 @@
-"""The CUDA driver calls the cuda_ipc transport needs beyond torch (``libcuda.so.1``,
+"""The two CUDA driver calls the cuda_ipc transport needs beyond torch (``libcuda.so.1``,
 ctypes): which allocation holds a device address (to check a peer's claims against what
-was really mapped), binding the runtime's primary context to a thread that has none, and
-letting kernels of one device write another's memory (peer access)."""
+was really mapped), and binding the runtime's primary context to a thread that has none."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
 
-__all__ = ["allocation_range", "bind_context", "enable_peer_access"]
-
-_PEER_ACCESS_ALREADY_ENABLED = 704
+__all__ = ["allocation_range", "bind_context"]
 
 
 @functools.cache
@@ -29,7 +26,6 @@ def _driver() -> ctypes.CDLL:
     lib.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
     lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
     lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
-    lib.cuCtxEnablePeerAccess.argtypes = [ctypes.c_void_p, ctypes.c_uint]
     return lib
 
 
@@ -59,16 +55,6 @@ def _primary_context(ordinal: int) -> ctypes.c_void_p:
     _check(lib.cuDeviceGet(ctypes.byref(device), ordinal), "cuDeviceGet")
     _check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
     return context
-
-
-def enable_peer_access(ordinal: int, peer: int) -> None:
-    """Let kernels of device ``ordinal`` read and write memory of device ``peer`` (the
-    caller checked ``torch.cuda.can_device_access_peer``); done once per pair and process,
-    a repeat is a no-op."""
-    bind_context(ordinal)
-    status = _driver().cuCtxEnablePeerAccess(_primary_context(peer), 0)
-    if status != _PEER_ACCESS_ALREADY_ENABLED:
-        _check(status, f"cuCtxEnablePeerAccess({ordinal} -> {peer})")
 
 
 def allocation_range(ptr: int) -> tuple[int, int]:

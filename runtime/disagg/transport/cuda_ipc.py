@@ -6,13 +6,14 @@ decode's KV buffers into its own address space once and copies pages with the GP
   block, the storage's offset in it, torch's cross-process reference count), in its
   :meth:`~CudaIpcTransport.peer_info`, which travels in the bootstrap registration; the
   prefill checks it came from this host (the kernel's boot id) and a GPU it can see (by
-  UUID), opens every buffer on first use (``UntypedStorage._new_shared_cuda``) and checks
+  UUID) and reach by peer access, opens every buffer on first use in its own GPU's context (``UntypedStorage._new_shared_cuda``) and checks
   each against the allocation the driver really mapped (a peer's sizes are claims).
 - Copy: a plan of slot runs (:meth:`~CudaIpcTransport.write_plan`, what the prefill
   sends) is one kernel for every layer's K and V buffer
   (:func:`~kvflow.kernels.row_runs.copy_slot_runs`), launched on the prefill's GPU and
-  writing the decode's memory directly, over NVLink when that is another GPU (peer access
-  enabled once); byte-range writes (:meth:`~CudaIpcTransport.write`) become one gather and
+  writing the decode's memory directly, over NVLink when that is another GPU (the
+  decode's buffers are opened in the prefill GPU's context, which maps them there with
+  peer access); byte-range writes (:meth:`~CudaIpcTransport.write`) become one gather and
   one scatter per buffer pair
   (:func:`~kvflow.runtime.disagg.transport.piece_copy.copy_pieces`). Both run on a copy
   stream of the writing thread, which first waits for the event the prefill recorded after
@@ -157,12 +158,20 @@ class _Peer:
             self.advertised.append(entry)
         self.buffers: Buffers | None = None
 
-    def mapped(self) -> Buffers:
+    def mapped(self, device: int) -> Buffers:
+        """The decode's buffers mapped into GPU ``device``'s address space (this process's
+        GPU: its kernels write them directly, over NVLink when they live on another GPU:
+        ``cudaIpcOpenMemHandle`` in this GPU's context enables peer access)."""
         if self.buffers is None:
             tensors = []
             try:
                 for item in self.advertised:
-                    device = _local_device(item.gpu)
+                    owner = _local_device(item.gpu)
+                    if owner != device and not torch.cuda.can_device_access_peer(device, owner):
+                        raise TransferError(
+                            f"GPU {device} cannot access GPU {owner}'s memory (no peer "
+                            "access between them): cuda_ipc needs NVLink or PCIe peer access"
+                        )
                     storage = torch.UntypedStorage._new_shared_cuda(  # type: ignore[attr-defined]
                         device,
                         item.handle,
@@ -174,8 +183,7 @@ class _Peer:
                         item.event_sync,
                     )
                     start = storage.data_ptr() + item.byte_offset
-                    with torch.cuda.device(device):  # the driver looks in the owner's context
-                        base, size = cuda_driver.allocation_range(start)
+                    base, size = cuda_driver.allocation_range(start)
                     if start + item.nbytes > base + size:
                         raise TransferError(
                             f"the decode advertised {item.nbytes} bytes at offset "
@@ -245,7 +253,6 @@ class CudaIpcTransport(KVTransport):
         self._peers: dict[str, _Peer] = {}
         self._lock = threading.Lock()
         self._streams = threading.local()
-        self._peer_access: set[int] = set()  # GPUs this one's kernels may write
 
     @classmethod
     def require_env(cls, options: Any) -> None:
@@ -296,24 +303,12 @@ class CudaIpcTransport(KVTransport):
         stream.synchronize()
 
     def write_plan(self, session_id: str, plan: SlotPlan, after: Any = None) -> None:
-        """The plan's runs in every K and V buffer, one kernel on this GPU writing the
-        decode's memory; byte-range writes (:meth:`write`) where this GPU cannot reach the
-        decode's by peer access."""
+        """The plan's runs in every K and V buffer: one kernel on this GPU writing the
+        decode's memory (mapped into this GPU's address space)."""
         if not plan.counts.size:
             return
         remote = self._remote(session_id)
         pairs = _buffer_pairs(plan, self._local, remote)
-        peer_device = pairs[0][1].device
-        if any(d.device != peer_device or s.device.index != self.device for s, d in pairs):
-            raise TransferError("a plan's buffers span GPUs other than this one and the peer's")
-        if peer_device.index != self.device:
-            if not torch.cuda.can_device_access_peer(self.device, peer_device.index):
-                self.write(session_id, plan.writes(), after)
-                return
-            with self._lock:
-                if peer_device.index not in self._peer_access:
-                    cuda_driver.enable_peer_access(self.device, peer_device.index)
-                    self._peer_access.add(peer_device.index)
         addresses = [t.data_ptr() for pair in zip(*pairs, strict=True) for t in pair]
         word = 8
         while any(a % word for a in addresses) or plan.src.slot_bytes % word:
@@ -340,7 +335,7 @@ class CudaIpcTransport(KVTransport):
         torch.cuda.set_device(self.device)
         cuda_driver.bind_context(self.device)  # the driver calls act on this thread's context
         with self._lock:  # one mapping per peer, made once
-            return peer.mapped()
+            return peer.mapped(self.device)
 
     def _stream(self) -> torch.cuda.Stream:
         """This thread's copy stream: beside the forward passes, ordered after the one that
