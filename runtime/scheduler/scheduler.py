@@ -463,7 +463,15 @@ class Scheduler:
 
     def _run_decode(self) -> list[TokenOutput]:
         built, self._next = self._next, None
-        if built is not None and built.reqs == self.running:
+        # requests that joined after the step was launched ahead (a PD decode's arrivals)
+        # decode from the next step: the launched forward is not thrown away for them
+        joined = (
+            built is not None
+            and built.logits is not None
+            and len(self.running) > len(built.reqs)
+            and all(a is b for a, b in zip(built.reqs, self.running, strict=False))
+        )
+        if built is not None and (joined or built.reqs == self.running):
             reqs, outputs = built.reqs, []
             self._batch = reqs
             logits = self.runner.forward(built.fb) if built.logits is None else built.logits
@@ -484,7 +492,8 @@ class Scheduler:
             MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
         )
         pending = self._launch_sample(reqs, logits)
-        self._prepare_next(reqs, pending)
+        if not joined:  # else the next step is built with everyone once this one resolved
+            self._prepare_next(reqs, pending)
         return outputs + self._commit(reqs, pending.resolve())
 
     def _run_verify(self) -> list[TokenOutput]:

@@ -69,3 +69,63 @@ def test_results_do_not_depend_on_building_ahead(make_engine):
         "length",
     ]
     assert [len(ids) for ids, _ in plain][1:4] == [21, 30, 15]
+
+
+def _join_scenario(engine, launch: bool):
+    """A decoding; after a few steps B joins with its prompt KV in place (the PD decode's
+    path: pre-allocate, zero, join with the prefill's first token)."""
+    from kvflow.runtime.scheduler import SchedulerPort
+
+    sched = engine.scheduler
+    sched.prepare_next_decode, sched.launch_ahead = True, launch
+    assert engine.flush_cache()
+    port = SchedulerPort(sched)
+    eos = engine.runner.model_config.eos_token_ids
+    a, b = (
+        Req(
+            GenerateRequest(
+                rid=f"j{i}",
+                input_ids=engine.encode(PROMPTS[i]),
+                sampling=SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True),
+            ),
+            eos_token_ids=eos,
+        )
+        for i in range(2)
+    )
+    forwards = 0
+    real = engine.runner.forward
+
+    def counted(fb):
+        nonlocal forwards
+        forwards += 1
+        return real(fb)
+
+    engine.runner.forward = counted
+    first_step = sched.forward_steps
+    try:
+        sched.add_request(a)
+        steps = 0
+        while sched.has_work():
+            sched.step()
+            steps += 1
+            if steps == 4:
+                assert launch == (sched._next is not None and sched._next.logits is not None)
+                assert port.preallocate(b)
+                port.zero_prompt_slots(b)
+                port.join_running(b, first_token=a.output_ids[0], logprob=None, top=None)
+    finally:
+        engine.runner.forward = real
+    assert engine.is_memory_free()
+    wasted = forwards - (sched.forward_steps - first_step)
+    return [(r.output_ids, r.finished_reason) for r in (a, b)], wasted
+
+
+def test_a_request_joining_does_not_waste_the_step_launched_ahead(make_engine):
+    """The step launched before B joined runs as launched (B decodes from the next one):
+    every forward pass is a step that ran, and the tokens are those of the plain path."""
+    engine = make_engine(page_size=4)
+    plain, _ = _join_scenario(engine, launch=False)
+    launched, wasted = _join_scenario(engine, launch=True)
+    assert plain == launched
+    assert wasted == 0
+    assert [len(ids) for ids, _ in plain] == [12, 12]
