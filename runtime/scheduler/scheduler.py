@@ -24,7 +24,7 @@ from kvflow.runtime.distributed.lockstep import Lockstep
 from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.model_runner import ModelRunner
 from kvflow.runtime.sampling import PendingSample, SampleOutput, SamplingBatch
-from kvflow.runtime.scheduler.batch import build_decode_batch, build_extend_batch
+from kvflow.runtime.scheduler.batch import build_decode_batch, build_extend_batch, host_to_device
 from kvflow.runtime.scheduler.budget import RESERVE_CLIP, PrefillBudget
 from kvflow.runtime.scheduler.kv import DecodeGrowth, KVManager
 from kvflow.runtime.scheduler.policy import order_waiting
@@ -492,8 +492,7 @@ class Scheduler:
             MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
         )
         pending = self._launch_sample(reqs, logits)
-        if not joined:  # else the next step is built with everyone once this one resolved
-            self._prepare_next(reqs, pending)
+        self._prepare_next(reqs, pending, self.running[len(reqs) :] if joined else [])
         return outputs + self._commit(reqs, pending.resolve())
 
     def _run_verify(self) -> list[TokenOutput]:
@@ -540,12 +539,20 @@ class Scheduler:
         self.running = [r for r in self.running if not r.finished]
         return outputs
 
-    def _prepare_next(self, reqs: list[Req], pending: PendingSample) -> None:
+    def _prepare_next(
+        self, reqs: list[Req], pending: PendingSample, joining: list[Req] | None = None
+    ) -> None:
         """Build (and maybe launch) the decode step after this one while the GPU still runs
         this one; called after this step's sampling is queued, which reads the logits
-        buffer that the next graph replay overwrites."""
+        buffer that the next graph replay overwrites. ``joining``: running requests that
+        were not in this step (they feed their last token, already on the host)."""
         if not self.prepare_next_decode or self.waiting or self.chunked is not None:
             return
+        input_ids = pending.next_token_ids
+        if joining:
+            last = host_to_device([r.output_ids[-1] for r in joining], self.runner.device)
+            input_ids = torch.cat((input_ids, last.to(input_ids.dtype)))
+            reqs = reqs + joining
         context_len = self.runner.context_len
         may_finish = [r.may_finish_on_next_token(context_len) for r in reqs]
         if any(
@@ -556,9 +563,7 @@ class Scheduler:
         growth = self.kv.try_grow_decode(reqs)
         if growth is None:
             return
-        fb = build_decode_batch(
-            reqs, growth.out_cache_loc, self.runner.device, pending.next_token_ids
-        )
+        fb = build_decode_batch(reqs, growth.out_cache_loc, self.runner.device, input_ids)
         self.runner.prepare(fb)
         logits = None
         if self.launch_ahead and not any(may_finish):

@@ -113,6 +113,9 @@ def _join_scenario(engine, launch: bool):
                 assert port.preallocate(b)
                 port.zero_prompt_slots(b)
                 port.join_running(b, first_token=a.output_ids[0], logprob=None, top=None)
+            if steps == 5 and launch:  # the step after the join is built with B, and launched
+                assert sched._next is not None and sched._next.logits is not None
+                assert [r.rid for r in sched._next.reqs] == ["j0", "j1"]
     finally:
         engine.runner.forward = real
     assert engine.is_memory_free()
@@ -121,8 +124,9 @@ def _join_scenario(engine, launch: bool):
 
 
 def test_a_request_joining_does_not_waste_the_step_launched_ahead(make_engine):
-    """The step launched before B joined runs as launched (B decodes from the next one):
-    every forward pass is a step that ran, and the tokens are those of the plain path."""
+    """The step launched before B joined runs as launched (B decodes from the next one,
+    launched ahead with A): every forward pass is a step that ran, and the tokens are those
+    of the plain path."""
     engine = make_engine(page_size=4)
     plain, _ = _join_scenario(engine, launch=False)
     launched, wasted = _join_scenario(engine, launch=True)
