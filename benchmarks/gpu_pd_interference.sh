@@ -38,6 +38,10 @@
 #     bash benchmarks/gpu_pd_interference.sh          # on nvidia-h200-x2 (device tool `run`,
 #                                                     # carry .whl)
 #   PHASES=pd PD_LABEL=pd_tcp bash benchmarks/gpu_pd_interference.sh   # TCP, pd phase only
+#   ONE_GPU=1 PD_TRANSFER=... bash benchmarks/gpu_pd_interference.sh  # issue 29: prefill and
+#                          # decode share GPU 0, against one unified replica on GPU 0
+#   ONE_GPU=1 LONG_EVERY=0 RATE=10 QUIET_S=100 LOAD_S=0 ...  # a steady stream alone (1,000
+#                          # requests), no long prompts
 #   PD_LOCAL=1 bash benchmarks/gpu_pd_interference.sh # CPU dry run here: a tiny dummy Llama,
 #                                                     # small prompts, low rate, short windows
 # Carried (gitignored): .whl/grammar, .whl/http and .whl/mooncake-cuda.tar.xz, made by
@@ -46,6 +50,7 @@ set -u
 STOP_AT=${STOP_AT:-310}  # seconds after the start by which everything has ended
 PHASES=${PHASES:-pd unified}
 PD_LABEL=${PD_LABEL:-pd}
+ONE_GPU=${ONE_GPU:-0}
 source benchmarks/pd/device.sh
 if [ "$LOCAL" = 1 ]; then
   FLAGS=(--context-length 2048 --max-total-tokens 8000 --max-running-requests 8 --skip-tokenizer-init)
@@ -65,7 +70,7 @@ fi
   env_lines
   nvidia-smi topo -m 2> /dev/null
   echo "flags: ${MODEL[*]} ${FLAGS[*]}; prefill also ${PREFILL_FLAGS[*]:-}"
-  echo "phases: $PHASES; pd transfer: ${PD_TRANSFER:-mooncake over tcp} (label $PD_LABEL)"
+  echo "phases: $PHASES; pd transfer: ${PD_TRANSFER:-mooncake over tcp} (label $PD_LABEL); one GPU: $ONE_GPU"
   env | grep -E '^(GREEDY_LENS|TTFT_LEN|TTFT_N|STREAM_IN|STREAM_OUT|RATE|LONG_LENS|LONG_OUT|LONG_EVERY|QUIET_S|LOAD_S|DRAIN_S|STOP_AT)='
 }
 
@@ -276,7 +281,8 @@ load_s = max(0.0, min(LOAD_S, avail - quiet_s))
 res["windows_s"] = {"quiet": quiet_s, "long": load_s}
 print(PHASE, f"windows: quiet {quiet_s:.0f} s, long prompts {load_s:.0f} s", flush=True)
 stream_prompts = [ids(STREAM_IN) for _ in range(int((quiet_s + load_s) * RATE) + 2)]
-long_prompts = [ids(LONG_LENS[i % len(LONG_LENS)]) for i in range(int(load_s / LONG_EVERY) + 2)]
+LONG_N = int(load_s / LONG_EVERY) + (load_s % LONG_EVERY > 0) if LONG_EVERY > 0 else 0
+long_prompts = [ids(LONG_LENS[i % len(LONG_LENS)]) for i in range(LONG_N)]
 lock = threading.Lock()
 stream_done: list[dict] = []
 long_done: list[dict] = []
@@ -392,7 +398,7 @@ res["stream"] = {
     "quiet": window_stats(w_quiet, w_long), "long": window_stats(w_long, w_end),
 }
 res["long_prompts"] = {
-    "sent": min(len(long_prompts), int(load_s / LONG_EVERY) + (load_s % LONG_EVERY > 0)),
+    "sent": LONG_N,
     "completed": len(longs),
     "complete_len": sum(1 for r in longs if r["tokens"] == LONG_OUT),
     "ttft_ms": [round(1000 * (r["events"][0][0] - r["sent"]), 1) if r["events"] else None
@@ -411,13 +417,15 @@ PY
 # Phase PD: prefill GPU 0, decode GPU 1, router PD mode.
 read -r -a TRANSFER <<< "${PD_TRANSFER:-}"
 PREFILL_GPUS=0
+DECODE_GPU=1
 case "${PD_TRANSFER:-}" in *cuda_ipc* | *nvlink_intra*) PREFILL_GPUS=0,1 ;; esac
+[ "$ONE_GPU" = 1 ] && PREFILL_GPUS=0 DECODE_GPU=0
 if [[ " $PHASES " == *" pd "* ]]; then
   echo "=== phase $PD_LABEL ($(elapsed) s): ${PD_TRANSFER:-mooncake over tcp}, prefill sees GPUs $PREFILL_GPUS"
   GPU=$PREFILL_GPUS start prefill 31100 --role prefill --bootstrap-port 31198 \
     "${PREFILL_FLAGS[@]}" "${TRANSFER[@]}"
   P=$!
-  GPU=1 start decode 31200 --role decode "${TRANSFER[@]}"
+  GPU=$DECODE_GPU start decode 31200 --role decode "${TRANSFER[@]}"
   D=$!
   # the pd phase gets half of what is left when a unified phase follows
   SHARE=1
@@ -447,14 +455,17 @@ fi
 if [[ " $PHASES " == *" unified "* ]]; then
   echo "=== phase unified ($(elapsed) s)"
   GPU=0 start unified0 32000
-  U0=$!
-  GPU=1 start unified1 32001
-  U1=$!
-  if wait_up $(($(left) - 40)) "unified0:32000:$U0" "unified1:32001:$U1"; then
+  UP=("unified0:32000:$!")
+  WORKERS=http://127.0.0.1:32000
+  if [ "$ONE_GPU" != 1 ]; then
+    GPU=1 start unified1 32001
+    UP+=("unified1:32001:$!")
+    WORKERS+=,http://127.0.0.1:32001
+  fi
+  if wait_up $(($(left) - 40)) "${UP[@]}"; then
     echo "unified servers up after $(elapsed) s"
     nvidia-smi --query-gpu=index,memory.used --format=csv,noheader 2> /dev/null
-    router --port 32300 --policy round_robin \
-      --worker-urls http://127.0.0.1:32000,http://127.0.0.1:32001
+    router --port 32300 --policy round_robin --worker-urls "$WORKERS"
     for _ in $(seq 30); do up 32300 && break; sleep 1; done
     PHASE_LEFT=$(($(left) - 20))
     PHASE_LEFT_S=$PHASE_LEFT timeout $((PHASE_LEFT + 5)) $PYTHON $CLIENT unified 32300 32000 "$OUT/results.json"
