@@ -1,4 +1,4 @@
-# Sourced by the PD device scripts (gpu_pd_run.sh, gpu_pd_interference.sh): the set-up and
+# Sourced by the device scripts (gpu_pd_run.sh, gpu_pd_interference.sh, gpu_hicache_run.sh): the set-up and
 # process handling they share. Before sourcing, the script sets STOP_AT (seconds after the
 # start by which everything has ended); after it, the script sets FLAGS (and its workload).
 #
