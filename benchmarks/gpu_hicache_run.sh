@@ -46,7 +46,6 @@ fi
 CLIENT=/tmp/kvflow_hicache_client.py
 cat > $CLIENT << 'PY'
 """One phase against PORT: the conversations turn by turn; merges its results into RESULTS."""
-import http.client
 import json
 import os
 import random
@@ -54,6 +53,9 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.environ["PD_LIB"])
+import generate_stream  # noqa: E402
 
 PHASE, PORT, RESULTS = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 E = os.environ
@@ -76,28 +78,14 @@ def stream(prompt: list[int]) -> dict:
     """Streamed /generate: TTFT, output ids, cached tokens."""
     body = {"input_ids": prompt, "stream": True,
             "sampling_params": {"temperature": 0, "max_new_tokens": OUT, "ignore_eos": True}}
-    conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=max(5.0, DEADLINE - time.monotonic()))
     sent = time.monotonic()
-    conn.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
     first, out, cached = None, [], None
-    while True:
-        line = resp.readline()
-        if not line:
-            break
-        if not line.startswith(b"data: "):
-            continue
-        payload = line[6:].strip()
-        if payload == b"[DONE]":
-            break
-        ev = json.loads(payload)
+    for at, ev in generate_stream.events(PORT, body, max(5.0, DEADLINE - sent)):
         if first is None and ev.get("output_ids"):
-            first = time.monotonic() - sent
+            first = at - sent
         out = ev.get("output_ids", out)
         cached = ev.get("meta_info", {}).get("cached_tokens", cached)
-    return {"ttft": first, "ids": out, "cached": cached, "end": time.monotonic()}
+    return {"ttft": first, "ids": out, "cached": cached}
 
 
 history = [list(d) for d in docs]

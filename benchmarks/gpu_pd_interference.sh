@@ -86,6 +86,9 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.environ["PD_LIB"])
+import generate_stream  # noqa: E402
+
 PHASE, ROUTER, PREFILL, RESULTS = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 E = os.environ
 DEADLINE = time.monotonic() + float(E["PHASE_LEFT_S"])
@@ -137,29 +140,14 @@ def post(b: dict, timeout: float) -> dict:
 
 def stream(prompt: list[int], max_new: int, timeout: float) -> dict:
     """Streamed /generate: send time, (time, completion_tokens) per event with new ids."""
-    conn = http.client.HTTPConnection("127.0.0.1", ROUTER, timeout=timeout)
     sent = time.monotonic()
-    conn.request("POST", "/generate", json.dumps(body(prompt, max_new, True)),
-                 {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
     events, count, finish = [], 0, None
-    while True:
-        line = resp.readline()
-        if not line:
-            break
-        if not line.startswith(b"data: "):
-            continue
-        payload = line[6:].strip()
-        if payload == b"[DONE]":
-            break
-        ev = json.loads(payload)
+    for at, ev in generate_stream.events(ROUTER, body(prompt, max_new, True), timeout):
         meta = ev.get("meta_info", {})
         finish = meta.get("finish_reason") or finish
         n = meta.get("completion_tokens", len(ev.get("output_ids") or []))
         if n > count:
-            events.append((time.monotonic(), n - count))
+            events.append((at, n - count))
             count = n
     return {"sent": sent, "events": events, "tokens": count, "finish": finish}
 

@@ -68,6 +68,9 @@ import random
 import sys
 import time
 
+sys.path.insert(0, os.environ["PD_LIB"])
+import generate_stream  # noqa: E402
+
 START = time.monotonic()
 DEADLINE = START + float(os.environ["PD_DEADLINE"])
 PD, UNIFIED, PREFILL = 30300, 30400, 30100
@@ -100,27 +103,13 @@ def post(port: int, body: dict, timeout: float = 120.0) -> dict:
 def stream_ttft(port: int, prompt: list[int], max_new: int) -> dict:
     body = {"input_ids": prompt, "stream": True,
             "sampling_params": {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}}
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    t0 = time.perf_counter()
-    conn.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise RuntimeError(f"port {port}: HTTP {resp.status}: {resp.read()[:500]!r}")
+    t0 = time.monotonic()
     first, out = None, []
-    while True:
-        line = resp.readline()
-        if not line:
-            break
-        if not line.startswith(b"data: "):
-            continue
-        payload = line[6:].strip()
-        if payload == b"[DONE]":
-            break
-        event = json.loads(payload)
+    for at, event in generate_stream.events(port, body, 120):
         if first is None and event.get("output_ids"):
-            first = time.perf_counter() - t0
+            first = at - t0
         out = event.get("output_ids", out)
-    return {"ttft_s": first, "total_s": time.perf_counter() - t0, "output_ids": out}
+    return {"ttft_s": first, "total_s": time.monotonic() - t0, "output_ids": out}
 
 
 def metrics(port: int) -> dict[str, float]:

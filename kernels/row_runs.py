@@ -22,6 +22,23 @@ ROWS = 16
 
 
 @triton.jit
+def _copy_rows(
+    src_ptr, dst_ptr, src_start_ptr, dst_start_ptr, count, run, first, width,
+    ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
+):  # fmt: skip
+    """Rows ``first .. first + ROWS - 1`` of run ``run`` (``count`` rows long)."""
+    src_row = tl.load(src_start_ptr + run).to(tl.int64) + first
+    dst_row = tl.load(dst_start_ptr + run).to(tl.int64) + first
+    rows = tl.arange(0, ROWS)
+    row_ok = rows < count - first
+    for w in range(0, width, BLOCK_W):
+        cols = w + tl.arange(0, BLOCK_W)
+        mask = row_ok[:, None] & (cols[None, :] < width)
+        values = tl.load(src_ptr + (src_row + rows)[:, None] * width + cols[None, :], mask=mask)
+        tl.store(dst_ptr + (dst_row + rows)[:, None] * width + cols[None, :], values, mask=mask)
+
+
+@triton.jit
 def _copy_row_runs_kernel(
     src_ptr, dst_ptr, src_start_ptr, dst_start_ptr, count_ptr, width,
     ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
@@ -30,15 +47,9 @@ def _copy_row_runs_kernel(
     first = tl.program_id(1) * ROWS
     count = tl.load(count_ptr + run)
     if first < count:
-        src_row = tl.load(src_start_ptr + run).to(tl.int64) + first
-        dst_row = tl.load(dst_start_ptr + run).to(tl.int64) + first
-        rows = tl.arange(0, ROWS)
-        row_ok = rows < count - first
-        for w in range(0, width, BLOCK_W):
-            cols = w + tl.arange(0, BLOCK_W)
-            mask = row_ok[:, None] & (cols[None, :] < width)
-            values = tl.load(src_ptr + (src_row + rows)[:, None] * width + cols[None, :], mask=mask)
-            tl.store(dst_ptr + (dst_row + rows)[:, None] * width + cols[None, :], values, mask=mask)
+        _copy_rows(
+            src_ptr, dst_ptr, src_start_ptr, dst_start_ptr, count, run, first, width, ROWS, BLOCK_W
+        )  # fmt: skip
 
 
 def copy_row_runs(
@@ -77,15 +88,9 @@ def _copy_slot_runs_kernel(
     if first < count:
         src_ptr = tl.load(src_bases + buffer).to(tl.pointer_type(WORD))
         dst_ptr = tl.load(dst_bases + buffer).to(tl.pointer_type(WORD))
-        src_row = tl.load(src_start_ptr + run).to(tl.int64) + first
-        dst_row = tl.load(dst_start_ptr + run).to(tl.int64) + first
-        rows = tl.arange(0, ROWS)
-        row_ok = rows < count - first
-        for w in range(0, width, BLOCK_W):
-            cols = w + tl.arange(0, BLOCK_W)
-            mask = row_ok[:, None] & (cols[None, :] < width)
-            values = tl.load(src_ptr + (src_row + rows)[:, None] * width + cols[None, :], mask=mask)
-            tl.store(dst_ptr + (dst_row + rows)[:, None] * width + cols[None, :], values, mask=mask)
+        _copy_rows(
+            src_ptr, dst_ptr, src_start_ptr, dst_start_ptr, count, run, first, width, ROWS, BLOCK_W
+        )  # fmt: skip
 
 
 _WORDS = {8: tl.int64, 4: tl.int32, 2: tl.int16, 1: tl.int8}

@@ -9,7 +9,7 @@
 #                 (.whl/grammar, .whl/http) and the trimmed Mooncake CUDA wheel
 #                 (.whl/mooncake-cuda.tar.xz, made by benchmarks/gpu_pd_prep.sh)
 #
-# Sets PYTHON, MODEL, LOCAL, MC (device only) and PGIDS; defines elapsed, left, start,
+# Sets PYTHON, MODEL, LOCAL, PD_LIB, MC (device only) and PGIDS; defines elapsed, left, start,
 # router, stop_all (run at exit), up, wait_up and env_lines.
 
 OUT=${OUT:-/tmp/out}
@@ -19,6 +19,7 @@ T0=$(date +%s)
 elapsed() { echo $(($(date +%s) - T0)); }
 left() { echo $((STOP_AT - $(elapsed))); }
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export PD_LIB=$PWD/benchmarks/pd  # the clients' shared code (generate_stream.py)
 # the routers sign each PD pair with it and the decodes check it (docs/disaggregation.md)
 export KVFLOW_INTERNAL_KEY=${KVFLOW_INTERNAL_KEY:-$(python3 -c 'import secrets; print(secrets.token_hex(32))')}
 exec > >(tee -a "$OUT/run.log") 2>&1
