@@ -215,7 +215,7 @@ def test_adapter_added_then_removed_on_the_running_pod(
 
 def test_admission_refuses_bad_adapter_lists(kube: Kube, ns: str, folders: dict[str, Path]) -> None:
     """The CRD's own rules, at the API server: a name twice, a bad name, LoRA with tensor
-    parallelism, a host folder at the root."""
+    parallelism, adapters in extraArgs, a host folder at the root."""
     port = free_port()
     body = _spec(folders, port, port + 1, ["a"])
     body["metadata"] = {"name": "bad", "namespace": ns}
@@ -229,6 +229,9 @@ def test_admission_refuses_bad_adapter_lists(kube: Kube, ns: str, folders: dict[
     sharded = json.loads(json.dumps(body))
     sharded["spec"]["unified"]["gpus"] = 2
     cases.append((sharded, "--tp-size > 1"))
+    listed = json.loads(json.dumps(body))  # adapters come from spec.lora: the router loads them
+    listed["spec"]["unified"]["extraArgs"] = ["--lora-paths", "b=/models/b"]
+    cases.append((listed, "--lora-paths: use spec.lora"))
     rooted = json.loads(json.dumps(body))
     rooted["spec"]["lora"]["adapters"][0]["hostPath"]["path"] = "/a"
     cases.append((rooted, "its parent is mounted into the pods"))
