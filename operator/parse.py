@@ -332,8 +332,9 @@ def _check_ports(md: ModelDeployment) -> None:
 
 
 def _check_parallelism(md: ModelDeployment) -> None:
-    """Several GPUs per pod (tensor/data parallelism) only where the runtime runs them: not
-    in prefill/decode roles (docs/parallelism.md)."""
+    """Several GPUs per pod (tensor/data parallelism) only in unified mode: the operator
+    does not render them for prefill/decode roles yet (the runtime runs those with
+    ``--tp-size``, the same on both sides, not ``--dp-size``; docs/parallelism.md)."""
     for worker in md.workers:
         if worker.gpus <= 1:
             continue
@@ -341,9 +342,9 @@ def _check_parallelism(md: ModelDeployment) -> None:
         if md.disaggregated:
             raise SpecError(
                 field_path,
-                f"{worker.gpus} GPUs: the runtime does not run prefill/decode roles with tensor "
-                "or data parallelism yet (docs/parallelism.md); use gpus <= 1 in disaggregated "
-                "mode, or unified mode for several GPUs per pod",
+                f"{worker.gpus} GPUs: the operator does not render tensor or data parallelism "
+                "for prefill/decode roles yet (docs/parallelism.md); use gpus <= 1 in "
+                "disaggregated mode, or unified mode for several GPUs per pod",
             )
 
 

@@ -3,8 +3,9 @@
 Routes (JSON over HTTP; the decode's scheduler process is the only client, see
 :mod:`kvflow.runtime.disagg.bootstrap_client`)::
 
-    POST /register       {"session", "layout", "peer"}    -> 200 | 409 {"error"} (layout mismatch,
-                                                          or a peer the transport cannot reach)
+    POST /register       {"session", "layout", "peer"}    -> 200 {"layout"} | 409 {"error"}
+                                                          (layout or tp_size mismatch, or a peer
+                                                          the transport cannot reach)
     POST /rooms          {"session", "claims": [{"room", "slots", "prompt_hash"}]}
                                                           -> {"refused": {room: why}}
     POST /rooms/status   {"rooms": [...], "cancel": [...]} -> {"states": {room: {"state", ...}}}
@@ -15,7 +16,10 @@ takes is a 400, one over :data:`MAX_BODY_BYTES` a 413.
 
 A decode registers its transport session, KV layout and transport peer info (``peer``: what
 its transport tells writers, ``{"transport": "mooncake"}`` when absent) once, claims rooms as requests
-arrive, and polls their states in batches (see :mod:`kvflow.runtime.disagg.rooms`).
+arrive, and polls their states in batches (see :mod:`kvflow.runtime.disagg.rooms`). Under
+tensor parallelism the registration names every rank's endpoint (``tp_size``, ``ranks``:
+:mod:`kvflow.runtime.disagg.ranks`); this endpoint runs on the prefill's rank 0 and checks
+each against its own rank's layout.
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from kvflow.runtime.disagg.layout import KVLayout
+from kvflow.runtime.disagg.ranks import Endpoint, parse_registration, tp_size_problem
 from kvflow.runtime.disagg.rooms import Claim, Rooms
 from kvflow.runtime.disagg.transport.base import TransferError
 
@@ -63,7 +68,9 @@ def _claim(session: str, item: Any) -> tuple[int, Claim]:
 
 
 class BootstrapServer:
-    """Serves the bootstrap routes on ``host:port`` from daemon threads."""
+    """Serves the bootstrap routes on ``host:port`` from daemon threads. ``layout`` is this
+    prefill's KV pool; under tensor parallelism ``rank_layouts`` holds every rank's, rank 0's
+    (``layout``) first."""
 
     def __init__(
         self,
@@ -73,11 +80,14 @@ class BootstrapServer:
         rooms: Rooms,
         key: str | None = None,
         on_register: Callable[[str, dict[str, Any]], None] | None = None,
+        rank_layouts: Sequence[KVLayout] = (),
     ) -> None:
         self.layout = layout
+        self.layouts = tuple(rank_layouts) or (layout,)
         self.on_register = on_register  # the transport's check of a decode's peer info
         self.rooms = rooms
-        self.sessions: dict[str, KVLayout] = {}  # registered decodes
+        # registered decodes: session (its rank 0's) -> every rank's endpoint, rank 0 first
+        self.sessions: dict[str, tuple[Endpoint, ...]] = {}
         self._expected = None if key is None else f"Bearer {key}".encode()
         server = self
 
@@ -144,22 +154,21 @@ class BootstrapServer:
 
     def handle(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         if path == "/register":
-            peer = KVLayout.from_dict(body["layout"])
-            problem = self.layout.mismatch(peer)
+            ranks = parse_registration(body)
+            session = ranks[0].session
+            problem = self._mismatch(ranks)
             if problem:
-                logger.error("refused decode %s: %s", body["session"], problem)
+                logger.error("refused decode %s: %s", session, problem)
                 return 409, {"error": f"refused by the prefill: {problem}"}
-            info = body.get("peer", {"transport": "mooncake"})
-            if not isinstance(info, dict):
-                raise ValueError("peer must be an object")
-            if self.on_register is not None:
+            if self.on_register is not None:  # rank 0's transport; the others check theirs
                 try:
-                    self.on_register(str(body["session"]), info)
+                    self.on_register(session, ranks[0].peer or {})
                 except TransferError as err:
-                    logger.error("refused decode %s: %s", body["session"], err)
+                    logger.error("refused decode %s: %s", session, err)
                     return 409, {"error": f"refused by the prefill: {err}"}
-            self.sessions[str(body["session"])] = peer
-            return 200, {"layout": self.layout.to_dict()}
+            self.sessions[session] = ranks
+            answer = {"layout": self.layout.to_dict()}
+            return 200, answer if len(self.layouts) == 1 else {**answer, "tp_size": len(ranks)}
         if path == "/rooms":
             session = str(body["session"])
             if session not in self.sessions:
@@ -178,3 +187,15 @@ class BootstrapServer:
             states = self.rooms.status(rooms, cancel)
             return 200, {"states": {str(k): v for k, v in states.items()}}
         return 404, {"error": f"no bootstrap route {path}"}
+
+    def _mismatch(self, ranks: tuple[Endpoint, ...]) -> str | None:
+        """Why a decode's ranks cannot receive this prefill's KV, rank by rank; None if
+        they can."""
+        problem = tp_size_problem(len(self.layouts), len(ranks))
+        if problem:
+            return problem
+        for rank, (mine, theirs) in enumerate(zip(self.layouts, ranks, strict=True)):
+            problem = mine.mismatch(theirs.layout)
+            if problem:
+                return problem if len(ranks) == 1 else f"tensor-parallel rank {rank}: {problem}"
+        return None

@@ -14,10 +14,12 @@ import io
 import json
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from kvflow.runtime.disagg.bootstrap import MAX_BODY_BYTES
 from kvflow.runtime.disagg.layout import KVLayout
+from kvflow.runtime.disagg.ranks import Endpoint, registration, tp_size_of, tp_size_problem
 
 __all__ = ["ROOM_STATES", "BootstrapClient", "BootstrapError", "RoomReport"]
 
@@ -147,20 +149,28 @@ class BootstrapClient:
         finally:
             conn.close()
 
-    def register(self, session: str, layout: KVLayout, peer: dict[str, Any] | None = None) -> None:
-        """Register this decode's ``layout`` and its transport's ``peer`` info; the prefill
-        refuses a layout that differs from its own (or a peer its transport cannot reach),
-        and so does the decode with the layout the prefill answers (a refusal, e.g. another
-        ``--kv-cache-dtype``: the KV bytes would not mean the same)."""
-        body = {"session": session, "layout": layout.to_dict()}
-        answer = self._post("/register", body if peer is None else {**body, "peer": peer})
+    def register(
+        self,
+        session: str,
+        layout: KVLayout,
+        peer: dict[str, Any] | None = None,
+        tp_ranks: Sequence[Endpoint] = (),
+    ) -> None:
+        """Register this decode's ``layout`` and its transport's ``peer`` info (under tensor
+        parallelism rank 0's, with the other ranks' endpoints in ``tp_ranks``); the prefill
+        refuses a layout that differs from its own, another tensor-parallel size (or a peer
+        its transport cannot reach), and so does the decode with the layout and size the
+        prefill answers (a refusal, e.g. another ``--kv-cache-dtype``: the KV bytes would not
+        mean the same)."""
+        answer = self._post("/register", registration([Endpoint(session, layout, peer), *tp_ranks]))
         try:
             theirs = KVLayout.from_dict(answer.get("layout"))  # type: ignore[arg-type]
+            tp_size = tp_size_of(answer)
         except (ValueError, TypeError, AttributeError) as err:
             raise BootstrapError(
                 f"prefill bootstrap at {self.address} answered no KV layout: {err}"
             ) from err
-        problem = layout.mismatch(theirs)
+        problem = tp_size_problem(tp_size, 1 + len(tp_ranks)) or layout.mismatch(theirs)
         if problem:
             raise BootstrapError(
                 f"refused the prefill at {self.address}: {problem}"[:_MESSAGE_CHARS], refused=True

@@ -13,6 +13,9 @@ the room ended (or cannot be reached for the timeout); after a failed room the s
 one more timeout (a write the prefill abandoned may still land within the engine's own
 timeout, see ``KVTransport``): nothing may land in reused slots.
 The decode keeps no prefix cache (every prompt's KV comes from the prefill), as SGLang.
+Under tensor parallelism every rank pre-allocates the same slots (in lockstep, checked) and
+receives its KV-head shard from the prefill rank of its number; rank 0 alone talks to the
+prefills, for every rank, and shares how each room ended.
 A constrained request's grammar compiles here while its KV travels; a request whose KV
 arrived before its grammar compiled waits for it, slots held, before it joins the batch (the
 first token, drawn under the same grammar on the prefill, is fed to it there). Prompt
@@ -23,12 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from typing import Any
 
 from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.disagg.bootstrap_client import RoomReport
 from kvflow.runtime.disagg.layout import layout_of
+from kvflow.runtime.disagg.ranks import Endpoint
 from kvflow.runtime.disagg.roles import Role, RoleStats
 from kvflow.runtime.disagg.transport import KVTransferOptions
 from kvflow.runtime.disagg.watcher import RoomWatcher
@@ -57,19 +60,28 @@ class DecodeRole(Role):
 
     def __init__(self, port: SchedulerPort, transfer: KVTransferOptions) -> None:
         super().__init__(port)
+        self.lockstep = port.lockstep
         timeout_s = transfer.timeout_s
         self.transport = transport = transfer.transport()
-        self.layout = layout_of(port.kv_pool, port.model_config, port.page_size)
+        self.layout = layout_of(port.kv_pool, port.model_config, port.page_size, port.kv_heads)
         self.vocab_size = port.model_config.vocab_size
         for buffer in (*port.kv_pool.k_buffer, *port.kv_pool.v_buffer):
             transport.register_buffer(buffer)
-        self.watcher = RoomWatcher(
-            transport.session_id,
-            self.layout,
-            timeout_s,
-            key=transfer.internal_key,
-            peer_info=transport.peer_info(),
+        ranks = self.lockstep.gather(
+            Endpoint(transport.session_id, self.layout, transport.peer_info())
         )
+        # NOTE: rank 0 alone registers (every rank), claims and polls; the others hear
+        # from it how each room ended (see _outcomes)
+        self.watcher: RoomWatcher | None = None
+        if self.lockstep.rank == 0:
+            self.watcher = RoomWatcher(
+                transport.session_id,
+                self.layout,
+                timeout_s,
+                key=transfer.internal_key,
+                peer_info=transport.peer_info(),
+                tp_ranks=tuple(ranks[1:]),
+            )
         self.prealloc: list[Req] = []
         self.transferring: dict[str, Req] = {}
         self.abandoned: set[str] = set()  # aborted while their transfer may still write
@@ -107,16 +119,17 @@ class DecodeRole(Role):
             return None
         assert req.bootstrap is not None
         self.abandoned.add(rid)
-        self.watcher.cancel(req.bootstrap)
+        if self.watcher is not None:
+            self.watcher.cancel(req.bootstrap)
         return self.port.finish(req, message)
 
     def poll(self) -> list[TokenOutput]:
         outputs: list[TokenOutput] = []
-        now = time.monotonic()
+        now = self.lockstep.now()
         for free_at, req in [q for q in self.quarantine if q[0] <= now]:
             self.quarantine.remove((free_at, req))
             self.port.free(req)
-        for key, outcome in self.watcher.done():
+        for key, outcome in self._outcomes():
             req = self.transferring.pop(key)
             if key in self.abandoned:
                 self.abandoned.discard(key)
@@ -127,19 +140,47 @@ class DecodeRole(Role):
                 self._release_after(outcome, req)
                 why = f"prefill failed: {outcome.message or outcome.state}"
                 outputs.append(self.port.finish(req, why, retryable=True))
-        for req, outcome in [a for a in self.arrived if _grammar_ready(a[0])]:
-            self.arrived.remove((req, outcome))
-            outputs += self._join(req, outcome.result)
+        ready = self.lockstep.all_true([_grammar_ready(req) for req, _ in self.arrived])
+        for (req, outcome), yes in zip(list(self.arrived), ready, strict=True):
+            if yes:
+                self.arrived.remove((req, outcome))
+                outputs += self._join(req, outcome.result)
+        claims: list[tuple[Req, list[int]]] = []
         while self.prealloc and self.port.preallocate(self.prealloc[0]):
             req = self.prealloc.pop(0)
-            assert req.bootstrap is not None
             # NOTE: zeroed before the claim: a slot the prefill does not write (a lying or
             # failing peer) reads as zeros, never as the KV of the request that had it
-            slots = self.port.zero_prompt_slots(req)
+            claims.append((req, self.port.zero_prompt_slots(req)))
             self.transferring[req.rid] = req
-            prompt = prompt_hash(req.origin_input_ids)
-            self.watcher.claim(req.rid, req.bootstrap, slots, prompt)
+        self._check_same_slots([slots for _, slots in claims])
+        if self.watcher is not None:  # rank 0 claims for every rank
+            for req, slots in claims:
+                assert req.bootstrap is not None
+                prompt = prompt_hash(req.origin_input_ids)
+                self.watcher.claim(req.rid, req.bootstrap, slots, prompt)
         return outputs
+
+    def _outcomes(self) -> list[tuple[str, RoomReport]]:
+        """How rooms ended, as rank 0's watcher heard it: shared, so every rank frees or
+        joins the same requests in the same step."""
+        if not self.transferring:  # no room to hear of (so no collective, on every rank)
+            return []
+        heard = None if self.watcher is None else self.watcher.done()
+        return self.lockstep.share(heard)  # type: ignore[no-any-return]
+
+    def _check_same_slots(self, claims: list[list[int]]) -> None:
+        """Prefill rank r writes into decode rank r at the slots rank 0 claimed: every
+        rank must have reserved the same ones (they allocate in lockstep). A rank that
+        drifted would take KV at the wrong place, so the group stops instead."""
+        if self.lockstep.size == 1 or not claims:
+            return
+        flat = [slot for slots in claims for slot in slots]
+        low = self.lockstep.all_min(flat + [-slot for slot in flat])
+        if low[: len(flat)] != [-v for v in low[len(flat) :]]:
+            raise RuntimeError(
+                "the decode's tensor-parallel ranks reserved different KV slots for the same "
+                "requests (out of lockstep)"
+            )
 
     def _join(self, req: Req, body: dict[str, Any]) -> list[TokenOutput]:
         """A request whose prompt KV arrived joins the running batch with the prefill's
@@ -169,6 +210,6 @@ class DecodeRole(Role):
     def _release_after(self, outcome: RoomReport, req: Req) -> None:
         """Free the slots of a room that ended; after a failure, one timeout later."""
         if outcome.state == "failed":
-            self.quarantine.append((time.monotonic() + self.timeout_s, req))
+            self.quarantine.append((self.lockstep.now() + self.timeout_s, req))
         else:
             self.port.free(req)

@@ -60,6 +60,8 @@ class KVLayout:
 
     Addresses and ``num_slots`` are the instance's own; everything else must equal the
     peer's. ``page_size`` is the allocator's page size: slot indices are token slots.
+    Under tensor parallelism it is one rank's pool: ``num_kv_heads`` (and ``slot_bytes``)
+    are that rank's share, ``model`` names the model's own head count.
     """
 
     model: str
@@ -124,16 +126,21 @@ class KVLayout:
         return cls(**values)
 
 
-def layout_of(kv_pool: KVPool, model_config: ModelConfig, page_size: int) -> KVLayout:
+def layout_of(
+    kv_pool: KVPool, model_config: ModelConfig, page_size: int, kv_heads: int | None = None
+) -> KVLayout:
     """The layout of ``kv_pool`` (its buffers must be contiguous, as :class:`KVPool`
-    allocates them), checked against ``model_config``'s KV shape."""
+    allocates them), checked against ``model_config``'s KV shape. ``kv_heads``: the KV
+    heads the pool holds, a tensor-parallel rank's share (default: all of the model's);
+    the fingerprint names the model's."""
     k_buffers, v_buffers = kv_pool.k_buffer, kv_pool.v_buffer
     if len(k_buffers) != model_config.num_layers or len(v_buffers) != model_config.num_layers:
         raise ValueError(
             f"KV pool has {len(k_buffers)} layers, the model {model_config.num_layers}"
         )
+    kv_heads = model_config.num_kv_heads if kv_heads is None else kv_heads
     first = k_buffers[0]
-    expected = (first.shape[0], model_config.num_kv_heads, model_config.head_dim)
+    expected = (first.shape[0], kv_heads, model_config.head_dim)
     for buf in (*k_buffers, *v_buffers):
         if tuple(buf.shape) != expected or not buf.is_contiguous():
             raise ValueError(
@@ -145,7 +152,7 @@ def layout_of(kv_pool: KVPool, model_config: ModelConfig, page_size: int) -> KVL
         dtype=str(kv_pool.dtype).removeprefix("torch."),
         page_size=page_size,
         num_layers=len(k_buffers),
-        num_kv_heads=model_config.num_kv_heads,
+        num_kv_heads=kv_heads,
         head_dim=model_config.head_dim,
         slot_bytes=first[0].numel() * first.element_size(),
         k_addrs=tuple(buf.data_ptr() for buf in k_buffers),

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from kvflow.runtime.disagg.bootstrap_client import BootstrapClient, BootstrapError, RoomReport
 from kvflow.runtime.disagg.layout import KVLayout
+from kvflow.runtime.disagg.ranks import Endpoint
 from kvflow.runtime.disagg.rooms import FINAL_STATES
 from kvflow.runtime.wire import Bootstrap
 
@@ -43,7 +44,8 @@ class RoomWatcher:
     message) comes back through :meth:`done`.
 
     A prefill that cannot be reached (or answers nonsense) for ``timeout_s`` fails all its
-    rooms: a dead prefill writes nothing more, so their slots may be reused.
+    rooms: a dead prefill writes nothing more, so their slots may be reused. Under tensor
+    parallelism it runs on rank 0 and registers every rank (``tp_ranks``: ranks 1 ..).
     """
 
     def __init__(
@@ -54,10 +56,12 @@ class RoomWatcher:
         key: str | None = None,
         max_peers: int = MAX_PEERS,
         peer_info: dict[str, Any] | None = None,
+        tp_ranks: tuple[Endpoint, ...] = (),
     ) -> None:
         self.session = session
         self.layout = layout
         self.peer_info = peer_info  # the transport's, sent with every registration
+        self.tp_ranks = tp_ranks
         self.timeout_s = timeout_s
         self.key = key
         self.max_peers = max_peers
@@ -171,7 +175,8 @@ class _PeerLink(threading.Thread):
                 return
 
     def _register(self) -> None:
-        self.client.register(self.watcher.session, self.watcher.layout, self.watcher.peer_info)
+        watcher = self.watcher
+        self.client.register(watcher.session, watcher.layout, watcher.peer_info, watcher.tp_ranks)
         self.registered = True
         self.last_ok = time.monotonic()
 

@@ -62,6 +62,12 @@ class TPGroup:
         dist.broadcast(payload, src=self._global(0), group=self.cpu_group)
         return obj if self.is_first else pickle.loads(payload.numpy().tobytes())
 
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (picklable), in rank order."""
+        gathered: list[Any] = [None] * self.size
+        dist.all_gather_object(gathered, obj, group=self.cpu_group)
+        return gathered
+
     def all_true(self, flags: list[bool]) -> list[bool]:
         """Per position, whether the flag is set on every rank (equal lengths everywhere)."""
         if not flags:

@@ -30,7 +30,10 @@ class SchedulerPort:
         runner = scheduler.runner
         self.kv_pool = runner.kv_pool  # what the KV layout describes to peers
         self.model_config = runner.model_config
+        self.kv_heads = runner.heads.num_kv_heads  # this rank's share under TP
         self.page_size = runner.page_size
+        # what the ranks of a tensor-parallel group must decide alike (a no-op for one rank)
+        self.lockstep = scheduler.lockstep
         # decode: pre-allocated requests not yet running, by rid -> their LoRA adapter
         self._joining: dict[str, str | None] = {}
 

@@ -71,9 +71,10 @@ ENGINE_FLAG_HELP: Mapping[str, str] = {
     "speculative_num_draft_tokens": "positions the target verifies per step: the last token "
     "plus up to N - 1 drafts; 0: auto (num_steps + 1)",
     "tp_size": "tensor parallelism: ranks (a process and a GPU each) that shard one copy "
-    "of the model",
+    "of the model; a prefill and its decodes run the same size (each rank sends its "
+    "KV-head shard to the decode rank of its number)",
     "dp_size": "data parallelism: independent groups of --tp-size ranks behind one "
-    "tokenizer manager; GPUs used: tp-size x dp-size",
+    "tokenizer manager; GPUs used: tp-size x dp-size; unified role only",
     "load_balance_method": "how requests spread over the --dp-size groups: round_robin "
     "(in turn) or shortest_queue (to the group with the fewest requests)",
     "max_queued_requests": "requests that may wait beyond --max-running-requests; past "

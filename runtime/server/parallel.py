@@ -21,19 +21,18 @@ logger = logging.getLogger("kvflow.server")
 
 def check_parallel(engine: EngineConfig, role: str, model_path: Path) -> None:
     """Raise ValueError (one line) for parallel settings that cannot run: ranks that do not
-    split the model's heads, more ranks than GPUs, and what is not built with TP or DP yet
-    (the prefill/decode roles)."""
+    split the model's heads, more ranks than GPUs, and what is not built with DP yet (the
+    prefill/decode roles; they run with TP, each rank sending its KV-head shard, and the
+    prefill refuses a decode of another ``--tp-size`` when it registers)."""
     if engine.dp_size < 1:
         raise ValueError(f"--dp-size must be >= 1, got {engine.dp_size}")
     check_tensor_parallel(ModelConfig.from_path(model_path), engine.tp_size)
     check_gpus(engine)
-    if engine.tp_size == 1 and engine.dp_size == 1:
-        return
-    given = f"--tp-size {engine.tp_size} --dp-size {engine.dp_size}"
-    if role != "unified":
+    if engine.dp_size > 1 and role != "unified":
         raise ValueError(
-            f"{given} with --role {role}: prefill/decode with tensor or data parallelism "
-            "is not built yet (run the roles with --tp-size 1 --dp-size 1)"
+            f"--dp-size {engine.dp_size} with --role {role}: prefill/decode with data "
+            "parallelism is not built yet (run one server per copy, or --dp-size 1; "
+            "--tp-size works)"
         )
 
 

@@ -138,10 +138,10 @@ SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
         nargs=0,
     ),
     # parallelism
-    "--tp-size": Same(),
+    "--tp-size": Same("a prefill and its decodes run the same size"),
     "--tp": Alias("--tp-size"),
     "--tensor-parallel-size": Alias("--tp-size"),
-    "--dp-size": Same(),
+    "--dp-size": Same("unified role only"),
     "--dp": Alias("--dp-size"),
     "--data-parallel-size": Alias("--dp-size"),
     "--load-balance-method": Same("round_robin | shortest_queue"),

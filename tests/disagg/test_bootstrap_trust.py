@@ -14,6 +14,7 @@ from kv_helpers import kv_pool, model_config
 from kvflow.runtime.disagg import bootstrap_client, layout_of
 from kvflow.runtime.disagg.bootstrap import BootstrapServer
 from kvflow.runtime.disagg.bootstrap_client import BootstrapClient, BootstrapError, RoomReport
+from kvflow.runtime.disagg.ranks import Endpoint
 from kvflow.runtime.disagg.rooms import Rooms
 
 KEY = "internal-secret"
@@ -106,7 +107,7 @@ def test_without_a_key_the_routes_stay_open(layout) -> None:
 )
 def test_malformed_bodies_are_a_400(server, layout, path, body, why) -> None:
     headers = {"Authorization": f"Bearer {KEY}"}
-    server.sessions["s"] = layout
+    server.sessions["s"] = (Endpoint("s", layout),)
     status, answer = _post(server.port, path, body, headers)
     assert status == 400, answer
     assert why in answer["error"]

@@ -10,6 +10,7 @@ from kv_helpers import kv_pool, model_config
 
 from kvflow.runtime.disagg import layout_of
 from kvflow.runtime.disagg.prefill import _claim_problem
+from kvflow.runtime.disagg.ranks import Endpoint
 from kvflow.runtime.disagg.rooms import Claim
 from kvflow.runtime.wire.disagg import prompt_hash
 
@@ -19,8 +20,9 @@ SPAIN = [504, 3575, 282, 8046, 314]
 
 @pytest.fixture(scope="module")
 def peer():
+    """A registered decode of one rank."""
     config = model_config()
-    return layout_of(kv_pool(config, num_slots=16), config, page_size=1)
+    return (Endpoint("d:1", layout_of(kv_pool(config, num_slots=16), config, page_size=1)),)
 
 
 def test_a_claim_for_the_same_prompt_is_written(peer) -> None:
@@ -39,6 +41,14 @@ def test_other_claims_fail_the_room(peer, slots, prompt, why) -> None:
     problem = _claim_problem(FRANCE, Claim("d:1", slots, prompt_hash(prompt)), peer)
     assert problem is not None and why in problem
     assert "not registered" in str(_claim_problem(FRANCE, Claim("d:1", slots, "x"), None))
+
+
+def test_every_rank_of_the_decode_must_hold_the_slots(peer) -> None:
+    """Under tensor parallelism the claim's slots are each rank's: the smallest pool bounds."""
+    config = model_config()
+    small = Endpoint("d:2", layout_of(kv_pool(config, num_slots=6), config, page_size=1))
+    claim = Claim("d:1", (3, 4, 5, 6, 7), prompt_hash(FRANCE))
+    assert "outside its pool of 6" in str(_claim_problem(FRANCE, claim, (*peer, small)))
 
 
 def test_zero_slots_clears_k_and_v_of_every_layer_there_only() -> None:

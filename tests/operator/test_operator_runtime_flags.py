@@ -130,8 +130,8 @@ def _disaggregated(prefill_gpus: int, decode_gpus: int, **spec: Any) -> dict[str
 def test_several_gpus_in_a_disaggregated_role_are_refused(
     prefill: int, decode: int, field: str
 ) -> None:
-    """The runtime refuses --tp-size/--dp-size above 1 with --role prefill|decode, so the
-    pods would crash-loop: the parser (admission's twin, and ``kvflow up``'s) says so."""
+    """The operator does not render --tp-size/--dp-size for prefill/decode pods yet: the
+    parser (admission's twin, and ``kvflow up``'s) says so."""
     with pytest.raises(SpecError, match="tensor or data parallelism") as refused:
         parse_model_deployment(_disaggregated(prefill, decode))
     assert refused.value.field_path == field

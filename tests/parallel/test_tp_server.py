@@ -20,35 +20,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
 from server_process import ServerProcess, processes_left
+from tiny_llama import EOS, save_tiny_llama
 
 MAX_NEW = 16
-EOS = 2  # SmolLM2's <|im_end|>: the tiny model shares its tokenizer
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory) -> tuple[Path, torch.nn.Module]:
     """A random-weight Llama (4 heads, 2 KV heads) over SmolLM2's vocabulary."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("tiny-llama")
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=49152,
-        max_position_embeddings=2048,
-        eos_token_id=EOS,
-    )
-    hf = LlamaForCausalLM(config).to(torch.float32)
-    for param in hf.parameters():
-        if param.dim() > 1:
-            param.data.normal_(0, 0.08)
-    hf.save_pretrained(folder)
-    return folder, hf.eval()
+    return folder, save_tiny_llama(folder)
 
 
 def _serve(tiny_llama, model_path, log: Path, *flags: str) -> ServerProcess:
@@ -177,9 +159,8 @@ def _stream_events(url: str, events: list[str]) -> None:
     ("flags", "message"),
     [
         (["--tp-size", "2"], "--tp-size 2 does not divide this model's 9 attention heads"),
-        (["--tp-size", "3", "--role", "prefill"], "prefill/decode with tensor or data parallelism"),
         (["--tp-size", "3", "--device", "cuda"], "needs 3 GPUs"),
-        (["--dp-size", "2", "--role", "prefill"], "prefill/decode with tensor or data parallelism"),
+        (["--dp-size", "2", "--role", "prefill"], "prefill/decode with data parallelism"),
         (["--dp-size", "0"], "--dp-size must be >= 1"),
     ],
 )

@@ -1,0 +1,33 @@
+"""A random-weight Llama small enough for CPU servers (4 heads, 2 KV heads: one per rank at
+``--tp-size 2``) over SmolLM2's vocabulary, so the embedded model's tokenizer serves it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+EOS = 2  # SmolLM2's <|im_end|>: the tiny model shares its tokenizer
+
+
+def save_tiny_llama(folder: Path) -> torch.nn.Module:
+    """Write the checkpoint into ``folder``; returns the transformers model (eval mode)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=49152,
+        max_position_embeddings=2048,
+        eos_token_id=EOS,
+    )
+    hf = LlamaForCausalLM(config).to(torch.float32)
+    for param in hf.parameters():  # peaked logits: greedy choices far from ties
+        if param.dim() > 1:
+            param.data.normal_(0, 0.08)
+    hf.save_pretrained(folder)
+    return hf.eval()
