@@ -11,8 +11,10 @@ has ended, and with what result.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-from kvflow.runtime.distributed.group import TPGroup
+if TYPE_CHECKING:
+    from kvflow.runtime.distributed.group import TPGroup
 
 __all__ = ["Lockstep", "TPLockstep"]
 

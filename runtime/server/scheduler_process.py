@@ -8,7 +8,6 @@ sends results.
 
 from __future__ import annotations
 
-import dataclasses
 import faulthandler
 import logging
 import os
@@ -16,18 +15,16 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
-from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.disagg.roles import ROLES, make_role
-from kvflow.runtime.distributed import TPGroup, init_tp_group
 from kvflow.runtime.distributed.lockstep import TPLockstep
 from kvflow.runtime.model_runner import ModelRunner
-from kvflow.runtime.models.loader import resolve_model_path
+from kvflow.runtime.models import resolve_model_path
 from kvflow.runtime.scheduler import ReqFactory, Scheduler, SchedulerPort
 from kvflow.runtime.server.args import ServerArgs
 from kvflow.runtime.server.ipc import IpcPaths
+from kvflow.runtime.server.parallel import RankPlace
 from kvflow.runtime.server.scheduler_io import SchedulerIO
 from kvflow.runtime.tokenizer import load_tokenizer, tokenizer_folder
 from kvflow.runtime.wire import FinishReason, TokenOutput
@@ -41,7 +38,7 @@ from kvflow.runtime.wire.messages import (
     TokenBatch,
 )
 
-__all__ = ["RankPlace", "run_scheduler_process"]
+__all__ = ["run_scheduler_process"]
 logger = logging.getLogger("kvflow.scheduler")
 _IDLE_POLL_MS = 200
 _STATS_INTERVAL_S = 0.25
@@ -74,30 +71,6 @@ class Watchdog(threading.Thread):
             if stalled > self.timeout:
                 logger.critical("scheduler loop stuck for %.0f s: exiting", stalled)
                 os._exit(3)
-
-
-@dataclass(frozen=True)
-class RankPlace:
-    """Where one scheduler process sits: its data-parallel group, its rank in that
-    group, the group's rendezvous (``HOST:PORT``, None for a single rank) and its GPU."""
-
-    tp_rank: int = 0
-    init_addr: str | None = None
-    gpu_id: int = 0
-    dp_rank: int = 0
-
-    def engine(self, engine: EngineConfig) -> EngineConfig:
-        """The engine settings of this rank: on CUDA, its own GPU."""
-        if engine.device == "cuda":
-            return dataclasses.replace(engine, device=f"cuda:{self.gpu_id}")
-        return engine
-
-    def join(self, engine: EngineConfig) -> TPGroup | None:
-        if engine.tp_size == 1:
-            return None
-        if self.init_addr is None:
-            raise ValueError(f"tp_size {engine.tp_size} needs the group's address")
-        return init_tp_group(self.tp_rank, engine.tp_size, self.init_addr, engine.device)
 
 
 class SchedulerLoop:
