@@ -9,6 +9,7 @@ sends results.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import logging
 import os
 import sys
@@ -26,7 +27,7 @@ from kvflow.runtime.server.args import ServerArgs
 from kvflow.runtime.server.ipc import IpcPaths
 from kvflow.runtime.server.parallel import RankPlace
 from kvflow.runtime.server.scheduler_io import SchedulerIO
-from kvflow.runtime.tokenizer import load_tokenizer, tokenizer_folder
+from kvflow.runtime.tokenizer import load_decoder, load_tokenizer, tokenizer_folder
 from kvflow.runtime.wire import FinishReason, TokenOutput
 from kvflow.runtime.wire.messages import (
     AbortRequest,
@@ -91,16 +92,16 @@ class SchedulerLoop:
             engine.skip_tokenizer_init,
             resolve_model_path(engine.model_path, engine.load_format),
         )
-        # NOTE: the tokenizer (transformers' import, 2-5 s on 2 cores) loads on a thread
-        # while the model loads (torch's copies and packing release the GIL).
+        # NOTE: stop strings need only decode: the ``tokenizers`` decoder (0.1 s) where it
+        # decodes as transformers does; transformers' tokenizer (its import: 2-5 s on 2
+        # cores, all start-up time) loads for the first constrained request only. Where
+        # transformers is the decoder, it loads on a thread while the model loads (torch's
+        # copies and packing release the GIL).
+        folder = self.tokenizer_folder
         with ThreadPoolExecutor(1, thread_name_prefix="tokenizer-load") as pool:
-            tokenizer_load = pool.submit(
-                lambda: (
-                    None if self.tokenizer_folder is None else load_tokenizer(self.tokenizer_folder)
-                )
-            )
+            decoder_load = pool.submit(lambda: None if folder is None else load_decoder(folder))
             self.runner = ModelRunner(engine, tp)
-            tokenizer = tokenizer_load.result()
+            decoder = decoder_load.result()
         self.scheduler = Scheduler(
             engine,
             self.runner,
@@ -113,10 +114,11 @@ class SchedulerLoop:
         self.reqs = ReqFactory(
             args.engine,
             self.runner.model_config,
-            tokenizer,
+            decoder,
             self.runner.device,
             self.runner.pooling,
             self.runner.lora,
+            grammar_tokenizer=None if folder is None else functools.partial(load_tokenizer, folder),
         )
         self.watchdog = Watchdog(args.watchdog_timeout)
         self._last_stats = 0.0

@@ -78,3 +78,22 @@ def test_embedded_tokenizer_loads_without_torch(model_path: Path) -> None:
     done = _run(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_scheduler_starts_without_transformers(model_path: Path) -> None:
+    """Stop strings decode with the ``tokenizers`` decoder; transformers' tokenizer (seconds
+    of import on 2 cores) loads for the first constrained request only."""
+    code = (
+        "import dataclasses, sys\n"
+        "from kvflow.runtime.server.args import parse_args\n"
+        "from kvflow.runtime.server.ipc import make_ipc_paths\n"
+        "from kvflow.runtime.server.scheduler_process import SchedulerLoop\n"
+        "args = parse_args(['--max-total-tokens', '4096'])\n"
+        "args = dataclasses.replace(args, engine=args.engine.resolved())\n"
+        "loop = SchedulerLoop(args, make_ipc_paths())\n"
+        "assert loop.reqs.tokenizer is not None\n"
+        "print('transformers' in sys.modules)\n"
+    )
+    done = _run(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "False"
