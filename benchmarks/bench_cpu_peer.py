@@ -127,15 +127,16 @@ def _serve_round(
         out.flush()
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.returncode}; see {log}")
-            try:
-                if httpx.get(base_url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
+        with httpx.Client(timeout=5) as client:  # httpx.get: 28 ms of CPU per poll
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {proc.returncode}; see {log}")
+                try:
+                    if client.get(base_url + "/health").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.05)
         startup_s = time.monotonic() - started
         idle_memory = _memory(proc.pid)
         endpoint = Endpoint(base_url, "chat", None, {"ignore_eos": True})

@@ -86,3 +86,11 @@ BENCH_CPU_PEER_ARGS ?=
 .PHONY: bench-cpu-peer
 bench-cpu-peer: $(STAMP) ## kvflow vs llama.cpp's llama-server on CPU, 1/8/32 clients (benchmarks/results/cpu-peer.md)
 	$(PY) benchmarks/bench_cpu_peer.py --out benchmarks/results/cpu-peer.md $(BENCH_CPU_PEER_ARGS)
+
+# Start-up benchmark (benchmarks/bench_startup.py): `kvflow serve` to /health 200, rounds
+# alternating between the trees given with --tree LABEL=PYTHONPATH_DIR (default: this one).
+BENCH_STARTUP_ARGS ?=
+
+.PHONY: bench-startup
+bench-startup: $(STAMP) ## kvflow serve from the command to /health 200, and its memory then (benchmarks/results/startup.md)
+	$(PY) benchmarks/bench_startup.py --out benchmarks/results/startup.md $(BENCH_STARTUP_ARGS)

@@ -334,11 +334,9 @@ class EngineConfig:
 
     def resolved(self) -> EngineConfig:
         """Resolve every "auto" value once, for the machine this runs on."""
-        import torch
-
         device = self.device
         if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+            device = "cuda" if _cuda_available() else "cpu"
         on_cuda = device.startswith("cuda")
         page_size = self.page_size or (16 if on_cuda else 1)
         chunk = self.chunked_prefill_size or (8192 if on_cuda else 2048)
@@ -382,6 +380,20 @@ def _resolved_speculative(config: EngineConfig) -> tuple[int, int, int]:
     steps = config.speculative_num_steps or 3
     draft_tokens = config.speculative_num_draft_tokens or steps + 1
     return steps, config.speculative_eagle_topk or 1, draft_tokens
+
+
+def _cuda_available() -> bool:
+    """``torch.cuda.is_available()``, without importing torch (1-2 s of a CPU server's
+    start) where no GPU device node shows: torch finds no GPU there either."""
+    if not any(os.path.exists(node) for node in _GPU_DEVICE_NODES):
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+# NVIDIA's driver, WSL's GPU paravirtualization, ROCm's (torch.cuda on AMD GPUs)
+_GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
 
 
 def _cpu_backend() -> str:

@@ -19,7 +19,8 @@ from kvflow.runtime.layers.quantization import (
 )
 from kvflow.runtime.lora import LoraManager, LoraOptions
 from kvflow.runtime.mem import KVPool, ReqToTokenPool, TokenToKVPoolAllocator
-from kvflow.runtime.models.loader import load_model, resolve_model_path
+from kvflow.runtime.models import resolve_model_path
+from kvflow.runtime.models.loader import load_model
 from kvflow.runtime.pooling import PoolingType, pooling_of
 from kvflow.runtime.sampling import Sampler
 

@@ -29,15 +29,52 @@ def tokenizer_folder(
     return model_path if model_path.is_dir() else model_path.parent
 
 
+# tokenizer_config.json classes whose transformers decode is the tokenizer.json's own
+_PLAIN_FAST_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
+# config.json model types for which transformers 5's AutoTokenizer loads a plain fast
+# tokenizer_config class as TokenizersBackend, nothing model-specific
+# (tests/runtime/test_tokenizer_decoder.py holds the two loads equal)
+_PLAIN_MODEL_TYPES = frozenset({"llama"})
+
+
 def load_tokenizer(model_path: Path) -> Any:
+    """transformers' tokenizer of a model folder, as ``AutoTokenizer`` loads it.
+
+    NOTE: ``AutoTokenizer`` first reads the model's config through ``AutoConfig``, whose
+    imports take torch and torch.distributed (2.5 s of the HTTP process's start on 2
+    cores); where it would load a plain fast tokenizer (:func:`_plain_fast`), transformers
+    5's ``TokenizersBackend`` loads it directly, in 0.8 s without torch."""
+    folder = model_path if model_path.is_dir() else model_path.parent
+    if _plain_fast(folder):
+        try:
+            from transformers import TokenizersBackend
+        except ImportError:  # transformers 4: AutoTokenizer decides
+            pass
+        else:
+            return TokenizersBackend.from_pretrained(str(folder))
     from transformers import AutoTokenizer
 
-    folder = model_path if model_path.is_dir() else model_path.parent
     return AutoTokenizer.from_pretrained(str(folder))
 
 
-# tokenizer_config.json classes whose transformers decode is the tokenizer.json's own
-_PLAIN_FAST_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
+def _plain_fast(folder: Path) -> bool:
+    """Whether the folder's tokenizer is a plain fast one (tokenizer.json, a plain class in
+    tokenizer_config.json, no custom code) of a model type AutoTokenizer gives no class
+    of its own."""
+    import json
+
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        model = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        config.get("tokenizer_class") in _PLAIN_FAST_CLASSES
+        and "auto_map" not in config
+        and model.get("model_type") in _PLAIN_MODEL_TYPES
+        and "auto_map" not in model
+        and (folder / "tokenizer.json").is_file()
+    )
 
 
 def load_decoder(model_path: Path) -> Any:

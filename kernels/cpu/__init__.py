@@ -5,15 +5,42 @@ these make the CPU serving path fast where a C compiler is at hand."""
 import functools
 import logging
 import os
+from typing import TYPE_CHECKING
 
-from kvflow.kernels.cpu import elementwise, gemm, pool
+from kvflow.kernels.cpu import pool
 from kvflow.kernels.cpu.build import NativeBuildError, load_library
 from kvflow.kernels.cpu.features import native_bf16
-from kvflow.kernels.cpu.paged_attention import paged_attention, paged_attention_ref, supports
+from kvflow.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from kvflow.kernels.cpu import elementwise, gemm
+    from kvflow.kernels.cpu.paged_attention import (
+        MAX_GROUP,
+        MAX_HEAD_DIM,
+        paged_attention,
+        paged_attention_ref,
+        supports,
+    )
+else:  # torch-free until a name is used: available() is asked where torch is not loaded
+    __getattr__ = lazy_exports(
+        __name__,
+        {
+            ".paged_attention": (
+                "MAX_GROUP",
+                "MAX_HEAD_DIM",
+                "paged_attention",
+                "paged_attention_ref",
+                "supports",
+            )
+        },
+        submodules=("elementwise", "gemm"),
+    )
 
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "MAX_GROUP",
+    "MAX_HEAD_DIM",
     "NativeBuildError",
     "available",
     "elementwise",

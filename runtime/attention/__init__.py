@@ -1,7 +1,16 @@
 """Attention backends behind one interface, chosen by name from a registry."""
 
-from kvflow.runtime.attention.base import AttentionBackend
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvflow.lazy import lazy_exports
 from kvflow.runtime.utils import Registry
+
+if TYPE_CHECKING:
+    from kvflow.runtime.attention.base import AttentionBackend
+else:  # torch-free until a name is used (kvflow.lazy)
+    __getattr__ = lazy_exports(__name__, {".base": ("AttentionBackend",)})
 
 __all__ = ["ATTENTION_BACKENDS", "AttentionBackend"]
 

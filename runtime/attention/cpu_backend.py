@@ -18,8 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvflow.kernels.cpu import paged_attention, supports
-from kvflow.kernels.cpu.paged_attention import MAX_GROUP, MAX_HEAD_DIM
+from kvflow.kernels.cpu import MAX_GROUP, MAX_HEAD_DIM, paged_attention, supports
 from kvflow.runtime.attention.torch_backend import TorchBackend
 from kvflow.runtime.forward_batch import ForwardBatch
 

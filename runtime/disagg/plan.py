@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
-
-import numpy as np
+from typing import TYPE_CHECKING, NamedTuple
 
 from kvflow.runtime.disagg.layout import KVLayout
+
+if TYPE_CHECKING:  # numpy loads with the first plan: the server's HTTP process needs none
+    import numpy as np
 
 __all__ = ["SlotPlan", "Write", "slot_plan", "transfer_plan"]
 
@@ -86,6 +87,8 @@ def slot_plan(
     contiguous transfer of any length is one run. Raises ``ValueError`` when the layouts
     differ in shape, the two slot lists differ in length, or a slot lies outside its pool.
     """
+    import numpy as np
+
     problem = src.mismatch(dst)
     if problem is not None:
         raise ValueError(problem)

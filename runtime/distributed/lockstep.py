@@ -12,9 +12,10 @@ rooms, the decode's watcher of its prefills) are decided there and :meth:`Lockst
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvflow.runtime.distributed.group import TPGroup
+if TYPE_CHECKING:
+    from kvflow.runtime.distributed.group import TPGroup
 
 __all__ = ["Lockstep", "TPLockstep"]
 

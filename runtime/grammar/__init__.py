@@ -15,8 +15,10 @@ How a constrained request runs:
    request with ``stop``.
 """
 
+from typing import TYPE_CHECKING
+
+from kvflow.lazy import lazy_exports
 from kvflow.runtime.grammar.backend import GrammarBackend
-from kvflow.runtime.grammar.mask import apply_grammar_masks, bitmask_words
 from kvflow.runtime.grammar.matcher import RequestGrammar
 from kvflow.runtime.grammar.spec import (
     GRAMMAR_KINDS,
@@ -27,6 +29,11 @@ from kvflow.runtime.grammar.spec import (
     check_grammar,
     grammar_spec,
 )
+
+if TYPE_CHECKING:
+    from kvflow.runtime.grammar.mask import apply_grammar_masks, bitmask_words
+else:  # torch-free until a name is used (kvflow.lazy)
+    __getattr__ = lazy_exports(__name__, {".mask": ("apply_grammar_masks", "bitmask_words")})
 
 __all__ = [
     "GRAMMAR_KINDS",

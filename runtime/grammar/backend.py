@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -25,14 +26,15 @@ class GrammarBackend:
 
     ``vocab_size`` is the width of the model's logits, which may exceed the tokenizer's
     vocabulary (padding): bitmasks cover all of it and padded ids are never allowed.
-    ``stop_token_ids`` are the ids that end a grammar (the model's EOS ids). The tokenizer's
-    xgrammar description (a pass over the vocabulary, about a second for 128k tokens) is
-    built on the pool too, so creating the backend never stalls the caller.
+    ``stop_token_ids`` are the ids that end a grammar (the model's EOS ids). The tokenizer
+    (transformers', from ``load_tokenizer``: its import takes seconds) and its xgrammar
+    description (a pass over the vocabulary, about a second for 128k tokens) are made on the
+    pool too, so creating the backend never stalls the caller.
     """
 
     def __init__(
         self,
-        tokenizer: Any,
+        load_tokenizer: Callable[[], Any],
         vocab_size: int,
         stop_token_ids: tuple[int, ...],
         *,
@@ -42,7 +44,7 @@ class GrammarBackend:
         self.vocab_size = vocab_size
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grammar")
         self._compiler = self._pool.submit(
-            self._make_compiler, tokenizer, vocab_size, list(stop_token_ids)
+            self._make_compiler, load_tokenizer, vocab_size, list(stop_token_ids)
         )
         self._cache: OrderedDict[GrammarSpec, Future] = OrderedDict()
         self._lock = threading.Lock()  # the cache is touched by the scheduler thread only,
@@ -67,11 +69,13 @@ class GrammarBackend:
             return fut
 
     @staticmethod
-    def _make_compiler(tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> Any:
+    def _make_compiler(
+        load_tokenizer: Callable[[], Any], vocab_size: int, stop_token_ids: list[int]
+    ) -> Any:
         import xgrammar as xgr
 
         info = xgr.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids or None
+            load_tokenizer(), vocab_size=vocab_size, stop_token_ids=stop_token_ids or None
         )
         return xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
 

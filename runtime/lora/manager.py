@@ -3,11 +3,9 @@ projections, and the adapter layout of each forward."""
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -17,46 +15,12 @@ from kvflow.runtime.layers import LinearBase
 from kvflow.runtime.lora.adapter import LoraAdapter, LoraLimits, load_adapter
 from kvflow.runtime.lora.batch import LoraBatch
 from kvflow.runtime.lora.layers import LoraContext, LoraLinear
+from kvflow.runtime.lora.options import LoraOptions, parse_lora_paths
 from kvflow.runtime.lora.slots import LoraSlots
 from kvflow.runtime.lora.targets import LORA_TARGETS, resolve_target_modules
 
-__all__ = ["LoraManager", "LoraOptions", "parse_lora_paths"]
+__all__ = ["LoraManager"]
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class LoraOptions:
-    """SGLang's LoRA flags, as :class:`~kvflow.runtime.config.EngineConfig` holds them.
-    ``max_lora_rank`` 0 and empty ``lora_target_modules``: inferred from the start-up
-    adapters (the largest rank, every module they target)."""
-
-    lora_paths: tuple[str, ...] = ()
-    max_loras_per_batch: int = 8
-    max_lora_rank: int = 0
-    lora_target_modules: tuple[str, ...] = ()
-
-
-def parse_lora_paths(entries: Sequence[str]) -> list[tuple[str, str]]:
-    """SGLang's ``--lora-paths`` entries, ``name=path``, a bare path (named by itself) or
-    a JSON object ``{"lora_name": ..., "lora_path": ...}``, as (name, path); raises
-    ValueError on an empty part or a repeated name."""
-    pairs: list[tuple[str, str]] = []
-    for entry in entries:
-        name, sep, path = entry.partition("=")
-        if entry.lstrip().startswith("{"):
-            try:
-                spec = json.loads(entry)
-                name, path = str(spec["lora_name"]), str(spec["lora_path"])
-            except (ValueError, KeyError, TypeError) as err:
-                raise ValueError(f"--lora-paths {entry!r}: not SGLang's JSON entry") from err
-        elif not sep:
-            name = path = entry
-        if not name or not path:
-            raise ValueError(f"--lora-paths {entry!r}: expected NAME=PATH or PATH")
-        if any(name == seen for seen, _ in pairs):
-            raise ValueError(f"--lora-paths names adapter {name!r} twice")
-        pairs.append((name, path))
-    return pairs
 
 
 def _unbounded_limits(model_limits: LoraLimits) -> LoraLimits:

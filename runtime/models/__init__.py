@@ -9,6 +9,14 @@ A family is one module here (``llama.py``, ``qwen3.py``, ``mixtral.py``, ``qwen3
 from __future__ import annotations
 
 from kvflow.runtime.models.embedded import EMBEDDED_MODEL_NAME, embedded_model_path
+from kvflow.runtime.models.paths import resolve_model_path
 from kvflow.runtime.models.registry import MODELS, ROPE_TYPES, check_supported
 
-__all__ = ["EMBEDDED_MODEL_NAME", "MODELS", "ROPE_TYPES", "check_supported", "embedded_model_path"]
+__all__ = [
+    "EMBEDDED_MODEL_NAME",
+    "MODELS",
+    "ROPE_TYPES",
+    "check_supported",
+    "embedded_model_path",
+    "resolve_model_path",
+]

@@ -9,31 +9,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from kvflow.runtime.config import DUMMY_CONFIGS, ModelConfig
+from kvflow.runtime.config import ModelConfig
 from kvflow.runtime.distributed import TPGroup
 from kvflow.runtime.layers import LinearBase, RotaryEmbedding
 from kvflow.runtime.layers.quantization import resolve_quantization
-from kvflow.runtime.models import MODELS, embedded_model_path
+from kvflow.runtime.models import MODELS
 from kvflow.runtime.models.causal_lm import CausalLM
 
-__all__ = ["load_model", "resolve_model_path"]
+__all__ = ["load_model"]
 logger = logging.getLogger(__name__)
-
-
-def resolve_model_path(model_path: str | None, load_format: str) -> Path:
-    """A folder (or, for dummy weights, a config file) holding the model's config."""
-    if not model_path:
-        return embedded_model_path()
-    if load_format == "dummy" and model_path in DUMMY_CONFIGS:
-        return DUMMY_CONFIGS[model_path]
-    path = Path(model_path).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(
-            f"model path {model_path!r} does not exist (and no model hub is used)"
-        )
-    if path.is_dir() and not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model folder")
-    return path
 
 
 def _safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:

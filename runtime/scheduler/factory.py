@@ -4,6 +4,7 @@ engine and the server's scheduler process, so a request behaves the same on both
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 from kvflow.runtime.config import EngineConfig, ModelConfig
@@ -26,8 +27,13 @@ def default_seed(engine_seed: int, rid: str) -> int:
 
 class ReqFactory:
     """Builds the scheduler's requests with the model's stop tokens, the tokenizer used for
-    stop strings, the seed rule of :func:`default_seed`, and ``pooling`` for embedding
-    requests (the model's, on an embedding server)."""
+    stop strings (only its ``decode`` is used), the seed rule of :func:`default_seed`, and
+    ``pooling`` for embedding requests (the model's, on an embedding server).
+
+    ``grammar_tokenizer`` loads the transformers tokenizer grammars compile against, on the
+    grammar pool at the first constrained request (default: ``tokenizer`` itself); the
+    server's scheduler decodes with the lighter ``tokenizers`` one and loads transformers'
+    only then."""
 
     def __init__(
         self,
@@ -37,12 +43,14 @@ class ReqFactory:
         device: str,
         pooling: PoolingType | None = None,
         lora: LoraManager | None = None,
+        grammar_tokenizer: Callable[[], Any] | None = None,
     ) -> None:
         self.config = config
         self.lora = lora  # the runner's adapters (--enable-lora)
         self.pooling = pooling
         self.model_config = model_config
         self.tokenizer = tokenizer
+        self.grammar_tokenizer = grammar_tokenizer or (lambda: tokenizer)
         self.device = device
         self._grammars: GrammarBackend | None = None  # built for the first constrained request
 
@@ -52,7 +60,9 @@ class ReqFactory:
             if self.tokenizer is None:
                 raise ValueError("structured output needs the tokenizer (skip_tokenizer_init)")
             self._grammars = GrammarBackend(
-                self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids
+                self.grammar_tokenizer,
+                self.model_config.vocab_size,
+                self.model_config.eos_token_ids,
             )
         return self._grammars
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from kvflow.runtime.core import Req
+if TYPE_CHECKING:
+    from kvflow.runtime.core import Req
 
 __all__ = ["SCHEDULE_POLICIES", "order_waiting"]
 

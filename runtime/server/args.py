@@ -384,7 +384,7 @@ def _check_quantization(parser: argparse.ArgumentParser, ns: argparse.Namespace)
     that does not fit it (one line, exit 2), before any process starts. The embedded model
     is a float Llama; a path that does not resolve is left to start-up's own message."""
     from kvflow.runtime.config import ModelConfig
-    from kvflow.runtime.models.loader import resolve_model_path
+    from kvflow.runtime.models import resolve_model_path
 
     saved, is_moe = None, False
     if ns.model_path:

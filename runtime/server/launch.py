@@ -1,4 +1,5 @@
-"""Starts one runtime instance: scheduler and detokenizer subprocesses, then the HTTP server.
+"""Starts one runtime instance: scheduler and detokenizer subprocesses, then the HTTP server
+(``http_serve``).
 
 Start-up waits until every subprocess reports ready; if one dies meanwhile (the OOM killer,
 say) the server reaps the others and exits 1, naming the child and the signal. If a
@@ -8,37 +9,27 @@ get 503, in-flight ones finish (up to ``drain_timeout``), then children are reap
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import multiprocessing as mp
 import os
-import signal
 import time
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-import uvicorn
-
 from kvflow.runtime.config import ModelConfig
-from kvflow.runtime.models import check_supported
-from kvflow.runtime.models.loader import resolve_model_path
+from kvflow.runtime.models import check_supported, resolve_model_path
 from kvflow.runtime.server.args import ServerArgs
-from kvflow.runtime.server.detokenizer_process import run_detokenizer_process
-from kvflow.runtime.server.http_server import create_app
 from kvflow.runtime.server.ipc import IpcPaths, make_ipc_paths
-from kvflow.runtime.server.lifeline import run_tied_to_parent
+from kvflow.runtime.server.lifeline import describe_exit, run_tied_to_parent
 from kvflow.runtime.server.parallel import check_parallel, rank_places
-from kvflow.runtime.server.scheduler_process import run_scheduler_process
-from kvflow.runtime.server.tokenizer_manager import TokenizerManager
 from kvflow.runtime.tokenizer import load_chat_template, load_tokenizer, tokenizer_folder
 
 __all__ = ["launch_server"]
 logger = logging.getLogger("kvflow.server")
 _START_TIMEOUT_S = 900.0
-_MONITOR_INTERVAL_S = 0.5
 
 
 class StartupError(RuntimeError):
@@ -57,17 +48,23 @@ def _spawn_children(
     )
     tokenizer_path = None if folder is None else str(folder)
     places = rank_places(engine)
-    specs: list[tuple[str, Any, tuple]] = [
+    specs: list[tuple[str, str, tuple]] = [
         (
             "scheduler"
             + (f"-dp{place.dp_rank}" if engine.dp_size > 1 else "")
             + (f"-tp{place.tp_rank}" if engine.tp_size > 1 else ""),
-            run_scheduler_process,
+            "kvflow.runtime.server.scheduler_process:run_scheduler_process",
             (args, paths, place),
         )
         for place in places
     ]
-    specs.append(("detokenizer", run_detokenizer_process, (tokenizer_path, paths)))
+    specs.append(
+        (
+            "detokenizer",
+            "kvflow.runtime.server.detokenizer_process:run_detokenizer_process",
+            (tokenizer_path, paths),
+        )
+    )
     procs: list[BaseProcess] = []
     pipes = []
     for name, target, target_args in specs:
@@ -106,20 +103,6 @@ def _wait_ready(pipes: list[tuple[str, Connection]], procs: list[BaseProcess]) -
     return info
 
 
-def describe_exit(proc: BaseProcess) -> str:
-    """How a child ended: its exit code, or the signal that killed it (SIGKILL is what the
-    kernel's out-of-memory killer sends, as in a container over its memory limit)."""
-    code = proc.exitcode
-    if code is not None and code < 0:
-        try:
-            signame = signal.Signals(-code).name
-        except ValueError:
-            signame = f"signal {-code}"
-        hint = " (out of memory?)" if -code == signal.SIGKILL else ""
-        return f"{proc.name} was killed by {signame}{hint}"
-    return f"{proc.name} exited with code {code}"
-
-
 def _check_alive(procs: list[BaseProcess], when: str, wait_s: float = 0.0) -> None:
     """Raise :class:`StartupError` naming every child that has ended (waiting up to
     ``wait_s`` for one that is on its way out)."""
@@ -144,58 +127,6 @@ def _reap(procs: list[BaseProcess]) -> None:
             proc.join()
 
 
-async def _serve(args: ServerArgs, tm: TokenizerManager, procs: list[BaseProcess]) -> int:
-    tm.start()
-    config = uvicorn.Config(
-        create_app(tm),
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        timeout_graceful_shutdown=5,
-        lifespan="off",
-        access_log=False,
-    )
-    server = uvicorn.Server(config)
-    exit_code = 0
-    serve_task = asyncio.create_task(server.serve())
-    while not server.started and not serve_task.done():
-        await asyncio.sleep(0.05)
-    if serve_task.done():
-        await serve_task
-        return 1  # could not bind, for instance
-
-    async def drain() -> None:
-        if tm.draining:
-            return
-        tm.draining = True
-        logger.info(
-            "draining %d in-flight requests (up to %.0f s)", tm.num_in_flight, args.drain_timeout
-        )
-        deadline = time.monotonic() + args.drain_timeout
-        while tm.num_in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        tm.abort_all("the server is shutting down")
-        server.should_exit = True
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(drain()))
-    logger.info("kvflow serving %s on http://%s:%d", args.model_name, args.host, args.port)
-    print(f"kvflow: serving {args.model_name} at http://{args.host}:{args.port}/v1", flush=True)
-    while not serve_task.done():
-        dead = [p for p in procs if not p.is_alive()]
-        if dead and not tm.dead_reason:
-            reason = ", ".join(describe_exit(p) for p in dead)
-            logger.error("subprocess died: %s; the server exits", reason)
-            tm.fail_all(reason)
-            exit_code = 1
-            await asyncio.sleep(_MONITOR_INTERVAL_S)  # let handlers answer 503
-            server.should_exit = True
-        await asyncio.sleep(_MONITOR_INTERVAL_S)
-    await serve_task
-    return exit_code
-
-
 def launch_server(args: ServerArgs) -> int:
     """Run until SIGTERM/SIGINT or a subprocess failure; returns the process exit code."""
     logging.basicConfig(
@@ -215,8 +146,10 @@ def launch_server(args: ServerArgs) -> int:
     procs: list[BaseProcess] = []
     try:
         procs, pipes = _spawn_children(args, paths)
-        # NOTE: the tokenizer loads while the children start: its imports overlap the
-        # scheduler's model load (embedded model, 2 cores: 8.4 s -> 6.8 s to /health)
+        # NOTE: while the children start, the HTTP side imports (fastapi, pydantic, uvicorn:
+        # 0.3 s) and loads the tokenizer, overlapping the scheduler's imports and model load
+        from kvflow.runtime.server.http_serve import serve_http
+
         folder = tokenizer_folder(
             args.engine.tokenizer_path, args.engine.skip_tokenizer_init, model_path
         )
@@ -224,8 +157,7 @@ def launch_server(args: ServerArgs) -> int:
         if tokenizer is not None and args.chat_template:  # SGLang's: replaces the tokenizer's
             tokenizer.chat_template = load_chat_template(args.chat_template)
         info = _wait_ready(pipes, procs)
-        tm = TokenizerManager(args, paths, info, tokenizer)
-        return asyncio.run(_serve(args, tm, procs))
+        return serve_http(args, paths, info, tokenizer, procs)
     except StartupError as err:
         logger.error("start-up failed: %s; the server exits", err)
         return 1

@@ -7,16 +7,47 @@ rendezvous the launcher picks; ``dp_size`` such groups serve side by side, on GP
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvflow.runtime.config import EngineConfig, ModelConfig
 from kvflow.runtime.distributed import check_tensor_parallel
-from kvflow.runtime.server.scheduler_process import RankPlace
 
-__all__ = ["check_gpus", "check_parallel", "rank_places"]
+if TYPE_CHECKING:
+    from kvflow.runtime.distributed import TPGroup
+
+__all__ = ["RankPlace", "check_gpus", "check_parallel", "rank_places"]
 logger = logging.getLogger("kvflow.server")
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """Where one scheduler process sits: its data-parallel group, its rank in that
+    group, the group's rendezvous (``HOST:PORT``, None for a single rank) and its GPU."""
+
+    tp_rank: int = 0
+    init_addr: str | None = None
+    gpu_id: int = 0
+    dp_rank: int = 0
+
+    def engine(self, engine: EngineConfig) -> EngineConfig:
+        """The engine settings of this rank: on CUDA, its own GPU."""
+        if engine.device == "cuda":
+            return dataclasses.replace(engine, device=f"cuda:{self.gpu_id}")
+        return engine
+
+    def join(self, engine: EngineConfig) -> TPGroup | None:
+        if engine.tp_size == 1:
+            return None
+        from kvflow.runtime.distributed import init_tp_group  # torch: in the rank's process
+
+        if self.init_addr is None:
+            raise ValueError(f"tp_size {engine.tp_size} needs the group's address")
+        return init_tp_group(self.tp_rank, engine.tp_size, self.init_addr, engine.device)
 
 
 def check_parallel(engine: EngineConfig, role: str, model_path: Path) -> None:

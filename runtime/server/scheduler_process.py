@@ -8,28 +8,26 @@ sends results.
 
 from __future__ import annotations
 
-import dataclasses
 import faulthandler
+import functools
 import logging
 import os
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
-from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.disagg.roles import ROLES, make_role
-from kvflow.runtime.distributed import TPGroup, init_tp_group
 from kvflow.runtime.distributed.lockstep import TPLockstep
 from kvflow.runtime.model_runner import ModelRunner
-from kvflow.runtime.models.loader import resolve_model_path
+from kvflow.runtime.models import resolve_model_path
 from kvflow.runtime.scheduler import ReqFactory, Scheduler, SchedulerPort
 from kvflow.runtime.server.args import ServerArgs
 from kvflow.runtime.server.ipc import IpcPaths
+from kvflow.runtime.server.parallel import RankPlace
 from kvflow.runtime.server.scheduler_io import SchedulerIO
-from kvflow.runtime.tokenizer import load_tokenizer, tokenizer_folder
+from kvflow.runtime.tokenizer import load_decoder, load_tokenizer, tokenizer_folder
 from kvflow.runtime.wire import FinishReason, TokenOutput
 from kvflow.runtime.wire.messages import (
     AbortRequest,
@@ -41,7 +39,7 @@ from kvflow.runtime.wire.messages import (
     TokenBatch,
 )
 
-__all__ = ["RankPlace", "run_scheduler_process"]
+__all__ = ["run_scheduler_process"]
 logger = logging.getLogger("kvflow.scheduler")
 _IDLE_POLL_MS = 200
 _STATS_INTERVAL_S = 0.25
@@ -76,30 +74,6 @@ class Watchdog(threading.Thread):
                 os._exit(3)
 
 
-@dataclass(frozen=True)
-class RankPlace:
-    """Where one scheduler process sits: its data-parallel group, its rank in that
-    group, the group's rendezvous (``HOST:PORT``, None for a single rank) and its GPU."""
-
-    tp_rank: int = 0
-    init_addr: str | None = None
-    gpu_id: int = 0
-    dp_rank: int = 0
-
-    def engine(self, engine: EngineConfig) -> EngineConfig:
-        """The engine settings of this rank: on CUDA, its own GPU."""
-        if engine.device == "cuda":
-            return dataclasses.replace(engine, device=f"cuda:{self.gpu_id}")
-        return engine
-
-    def join(self, engine: EngineConfig) -> TPGroup | None:
-        if engine.tp_size == 1:
-            return None
-        if self.init_addr is None:
-            raise ValueError(f"tp_size {engine.tp_size} needs the group's address")
-        return init_tp_group(self.tp_rank, engine.tp_size, self.init_addr, engine.device)
-
-
 class SchedulerLoop:
     def __init__(self, args: ServerArgs, paths: IpcPaths, place: RankPlace | None = None) -> None:
         self.args = args
@@ -118,16 +92,16 @@ class SchedulerLoop:
             engine.skip_tokenizer_init,
             resolve_model_path(engine.model_path, engine.load_format),
         )
-        # NOTE: the tokenizer (transformers' import, 2-5 s on 2 cores) loads on a thread
-        # while the model loads (torch's copies and packing release the GIL).
+        # NOTE: stop strings need only decode: the ``tokenizers`` decoder (0.1 s) where it
+        # decodes as transformers does; transformers' tokenizer (its import: 2-5 s on 2
+        # cores, all start-up time) loads for the first constrained request only. Where
+        # transformers is the decoder, it loads on a thread while the model loads (torch's
+        # copies and packing release the GIL).
+        folder = self.tokenizer_folder
         with ThreadPoolExecutor(1, thread_name_prefix="tokenizer-load") as pool:
-            tokenizer_load = pool.submit(
-                lambda: (
-                    None if self.tokenizer_folder is None else load_tokenizer(self.tokenizer_folder)
-                )
-            )
+            decoder_load = pool.submit(lambda: None if folder is None else load_decoder(folder))
             self.runner = ModelRunner(engine, tp)
-            tokenizer = tokenizer_load.result()
+            decoder = decoder_load.result()
         self.scheduler = Scheduler(
             engine,
             self.runner,
@@ -140,10 +114,11 @@ class SchedulerLoop:
         self.reqs = ReqFactory(
             args.engine,
             self.runner.model_config,
-            tokenizer,
+            decoder,
             self.runner.device,
             self.runner.pooling,
             self.runner.lora,
+            grammar_tokenizer=None if folder is None else functools.partial(load_tokenizer, folder),
         )
         self.watchdog = Watchdog(args.watchdog_timeout)
         self._last_stats = 0.0

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from kvflow.runtime.core import Req
+if TYPE_CHECKING:
+    from kvflow.runtime.core import Req
 
 __all__ = ["Drafter"]
 

@@ -135,7 +135,7 @@ def test_cuda_kernel_mask_equals_cpu(model_folder):
     from kvflow.runtime.grammar import GrammarBackend, GrammarSpec, apply_grammar_masks
 
     folder, tokenizer_vocab, eos = model_folder
-    backend = GrammarBackend(AutoTokenizer.from_pretrained(folder), PADDED_VOCAB, (eos,))
+    backend = GrammarBackend(lambda: AutoTokenizer.from_pretrained(folder), PADDED_VOCAB, (eos,))
     try:
         grammars = []
         for spec in [GrammarSpec("regex", "[0-9]+"), None, GrammarSpec("json_schema", "{}")]:

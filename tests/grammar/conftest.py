@@ -16,6 +16,6 @@ def backend(tokenizer):
     from kvflow.runtime.grammar import GrammarBackend
 
     eos = tokenizer.eos_token_id
-    grammars = GrammarBackend(tokenizer, len(tokenizer), (eos,))
+    grammars = GrammarBackend(lambda: tokenizer, len(tokenizer), (eos,))
     yield grammars
     grammars.shutdown()

@@ -53,7 +53,9 @@ def test_invalid_specs_say_what_is_wrong(kind, text, message):
 
 
 def test_compile_once_per_spec_and_bounded_cache(tokenizer):
-    backend = GrammarBackend(tokenizer, len(tokenizer), (tokenizer.eos_token_id,), cache_size=2)
+    backend = GrammarBackend(
+        lambda: tokenizer, len(tokenizer), (tokenizer.eos_token_id,), cache_size=2
+    )
     try:
         first = backend.request(GrammarSpec("regex", "[0-9]+"))
         again = backend.request(GrammarSpec("regex", "[0-9]+"))
@@ -95,7 +97,7 @@ def test_mask_on_mixed_batch_leaves_free_rows_alone(backend, tokenizer):
 def test_mask_covers_padded_vocabulary(tokenizer):
     """Logits wider than the tokenizer (padded vocab): padded ids are never allowed."""
     vocab, padded = len(tokenizer), len(tokenizer) + 96
-    backend = GrammarBackend(tokenizer, padded, (tokenizer.eos_token_id,))
+    backend = GrammarBackend(lambda: tokenizer, padded, (tokenizer.eos_token_id,))
     try:
         grammar = compiled(backend, "regex", "[0-9]+")
         logits = torch.zeros(3, padded)

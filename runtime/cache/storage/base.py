@@ -7,10 +7,13 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvflow.contract import MOONCAKE_CONFIG_ENV
-from kvflow.runtime.cache.storage.page import PageBuffer
 from kvflow.runtime.utils.registry import Registry
+
+if TYPE_CHECKING:
+    from kvflow.runtime.cache.storage.page import PageBuffer
 
 __all__ = [
     "STORAGE_BACKENDS",

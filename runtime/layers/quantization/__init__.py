@@ -7,22 +7,43 @@ comes from its checkpoint's ``quantization_config`` and ``--quantization``
 The KV cache's storage type and FP8 scales (``--kv-cache-dtype``) are in ``kv_cache.py``.
 """
 
-from kvflow.runtime.layers.quantization.base import LinearLayer, LinearMethod, ParamLayout
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvflow.lazy import lazy_exports
 from kvflow.runtime.layers.quantization.config import (
+    KV_CACHE_DTYPE_FLAG_VALUES,
     QUANTIZATION_FLAG_VALUES,
     Fp8Scheme,
     QuantConfig,
     resolve_quantization,
 )
-from kvflow.runtime.layers.quantization.kv_cache import (
-    KV_CACHE_DTYPE_FLAG_VALUES,
-    KVScaleReader,
-    KVScales,
-    check_kv_cache_device,
-    kv_cache_torch_dtype,
-)
-from kvflow.runtime.layers.quantization.unquantized import UnquantizedLinearMethod
 from kvflow.runtime.utils import Registry
+
+if TYPE_CHECKING:
+    from kvflow.runtime.layers.quantization.base import LinearLayer, LinearMethod, ParamLayout
+    from kvflow.runtime.layers.quantization.kv_cache import (
+        KVScaleReader,
+        KVScales,
+        check_kv_cache_device,
+        kv_cache_torch_dtype,
+    )
+    from kvflow.runtime.layers.quantization.unquantized import UnquantizedLinearMethod
+else:  # torch-free until a name is used (kvflow.lazy)
+    __getattr__ = lazy_exports(
+        __name__,
+        {
+            ".base": ("LinearLayer", "LinearMethod", "ParamLayout"),
+            ".kv_cache": (
+                "KVScaleReader",
+                "KVScales",
+                "check_kv_cache_device",
+                "kv_cache_torch_dtype",
+            ),
+            ".unquantized": ("UnquantizedLinearMethod",),
+        },
+    )
 
 __all__ = [
     "KV_CACHE_DTYPE_FLAG_VALUES",

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from kvflow.runtime.utils import Registry
 
 __all__ = [
+    "KV_CACHE_DTYPE_FLAG_VALUES",
     "QUANTIZATION_FLAG_VALUES",
     "QUANT_FORMATS",
     "Fp8Scheme",
@@ -77,6 +78,9 @@ QUANT_FORMATS.register("modelopt", "kvflow.runtime.layers.quantization.formats:p
 # --quantization values: fp8 (a float checkpoint quantized at load, or any FP8 checkpoint)
 # and the checkpoint formats by name (which must then be the checkpoint's).
 QUANTIZATION_FLAG_VALUES = ("fp8", "compressed-tensors", "modelopt")
+# --kv-cache-dtype values (SGLang's bf16 is an alias of bfloat16, see sglang_flags); their
+# storage types are kv_cache.py's
+KV_CACHE_DTYPE_FLAG_VALUES = ("auto", "fp8_e4m3", "fp8_e5m2", "bfloat16")
 _ONLINE = Fp8Scheme(weight="channel", serialized=False)
 
 

@@ -11,15 +11,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kvflow.kernels.fp8_gemm import (
+from kvflow.kernels import (
     FP8_DTYPE,
     FP8_MAX,
+    fp8_gemv,
     fp8_kernels_take,
     fp8_rowwise_mm,
     per_token_group_quant_fp8,
     w8a8_block_fp8_matmul,
 )
-from kvflow.kernels.fp8_gemv import fp8_gemv
 from kvflow.runtime.layers.matmul import one_row
 from kvflow.runtime.layers.quantization.base import LinearLayer, LinearMethod, ParamLayout
 from kvflow.runtime.layers.quantization.config import Fp8Scheme

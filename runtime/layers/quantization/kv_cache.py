@@ -17,16 +17,15 @@ from dataclasses import dataclass
 
 import torch
 
+from kvflow.runtime.layers.quantization.config import KV_CACHE_DTYPE_FLAG_VALUES
+
 __all__ = [
-    "KV_CACHE_DTYPE_FLAG_VALUES",
     "KVScaleReader",
     "KVScales",
     "check_kv_cache_device",
     "kv_cache_torch_dtype",
 ]
 
-# --kv-cache-dtype values (SGLang's bf16 is an alias of bfloat16, see sglang_flags)
-KV_CACHE_DTYPE_FLAG_VALUES = ("auto", "fp8_e4m3", "fp8_e5m2", "bfloat16")
 _TORCH_DTYPES = {
     "fp8_e4m3": torch.float8_e4m3fn,
     "fp8_e5m2": torch.float8_e5m2,
