@@ -46,6 +46,7 @@ __all__ = [
     "SERVE_FLAGS",
     "SERVE_FLAG_ALIASES",
     "SERVE_RUNTIME_FLAGS",
+    "SERVE_SPEC_OWNED_FLAGS",
     "HiCacheOptions",
     "LoraOptions",
     "RouterOptions",
@@ -239,6 +240,9 @@ SERVE_FLAG_ALIASES: Mapping[str, str] = {
     "--dp": "--dp-size",
     "--data-parallel-size": "--dp-size",
 }
+# Flags the spec owns without the operator rendering them: extra flags may not set them
+# either (adapters come from spec.lora.adapters, which the router loads and routes by).
+SERVE_SPEC_OWNED_FLAGS: tuple[str, ...] = ("--lora-paths",)
 _RENDERED_SERVE_FLAGS: Mapping[str, str] = {**SERVE_FLAGS, **SERVE_RUNTIME_FLAGS}
 
 

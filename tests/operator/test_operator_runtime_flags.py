@@ -65,12 +65,14 @@ def test_rendered_pd_commands_parse_with_their_backend(monkeypatch: pytest.Monke
 
 def test_crd_keeps_rendered_flags_out_of_extra_args() -> None:
     """The CEL list of flags extraArgs may not set is every worker flag the operator renders
-    from the spec; ``--max-running-requests`` (set only when the field is) stays open."""
+    from the spec and those the spec owns otherwise (``--lora-paths``);
+    ``--max-running-requests`` (set only when the field is) stays open."""
     worker = crd_schema()["properties"]["spec"]["properties"]["unified"]["properties"]
     (rule,) = worker["extraArgs"]["x-kubernetes-validations"]
     listed = set(re.findall(r"'(--[a-z-]+)'", rule["rule"]))
     rendered = {*contract.SERVE_FLAGS, *contract.SERVE_RUNTIME_FLAGS} - {"--max-running-requests"}
-    assert listed == rendered | set(contract.SERVE_FLAG_ALIASES)
+    owned = set(contract.SERVE_FLAG_ALIASES) | set(contract.SERVE_SPEC_OWNED_FLAGS)
+    assert listed == rendered | owned
 
 
 def _role_argv(gpus: int, tp: int | None = None) -> list[str]:
