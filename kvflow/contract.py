@@ -17,6 +17,7 @@ __all__ = [
     "API_KEY_ENV",
     "API_PORT_NAME",
     "BOOTSTRAP_PORT_ANNOTATION",
+    "BOOTSTRAP_TIMEOUT_ENV",
     "BOOTSTRAP_PORT_NAME",
     "DEFAULT_API_PORT",
     "DEFAULT_BOOTSTRAP_PORT",
@@ -89,6 +90,9 @@ API_KEY_ENV = "KVFLOW_API_KEY"  # bearer token required by the API when set
 # given to clients: the bearer token of the prefill's bootstrap routes, the key of the PD
 # pair tokens the router signs (``bootstrap_token``), and the router's admin credential.
 INTERNAL_KEY_ENV = "KVFLOW_INTERNAL_KEY"
+# SGLang's: seconds a prefill waits for the two halves of a room to meet (the decode's
+# claim of a prefilled prompt, or the prefill request of a claimed room); default 300.
+BOOTSTRAP_TIMEOUT_ENV = "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"
 MODEL_CACHE_ENV = "KVFLOW_CACHE_DIR"  # where converted/embedded models are cached
 POD_IP_ENV = "KVFLOW_POD_IP"  # the pod's own IP: advertised to KV-transfer peers
 # Path of a JSON file with the Mooncake store client settings (keys as SGLang's

@@ -70,7 +70,7 @@ class PrefillRole(Role):
         self.rooms: Rooms | None = None  # rank 0's
         self.server: BootstrapServer | None = None
         if self.lockstep.rank == 0:
-            self.rooms = Rooms(transfer.timeout_s)
+            self.rooms = Rooms(transfer.bootstrap_timeout_s)
             self.server = BootstrapServer(
                 transfer.bootstrap_host,
                 transfer.bootstrap_port,

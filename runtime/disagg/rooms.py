@@ -9,7 +9,7 @@ the states below; the decode polls until a final state and the entry is then dro
     ready --transfer--> transferring --> done | failed
     queued + claimed --first chunk written--> transferring (the prompt's later chunks follow)
     any state --cancel--> cancelled (after a transfer in flight has ended)
-    waiting or ready for longer than the timeout --> failed
+    waiting or ready for longer than the timeout (the bootstrap timeout) --> failed
 
 Thread-safe: the bootstrap HTTP server's threads and the scheduler loop share it.
 """
@@ -68,8 +68,11 @@ class Rooms:
             if room is None:
                 self._rooms[room_id] = Room(room_id, "waiting", claim)
                 return None
-            if room.claim is not None or room.state in FINAL_STATES:
+            if room.claim is not None:
                 return f"bootstrap room {room_id} is claimed already"
+            if room.state in FINAL_STATES:  # the prefill gave up on it first
+                why = f"{room.state}: {room.message}" if room.message else room.state
+                return f"bootstrap room {room_id} ended before the decode claimed it ({why})"
             room.claim = claim
             return None
 

@@ -325,6 +325,7 @@ def _kv_transfer(
         backend=ns.disaggregation_transfer_backend or defaults.backend,
         protocol=ns.kv_transfer_protocol or defaults.protocol,
         timeout_s=defaults.timeout_s if ns.disagg_timeout is None else ns.disagg_timeout,
+        bootstrap_timeout_s=_bootstrap_timeout(parser, defaults.bootstrap_timeout_s),
         bootstrap_host=ns.host,
         bootstrap_port=(
             contract.DEFAULT_BOOTSTRAP_PORT if ns.bootstrap_port is None else ns.bootstrap_port
@@ -332,6 +333,20 @@ def _kv_transfer(
         # the prefill requires it on its bootstrap routes, the decode sends it (read once)
         internal_key=os.environ.get(contract.INTERNAL_KEY_ENV) or None,
     )
+
+
+def _bootstrap_timeout(parser: argparse.ArgumentParser, default: float) -> float:
+    """``$SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT`` (seconds, > 0), SGLang's knob."""
+    raw = os.environ.get(contract.BOOTSTRAP_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        parser.error(f"${contract.BOOTSTRAP_TIMEOUT_ENV} must be seconds > 0, not {raw!r}")
+    return value
 
 
 def _pair_trust(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> PairTrust | None:

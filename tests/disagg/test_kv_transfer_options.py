@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from kvflow.contract import BOOTSTRAP_TIMEOUT_ENV
 from kvflow.runtime.disagg.transport import KVTransferOptions
 from kvflow.runtime.server.args import parse_args
 from kvflow.runtime.utils import mooncake_env
@@ -48,6 +49,21 @@ def test_flags_reach_the_options() -> None:
         bootstrap_port=parse_args(["--role", "prefill"]).kv_transfer.bootstrap_port
     )
     assert parse_args([]).kv_transfer is None
+
+
+def test_the_bootstrap_timeout_is_sglangs_environment_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prefill = ["--role", "prefill"]
+    monkeypatch.delenv(BOOTSTRAP_TIMEOUT_ENV, raising=False)
+    assert parse_args(prefill).kv_transfer.bootstrap_timeout_s == 300.0  # SGLang's default
+    monkeypatch.setenv(BOOTSTRAP_TIMEOUT_ENV, "45")
+    assert parse_args(prefill).kv_transfer.bootstrap_timeout_s == 45.0
+    for bad in ("0", "-3", "soon"):
+        monkeypatch.setenv(BOOTSTRAP_TIMEOUT_ENV, bad)
+        with pytest.raises(SystemExit):
+            parse_args(prefill)
+        assert f"${BOOTSTRAP_TIMEOUT_ENV} must be seconds > 0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

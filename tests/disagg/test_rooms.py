@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from kvflow.runtime.disagg.rooms import Claim, Rooms
 
 CLAIM = Claim("127.0.0.1:1", (4, 5, 6), "00" * 16)
@@ -40,3 +42,18 @@ def test_a_room_keeps_the_first_way_it_ended():
     report = rooms.status([3], cancel=[])[3]
     assert report["state"] == "failed"
     assert "3 slots" in report["message"]
+
+
+def test_a_late_claim_hears_why_the_room_ended():
+    """A decode short of KV claims late: past the bootstrap timeout the prefill has failed
+    the room, and the refusal says so (not "claimed already": nobody claimed it)."""
+    rooms = Rooms(timeout_s=0.01)
+    rooms.arrive(4)
+    rooms.ready(4)
+    time.sleep(0.02)
+    assert rooms.take_claim(4) == "no decode claimed the room within 0 s"
+    why = rooms.claim(4, CLAIM)
+    assert why is not None and "ended before the decode claimed it" in why
+    assert "no decode claimed the room" in why
+    assert rooms.claim(5, CLAIM) is None
+    assert rooms.claim(5, CLAIM) == "bootstrap room 5 is claimed already"

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
 sys.path.insert(0, str(Path(__file__).parents[1] / "router"))
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 
-from pd_flags import COMMON, PD_INTERNAL_KEY, trusting
+from pd_flags import COMMON, PD_BOOTSTRAP_TIMEOUT, PD_INTERNAL_KEY, trusting
 from router_process import RouterProcess
 from server_process import ServerProcess, free_port
 from sglang_router_process import SglangRouterProcess, start_sglang_router
@@ -35,16 +35,20 @@ class PDStack(NamedTuple):
 @pytest.fixture(scope="module", autouse=True)
 def internal_key() -> Iterator[str]:
     """The internal key in the environment every server and router of a tests/pd module
-    inherits (module-scoped: the other directories' servers and routers start without)."""
-    from kvflow.contract import INTERNAL_KEY_ENV
+    inherits (module-scoped: the other directories' servers and routers start without),
+    and a bootstrap timeout of 20 s instead of SGLang's 300 (an unclaimed room's KV is
+    freed within a test's wait, yet a decode slowed by a loaded machine may claim late)."""
+    from kvflow.contract import BOOTSTRAP_TIMEOUT_ENV, INTERNAL_KEY_ENV
 
-    before = os.environ.get(INTERNAL_KEY_ENV)
-    os.environ[INTERNAL_KEY_ENV] = PD_INTERNAL_KEY
+    settings = {INTERNAL_KEY_ENV: PD_INTERNAL_KEY, BOOTSTRAP_TIMEOUT_ENV: PD_BOOTSTRAP_TIMEOUT}
+    before = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
     yield PD_INTERNAL_KEY
-    if before is None:
-        os.environ.pop(INTERNAL_KEY_ENV, None)
-    else:
-        os.environ[INTERNAL_KEY_ENV] = before
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _start_pd(model_path: Path, logs: Path) -> tuple[PDStack, Callable[[], object]]:

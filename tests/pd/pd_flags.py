@@ -14,3 +14,6 @@ def trusting(bootstrap_port: int) -> tuple[str, ...]:
 # session): kvflow router signs its pairs with it, the decode checks them, the prefill's
 # bootstrap routes require it.
 PD_INTERNAL_KEY = "tests-pd-internal-key"
+
+# The prefills' $SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT (seconds) in tests/pd.
+PD_BOOTSTRAP_TIMEOUT = "20"

@@ -51,11 +51,16 @@ class KVTransferOptions:
     """The transport (a name in ``KV_TRANSPORTS``, SGLang's
     ``--disaggregation-transfer-backend``) with all of its options, and the prefill's
     bootstrap endpoint (``bootstrap_port`` 0: any free port) with its credential
-    (``internal_key``: the prefill requires it, the decode sends it; None: open routes)."""
+    (``internal_key``: the prefill requires it, the decode sends it; None: open routes).
+    ``timeout_s`` bounds a peer's silence (``--disagg-timeout``); ``bootstrap_timeout_s``
+    (SGLang's ``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT``) bounds how long a prefill keeps a
+    room whose other half has not come yet."""
 
     backend: str = "mooncake"
     protocol: str = "tcp"
     timeout_s: float = 5.0  # a peer without progress this long fails its requests
+    # the prefill's wait for a room's halves to meet (a decode short of KV claims late)
+    bootstrap_timeout_s: float = 300.0
     bootstrap_host: str = "127.0.0.1"
     bootstrap_port: int = 0
     internal_key: str | None = field(default=None, repr=False)  # kept out of logs
