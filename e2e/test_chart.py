@@ -193,6 +193,11 @@ def test_examples_are_accepted_with_printer_columns(
     out = kube.kubectl("apply", "-n", kube_namespace, "-f", str(spec)).stdout
     assert "modeldeployment.kvflow.dev/hostnet" in out
     kube.kubectl("delete", "md", "hostnet", "-n", kube_namespace)
+    # Tensor parallelism in prefill/decode pods: 4 GPUs each, the same size on both roles.
+    spec = REPO / "tests" / "operator" / "specs" / "disaggregated-tp.yaml"
+    out = kube.kubectl("apply", "-n", kube_namespace, "-f", str(spec)).stdout
+    assert "modeldeployment.kvflow.dev/llama-pd-tp" in out
+    kube.kubectl("delete", "md", "llama-pd-tp", "-n", kube_namespace)
 
 
 BASE = yaml.safe_load((REPO / "examples" / "unified-embedded.yaml").read_text())
@@ -205,9 +210,21 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("prefill in unified mode", {"spec": {"prefill": {"replicas": 1}}}, "spec.mode: Forbidden"),
     (
-        "disaggregated decode with 2 GPUs",
+        "prefill and decode of different tensor-parallel sizes",
         {"spec": {"mode": "disaggregated", "unified": None, "prefill": {}, "decode": {"gpus": 2}}},
         "spec.decode.gpus: Forbidden",
+    ),
+    (
+        "data parallelism in a prefill pod",
+        {
+            "spec": {
+                "mode": "disaggregated",
+                "unified": None,
+                "prefill": {"gpus": 2, "tensorParallelSize": 1},
+                "decode": {"gpus": 2},
+            }
+        },
+        "spec.prefill.tensorParallelSize: Forbidden",
     ),
     (
         "autoscaling min above max",

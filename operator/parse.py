@@ -332,20 +332,31 @@ def _check_ports(md: ModelDeployment) -> None:
 
 
 def _check_parallelism(md: ModelDeployment) -> None:
-    """Several GPUs per pod (tensor/data parallelism) only in unified mode: the operator
-    does not render them for prefill/decode roles yet (the runtime runs those with
-    ``--tp-size``, the same on both sides, not ``--dp-size``; docs/parallelism.md)."""
+    """Prefill and decode roles run one model copy per pod (the runtime has no
+    ``--dp-size`` for them), sharded with ``--tp-size`` over every GPU of the pod, and the
+    same size on both sides (each prefill rank writes its KV-head shard into the decode
+    rank of its number; docs/parallelism.md)."""
+    if not md.disaggregated:
+        return
+    sizes = {}
     for worker in md.workers:
-        if worker.gpus <= 1:
-            continue
-        field_path = f"spec.{worker.role}.gpus"
-        if md.disaggregated:
+        if worker.dp_size > 1:
             raise SpecError(
-                field_path,
-                f"{worker.gpus} GPUs: the operator does not render tensor or data parallelism "
-                "for prefill/decode roles yet (docs/parallelism.md); use gpus <= 1 in "
-                "disaggregated mode, or unified mode for several GPUs per pod",
+                f"spec.{worker.role}.tensorParallelSize",
+                f"{worker.tp_size} of {worker.gpus} GPUs: a {worker.role} pod runs one model "
+                "copy over all of its GPUs (--dp-size is not built for prefill/decode roles; "
+                "docs/parallelism.md); drop tensorParallelSize or set it to gpus, and add "
+                "replicas for more copies",
             )
+        sizes[worker.role] = worker.tp_size
+    if sizes["prefill"] != sizes["decode"]:
+        raise SpecError(
+            "spec.decode.gpus",
+            f"the prefill shards the model over {sizes['prefill']} GPUs and the decode over "
+            f"{sizes['decode']}: prefill and decode need the same tensor-parallel size (each "
+            "prefill rank writes its KV heads into the decode rank of its number; "
+            "docs/parallelism.md)",
+        )
 
 
 def parse_model_deployment(body: Mapping[str, Any]) -> ModelDeployment:

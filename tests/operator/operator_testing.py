@@ -19,6 +19,7 @@ SPECS = {
     "disaggregated-pvc": Path(__file__).parent / "specs" / "disaggregated-pvc.yaml",
     "host-network": Path(__file__).parent / "specs" / "host-network.yaml",
     "unified-tp": Path(__file__).parent / "specs" / "unified-tp.yaml",
+    "disaggregated-tp": Path(__file__).parent / "specs" / "disaggregated-tp.yaml",
 }
 
 

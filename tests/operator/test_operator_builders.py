@@ -44,7 +44,10 @@ def test_every_child_is_owned_labelled_and_named_within_limits(spec_name: str) -
 
 
 def test_pods_meet_the_restricted_pod_security_standard(spec_name: str) -> None:
-    rdma = spec_name == "disaggregated-pvc"  # RDMA asks for IPC_LOCK, documented as the exception
+    rdma = spec_name in (
+        "disaggregated-pvc",
+        "disaggregated-tp",
+    )  # RDMA asks for IPC_LOCK, documented as the exception
     for name, pod in pod_specs(children_of(spec_name)).items():
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}

@@ -70,7 +70,7 @@ def test_which_specs_use_rdma() -> None:
     uses = {
         n: uses_rdma(parse_model_deployment(load_model_deployment(p))) for n, p in SPECS.items()
     }
-    assert uses == {n: n == "disaggregated-pvc" for n in SPECS}
+    assert uses == {n: n in ("disaggregated-pvc", "disaggregated-tp") for n in SPECS}
 
 
 def test_rdma_without_a_device_is_refused_as_a_condition() -> None:

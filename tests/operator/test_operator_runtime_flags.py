@@ -114,35 +114,66 @@ def test_tensor_parallel_size_must_divide_gpus(gpus: int, tp: int) -> None:
         _role_argv(gpus, tp)
 
 
-def _disaggregated(prefill_gpus: int, decode_gpus: int, **spec: Any) -> dict[str, Any]:
+def _disaggregated(
+    prefill: int | dict[str, Any], decode: int | dict[str, Any], **spec: Any
+) -> dict[str, Any]:
+    """A disaggregated spec; a role given as a number is its ``gpus``."""
     body = load_model_deployment(SPECS["unified-embedded"])
     body["spec"] = {
         "mode": "disaggregated",
-        "prefill": {"gpus": prefill_gpus},
-        "decode": {"gpus": decode_gpus},
+        "prefill": {"gpus": prefill} if isinstance(prefill, int) else prefill,
+        "decode": {"gpus": decode} if isinstance(decode, int) else decode,
         **spec,
     }
     return body
 
 
-@pytest.mark.parametrize(
-    ("prefill", "decode", "field"),
-    [(2, 1, "spec.prefill.gpus"), (1, 4, "spec.decode.gpus"), (0, 2, "spec.decode.gpus")],
-)
-def test_several_gpus_in_a_disaggregated_role_are_refused(
-    prefill: int, decode: int, field: str
+@pytest.mark.parametrize("gpus", [2, 4, 8])
+def test_prefill_and_decode_pods_shard_the_model_over_their_gpus(
+    gpus: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The operator does not render --tp-size/--dp-size for prefill/decode pods yet: the
-    parser (admission's twin, and ``kvflow up``'s) says so."""
-    with pytest.raises(SpecError, match="tensor or data parallelism") as refused:
+    """Each PD pod runs one copy with ``--tp-size gpus`` (no ``--dp-size``), the same size on
+    both roles; the rendered commands parse with the runtime's own parser."""
+    from kvflow.runtime.server.args import parse_args
+
+    monkeypatch.setenv(contract.INTERNAL_KEY_ENV, "k")  # the decode needs it
+    explicit = {"gpus": gpus, "tensorParallelSize": gpus}
+    for prefill, decode in ((gpus, gpus), (explicit, gpus), (gpus, explicit)):
+        argv = _argv_by_role(_disaggregated(prefill, decode))
+        for role in ("prefill", "decode"):
+            assert _flag(argv[role], "--tp-size") == str(gpus), role
+            assert "--dp-size" not in argv[role], role
+            engine = parse_args(argv[role][2:]).engine
+            assert (engine.tp_size, engine.dp_size) == (gpus, 1)
+
+
+@pytest.mark.parametrize(
+    ("prefill", "decode", "field", "says"),
+    [
+        (2, 1, "spec.decode.gpus", "same tensor-parallel size"),
+        (1, 4, "spec.decode.gpus", "same tensor-parallel size"),
+        (0, 2, "spec.decode.gpus", "same tensor-parallel size"),
+        (4, 2, "spec.decode.gpus", "same tensor-parallel size"),
+        ({"gpus": 4, "tensorParallelSize": 2}, 2, "spec.prefill.tensorParallelSize", "--dp-size"),
+        (2, {"gpus": 2, "tensorParallelSize": 1}, "spec.decode.tensorParallelSize", "--dp-size"),
+    ],
+)
+def test_pd_parallelism_the_runtime_cannot_run_is_refused(
+    prefill: Any, decode: Any, field: str, says: str
+) -> None:
+    """Data parallelism inside a PD pod (not built in the runtime) and prefill/decode of
+    different tensor-parallel sizes (the runtime would refuse the decode at registration):
+    the parser (admission's twin, and ``kvflow up``'s) refuses, naming the field."""
+    with pytest.raises(SpecError, match=re.escape(says)) as refused:
         parse_model_deployment(_disaggregated(prefill, decode))
     assert refused.value.field_path == field
-    parse_model_deployment(_disaggregated(1, 1))  # one GPU per pod runs
+    parse_model_deployment(_disaggregated(0, 1))  # one copy of one rank each side runs
+    parse_model_deployment(_disaggregated(1, 1))
 
 
-def test_several_gpus_with_a_shared_store_run_unified() -> None:
+def test_several_gpus_with_a_shared_store() -> None:
     """HiCache's storage tier runs with TP/DP (each rank stores its own heads' pages):
-    unified workers with a shared store take several GPUs; a disaggregated role does not."""
+    unified workers and a prefill with a shared store take several GPUs."""
     body = load_model_deployment(SPECS["unified-embedded"])
     body["spec"]["unified"] = {**body["spec"]["unified"], "gpus": 2}
     body["spec"]["hiCache"] = {
@@ -150,20 +181,32 @@ def test_several_gpus_with_a_shared_store_run_unified() -> None:
         "sharedStore": {"type": "file", "size": "10Gi"},
     }
     assert parse_model_deployment(body).workers[0].gpus == 2
-    with pytest.raises(SpecError, match="tensor or data parallelism") as refused:
-        parse_model_deployment(_disaggregated(2, 1, hiCache={"hostMemory": "1Gi"}))
-    assert refused.value.field_path == "spec.prefill.gpus"
+    pd = parse_model_deployment(_disaggregated(2, 2, hiCache={"hostMemory": "1Gi"}))
+    assert [w.tp_size for w in pd.workers] == [2, 2]
+
+
+def test_lora_with_tensor_parallel_pd_roles_is_refused() -> None:
+    adapter = {"name": "a", "source": "pvc", "pvc": {"claimName": "adapters", "path": "a"}}
+    body = _disaggregated(2, 2, lora={"adapters": [adapter]})
+    with pytest.raises(SpecError, match="--enable-lora with --tp-size > 1") as refused:
+        parse_model_deployment(body)
+    assert refused.value.field_path == "spec.lora"
 
 
 def test_crd_carries_the_parallelism_refusals() -> None:
-    """The spec-level CEL rules that match the parser's refusals, one per role field."""
+    """The spec-level CEL rules that match the parser's refusals: no data parallelism in a
+    PD pod, the same size on both roles, LoRA on one GPU per copy in every role."""
     rules = crd_schema()["properties"]["spec"]["x-kubernetes-validations"]
-    by_field = {r["fieldPath"]: r for r in rules if r.get("fieldPath", "").endswith(".gpus")}
-    assert set(by_field) == {".prefill.gpus", ".decode.gpus"}  # unified takes any count
+    by_field = {r.get("fieldPath"): r for r in rules if "tensorParallelSize" in r["rule"]}
+    by_field[".decode.gpus"] = next(r for r in rules if r.get("fieldPath") == ".decode.gpus")
     for role in ("prefill", "decode"):
-        rule = by_field[f".{role}.gpus"]
+        rule = by_field[f".{role}.tensorParallelSize"]
         assert "self.mode != 'disaggregated'" in rule["rule"]
-        assert f"self.{role}.gpus <= 1" in rule["rule"]
-    for rule in by_field.values():
+        assert f"self.{role}.tensorParallelSize == self.{role}.gpus" in rule["rule"]
         assert rule["reason"] == "FieldValueForbidden"
         assert "docs/parallelism.md" in rule["message"]
+    same = by_field[".decode.gpus"]
+    assert "self.prefill.gpus" in same["rule"] and "self.decode.gpus" in same["rule"]
+    assert "same tensor-parallel size" in same["message"]
+    lora = by_field[".lora"]
+    assert all(f"self.{role}.tensorParallelSize" in lora["rule"] for role in contract.ROLES)
