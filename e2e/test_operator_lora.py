@@ -214,8 +214,8 @@ def test_adapter_added_then_removed_on_the_running_pod(
 
 
 def test_admission_refuses_bad_adapter_lists(kube: Kube, ns: str, folders: dict[str, Path]) -> None:
-    """The CRD's own rules, at the API server: a name twice, a bad name, LoRA with tensor
-    parallelism, adapters in extraArgs, a host folder at the root."""
+    """The CRD's own rules, at the API server: a name twice, a bad name, adapters in
+    extraArgs, a host folder at the root."""
     port = free_port()
     body = _spec(folders, port, port + 1, ["a"])
     body["metadata"] = {"name": "bad", "namespace": ns}
@@ -226,9 +226,6 @@ def test_admission_refuses_bad_adapter_lists(kube: Kube, ns: str, folders: dict[
     named = json.loads(json.dumps(body))
     named["spec"]["lora"]["adapters"][0]["name"] = "base:a"
     cases.append((named, "spec.lora.adapters[0].name"))
-    sharded = json.loads(json.dumps(body))
-    sharded["spec"]["unified"]["gpus"] = 2
-    cases.append((sharded, "--tp-size > 1"))
     listed = json.loads(json.dumps(body))  # adapters come from spec.lora: the router loads them
     listed["spec"]["unified"]["extraArgs"] = ["--lora-paths", "b=/models/b"]
     cases.append((listed, "--lora-paths: use spec.lora"))

@@ -261,17 +261,10 @@ def _lora(raw: Mapping[str, Any] | None) -> Lora | None:
 
 
 def _check_lora(md: ModelDeployment) -> None:
-    """LoRA where the runtime serves it: one GPU per model copy, generation."""
+    """LoRA where the runtime serves it: generation (any tensor/data parallelism)."""
     if md.lora is None:
         return
     for worker in md.workers:
-        if worker.tp_size > 1:
-            raise SpecError(
-                "spec.lora",
-                f"spec.{worker.role} shards the model over {worker.tp_size} GPUs (tensor "
-                "parallelism): the runtime refuses --enable-lora with --tp-size > 1 "
-                "(docs/lora.md); set tensorParallelSize: 1 for data-parallel copies",
-            )
         if "--is-embedding" in worker.pods.extra_args:
             raise SpecError(
                 "spec.lora", f"spec.{worker.role} serves embeddings: LoRA serves generation"

@@ -118,10 +118,6 @@ class ModelRunner:
         # LoRA adapters (--enable-lora): their projections wrapped, their host registry
         self.lora: LoraManager | None = None
         if config.enable_lora:
-            if config.tp_size > 1:
-                raise ValueError(
-                    "--enable-lora runs with --tp-size 1 (sharded adapters are not built)"
-                )
             options = LoraOptions(
                 config.lora_paths,
                 config.max_loras_per_batch,

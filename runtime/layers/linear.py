@@ -153,6 +153,28 @@ class LinearBase(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.method.apply(self, x)
 
+    # -- a low-rank adapter's part on this rank (LoRA, kvflow.runtime.lora) ----------------
+    @property
+    def whole_input_size(self) -> int:
+        """The input width of the whole projection (all ranks together)."""
+        return self.input_size
+
+    def whole_output_size(self, index: int) -> int:
+        """The rows of shard number ``index`` in the whole projection."""
+        return self.output_sizes[index]
+
+    def lora_part(
+        self, a: torch.Tensor, b: torch.Tensor, index: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's part of an adapter on shard number ``index``: ``a`` ``[r, whole
+        input]`` and ``b`` ``[whole rows of the shard, r]`` cut as the weight is, so that
+        ``(x @ a.T) @ b.T`` on this rank's input is this rank's part of the delta."""
+        return a, b
+
+    def reduce(self, out: torch.Tensor) -> torch.Tensor:
+        """What ``forward`` does to the rank's partial product (nothing here)."""
+        return out
+
 
 class ReplicatedLinear(LinearBase):
     """One weight ``[output_size, input_size]``, loaded whole."""
@@ -188,6 +210,17 @@ class MergedColumnLinear(LinearBase):
             return loaded
         local = self.output_sizes[self.shard_ids.index(shard_id)]
         return self.narrow_rows(param, loaded, self.tp.rank * local, local)
+
+    def whole_output_size(self, index: int) -> int:
+        return self.output_sizes[index] * (self.tp.size if self.tp else 1)
+
+    def lora_part(
+        self, a: torch.Tensor, b: torch.Tensor, index: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.tp is None:
+            return a, b
+        local = self.output_sizes[index]
+        return a, b.narrow(0, self.tp.rank * local, local)
 
 
 class GateUpLinear(MergedColumnLinear):
@@ -229,6 +262,7 @@ class QKVLinear(LinearBase):
         self.tp, self.head_dim = tp, head_dim
         rank, size = (tp.rank, tp.size) if tp else (0, 1)
         self.heads = ShardedHeads.of(num_heads, num_kv_heads, rank, size)
+        self.whole_heads = (num_heads, num_kv_heads, num_kv_heads)  # q, k, v
         q_size = self.heads.num_heads * head_dim
         kv_size = self.heads.num_kv_heads * head_dim
         super().__init__(hidden_size, [q_size, kv_size, kv_size], bias, method, ("q", "k", "v"))
@@ -244,6 +278,18 @@ class QKVLinear(LinearBase):
         else:
             first, count = heads.first_kv_head, heads.num_kv_heads
         return self.narrow_rows(param, loaded, first * self.head_dim, count * self.head_dim)
+
+    def whole_output_size(self, index: int) -> int:
+        return self.whole_heads[index] * self.head_dim
+
+    def lora_part(
+        self, a: torch.Tensor, b: torch.Tensor, index: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.tp is None:
+            return a, b
+        heads = self.heads
+        first = heads.first_head if index == 0 else heads.first_kv_head
+        return a, b.narrow(0, first * self.head_dim, self.output_sizes[index])
 
 
 class RowParallelLinear(LinearBase):
@@ -274,6 +320,21 @@ class RowParallelLinear(LinearBase):
         start, end = shard_range(self.input_size * self.tp.size, self.tp.rank, self.tp.size)
         return self.narrow_cols(param, loaded, start, end)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.method.apply(self, x)
+    @property
+    def whole_input_size(self) -> int:
+        return self.input_size * (self.tp.size if self.tp else 1)
+
+    def lora_part(
+        self, a: torch.Tensor, b: torch.Tensor, index: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.tp is None:
+            return a, b
+        start, end = shard_range(self.whole_input_size, self.tp.rank, self.tp.size)
+        return a[:, start:end], b
+
+    def reduce(self, out: torch.Tensor) -> torch.Tensor:
+        """The sum of the ranks' partial products (an all-reduce)."""
         return out if self.tp is None else self.tp.all_reduce(out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.reduce(self.method.apply(self, x))

@@ -22,7 +22,9 @@ class LoraContext:
 
 class LoraLinear(nn.Module):
     """Wraps a projection (``base``, any :class:`LinearBase`, any weight method): ``y =
-    base(x) + scaling * (x @ A.T) @ B.T`` per request's adapter.
+    base(x) + scaling * (x @ A.T) @ B.T`` per request's adapter. Under tensor parallelism
+    the slots hold this rank's part of each adapter (B's rows of a column-parallel
+    projection, A's columns of a row-parallel one).
 
     Each of the layer's shards (q, k, v of a merged QKV; gate, up) gets ``max_rank`` rows
     of the stacked ``A`` and columns of ``B``: ``a_slots`` ``[slots, shards * max_rank,
@@ -52,18 +54,23 @@ class LoraLinear(nn.Module):
         self.b_slots[slot].zero_()
 
     def write_slot(self, slot: int, shard: int, a: torch.Tensor, b: torch.Tensor) -> None:
-        """Shard ``shard``'s ``a`` ``[r, input_size]`` and ``b`` ``[shard rows, r]`` (scaled)."""
+        """Shard ``shard``'s ``a`` ``[r, input_size]`` and ``b`` ``[shard rows, r]`` (scaled),
+        the whole projection's: under tensor parallelism this rank keeps its part
+        (:meth:`~kvflow.runtime.layers.LinearBase.lora_part`)."""
+        a, b = self.base.lora_part(a, b, shard)
         rank, first = a.shape[0], shard * self.max_rank
         row = sum(self.output_sizes[:shard])
         self.a_slots[slot, first : first + rank].copy_(a)
         self.b_slots[slot, row : row + b.shape[0], first : first + rank].copy_(b)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.base(x)
         batch = self.context.batch
         if batch is None:
-            return out
-        return batch.add_delta(x, out, self.a_slots, self.b_slots)
+            return self.base(x)
+        # NOTE: a row-parallel projection's delta joins its partial product before the
+        # all-reduce (this rank's input columns times its columns of A), summed with it
+        out = self.base.method.apply(self.base, x)
+        return self.base.reduce(batch.add_delta(x, out, self.a_slots, self.b_slots))
 
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """A merged ``[gate; up]``'s ``silu(gate) * up`` (the delta is added before it)."""

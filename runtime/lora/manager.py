@@ -82,9 +82,9 @@ class LoraManager:
             layer = layers[0].get_submodule(target.layer)
             if isinstance(layer, LoraLinear):
                 layer = layer.base
-            if isinstance(layer, LinearBase):
-                in_features[module] = layer.input_size
-                out_features[module] = layer.output_sizes[target.shard]
+            if isinstance(layer, LinearBase):  # the whole projection's: adapters are
+                in_features[module] = layer.whole_input_size
+                out_features[module] = layer.whole_output_size(target.shard)
         return LoraLimits(max_rank, targets, len(layers), in_features, out_features)
 
     def _wrap(

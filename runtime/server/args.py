@@ -435,8 +435,6 @@ def _check_lora(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None
             "--enable-lora without --lora-paths needs --max-lora-rank and --lora-target-modules "
             "(the adapters loaded later must fit them)"
         )
-    if ns.tp_size > 1:
-        parser.error("--enable-lora runs with --tp-size 1 (sharded adapters are not built)")
     if ns.is_embedding:
         parser.error("--enable-lora serves generation: drop --is-embedding")
 

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kvflow.runtime.disagg.roles import ROLES, make_role
-from kvflow.runtime.distributed.lockstep import TPLockstep
+from kvflow.runtime.distributed.lockstep import Lockstep, TPLockstep
 from kvflow.runtime.model_runner import ModelRunner
 from kvflow.runtime.models import resolve_model_path
 from kvflow.runtime.scheduler import ReqFactory, Scheduler, SchedulerPort
@@ -84,6 +84,7 @@ class SchedulerLoop:
         engine = place.engine(role_cls.engine_config(args.engine))
         tp = place.join(engine)
         lockstep = None if tp is None else TPLockstep(tp)
+        self.lockstep = lockstep or Lockstep()
         self.place = place
         self.io = SchedulerIO(paths.scheduler_inbox(place.dp_rank), paths, tp, lockstep)
         # Stop strings are matched on text, so the scheduler decodes the requests that have them.
@@ -209,7 +210,18 @@ class SchedulerLoop:
             raise ValueError("LoRA adapters are not enabled on this server (--enable-lora)")
         name = str(payload["lora_name"])
         if kind == "load_lora_adapter":
-            lora.load(name, str(payload["lora_path"]))
+            # every rank reads the adapter (and keeps its part): one that fails fails the
+            # load on all of them, else the ranks would run different models
+            problem = None
+            try:
+                lora.load(name, str(payload["lora_path"]))
+            except ValueError as err:
+                problem = str(err)
+            problems = self.lockstep.gather(problem)
+            if any(problems):
+                if problem is None:
+                    lora.unload(name)
+                raise ValueError(next(p for p in problems if p))
             return
         in_flight = self.scheduler.requests_on_adapter(name)
         if in_flight:

@@ -129,7 +129,6 @@ def test_names_and_targets():
     [
         (["--lora-paths", "a=/x"], "need --enable-lora"),
         (["--enable-lora"], "needs --max-lora-rank and --lora-target-modules"),
-        (["--enable-lora", "--lora-paths", "a=/x", "--tp-size", "2"], "--tp-size 1"),
         (["--enable-lora", "--lora-paths", "=x"], "expected NAME=PATH"),
         (
             ["--enable-lora", "--lora-paths", "a=/x", "--lora-target-modules", "lm_head"],

@@ -169,13 +169,11 @@ def test_bad_adapter_lists_are_refused(change: dict[str, Any], field: str, words
     assert refused.value.field_path == field
 
 
-def test_lora_with_tensor_parallelism_is_refused() -> None:
-    """The runtime refuses --enable-lora with --tp-size > 1; data parallelism runs."""
+def test_lora_runs_with_tensor_and_data_parallelism() -> None:
+    """The runtime applies adapters at any --tp-size (each rank its part) and --dp-size."""
     body = _body()
     body["spec"]["unified"] = {**body["spec"]["unified"], "gpus": 2}
-    with pytest.raises(SpecError, match="--tp-size > 1") as refused:
-        parse_model_deployment(body)
-    assert refused.value.field_path == "spec.lora"
+    assert parse_model_deployment(body).workers[0].tp_size == 2
     body["spec"]["unified"]["tensorParallelSize"] = 1
     assert parse_model_deployment(body).workers[0].dp_size == 2
 
@@ -191,7 +189,7 @@ def test_crd_defaults_and_rules_match_the_parser() -> None:
 
     assert name == f"^{ADAPTER_NAME.pattern}$"
     rules = [r for r in spec["x-kubernetes-validations"] if r.get("fieldPath") == ".lora"]
-    assert any("tensorParallelSize" in r["rule"] and "--tp-size" in r["message"] for r in rules)
+    assert not any("tensorParallelSize" in r["rule"] for r in rules)  # LoRA runs with TP
     assert any("--is-embedding" in r["rule"] for r in rules)
     body = _body([ADAPTERS[2]])
     body["spec"]["lora"] = {"adapters": [{k: v for k, v in ADAPTERS[2].items()}]}

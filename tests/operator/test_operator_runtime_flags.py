@@ -185,17 +185,9 @@ def test_several_gpus_with_a_shared_store() -> None:
     assert [w.tp_size for w in pd.workers] == [2, 2]
 
 
-def test_lora_with_tensor_parallel_pd_roles_is_refused() -> None:
-    adapter = {"name": "a", "source": "pvc", "pvc": {"claimName": "adapters", "path": "a"}}
-    body = _disaggregated(2, 2, lora={"adapters": [adapter]})
-    with pytest.raises(SpecError, match="--enable-lora with --tp-size > 1") as refused:
-        parse_model_deployment(body)
-    assert refused.value.field_path == "spec.lora"
-
-
 def test_crd_carries_the_parallelism_refusals() -> None:
     """The spec-level CEL rules that match the parser's refusals: no data parallelism in a
-    PD pod, the same size on both roles, LoRA on one GPU per copy in every role."""
+    PD pod, the same size on both roles."""
     rules = crd_schema()["properties"]["spec"]["x-kubernetes-validations"]
     by_field = {r.get("fieldPath"): r for r in rules if "tensorParallelSize" in r["rule"]}
     by_field[".decode.gpus"] = next(r for r in rules if r.get("fieldPath") == ".decode.gpus")
@@ -208,5 +200,3 @@ def test_crd_carries_the_parallelism_refusals() -> None:
     same = by_field[".decode.gpus"]
     assert "self.prefill.gpus" in same["rule"] and "self.decode.gpus" in same["rule"]
     assert "same tensor-parallel size" in same["message"]
-    lora = by_field[".lora"]
-    assert all(f"self.{role}.tensorParallelSize" in lora["rule"] for role in contract.ROLES)
