@@ -111,8 +111,18 @@ class PrefillRole(Role):
         problem = self.lockstep.share(None if self.rooms is None else self.rooms.arrive(room))
         if problem:
             raise ValueError(problem)
-        self.port.admit(req)
+        try:
+            self.port.admit(req)
+        except Exception as err:  # the room ends with the refusal: its decode stops waiting
+            self._end_room(room, "failed", {}, f"the prefill refused the request: {err}")
+            raise
         self._room_of[req.rid] = room
+
+    def refused(self, message: GenerateRequest, why: str) -> None:
+        """A refused request's room fails (unless another request holds it), so its
+        decode hears why at once instead of after the bootstrap timeout."""
+        if self.rooms is not None and message.bootstrap is not None:
+            self.rooms.refuse(message.bootstrap.room, f"the prefill refused the request: {why}")
 
     def observe(self, outputs: list[TokenOutput]) -> list[TokenOutput]:
         """Rooms of aborted requests fail. Prompt logprobs travel to the decode with the

@@ -35,7 +35,8 @@ class RoleStats(NamedTuple):
 
 class Role:
     """The scheduler process's hooks. The loop calls, in order each iteration:
-    :meth:`prepare` then :meth:`add` for new requests (``ValueError`` refuses one),
+    :meth:`prepare` then :meth:`add` for new requests (``ValueError`` refuses one, and
+    :meth:`refused` hears of it),
     :meth:`poll` (outputs of requests the role finished outside the scheduler), the
     scheduler's step; :meth:`observe` sees the outputs of the step and of handled messages
     (aborts) and returns what is sent on. :meth:`abort` ends a request the role holds
@@ -78,6 +79,10 @@ class Role:
 
     def abort(self, rid: str, message: str) -> TokenOutput | None:
         return None
+
+    def refused(self, message: GenerateRequest, why: str) -> None:
+        """A new request was refused (anywhere from building it to :meth:`admit`): the
+        role tells its peer, if it has one waiting (nothing here)."""
 
     def busy(self) -> bool:
         return False

@@ -110,6 +110,17 @@ class Rooms:
             self._move(room, "queued")
             return None
 
+    def refuse(self, room_id: int, message: str) -> None:
+        """The room's prefill request was refused before it could arrive: the room fails
+        (created failed if the decode has not claimed it yet; one another request holds
+        is left alone)."""
+        with self._lock:
+            room = self._rooms.get(room_id)
+            if room is None:
+                self._rooms[room_id] = Room(room_id, "failed", message=message)
+            elif room.state == "waiting":
+                self._move(room, "failed", message)
+
     def ready(self, room_id: int) -> None:
         with self._lock:
             room = self._rooms.get(room_id)

@@ -175,6 +175,7 @@ class SchedulerLoop:
                 self.role.add(self.reqs.make(self.role.prepare(message)))
         except Exception as err:  # isolated: this request fails, the loop goes on
             logger.exception("request %s refused", rid)
+            self.role.refused(message, str(err))
             return [
                 TokenOutput(
                     rid,

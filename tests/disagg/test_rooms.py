@@ -57,3 +57,20 @@ def test_a_late_claim_hears_why_the_room_ended():
     assert "no decode claimed the room" in why
     assert rooms.claim(5, CLAIM) is None
     assert rooms.claim(5, CLAIM) == "bootstrap room 5 is claimed already"
+
+
+def test_a_refused_prefill_request_fails_its_room_at_once():
+    """The prefill refused the request (building or queueing it): the decode's claim, made
+    before or after, hears why at once; a room another request holds is left alone."""
+    rooms = Rooms(timeout_s=300)
+    assert rooms.claim(6, CLAIM) is None  # the decode claimed first: waiting
+    rooms.refuse(6, "the prefill refused the request: the prompt is empty")
+    report = rooms.status([6], cancel=[])[6]
+    assert report["state"] == "failed" and "the prompt is empty" in report["message"]
+    rooms.refuse(7, "the prefill refused the request: too long")  # no claim yet
+    why = rooms.claim(7, CLAIM)
+    assert why is not None and "too long" in why
+    rooms.arrive(8)  # another request holds room 8: a duplicate's refusal leaves it
+    rooms.refuse(8, "bootstrap room 8 is in use (queued)")
+    assert rooms.claim(8, CLAIM) is None
+    assert rooms.start_early(8) == CLAIM
