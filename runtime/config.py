@@ -283,6 +283,12 @@ class EngineConfig:
     tp_size: int = 1
     dp_size: int = 1
     load_balance_method: str = "round_robin"  # round_robin | shortest_queue
+    # One tensor-parallel group over several nodes (SGLang's): node 0 runs the HTTP server
+    # and ranks 0 .. tp_size / nnodes - 1, node r the next tp_size / nnodes ranks, all joined
+    # at dist_init_addr (HOST:PORT on node 0; unset on one node: a loopback port).
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
 
     # scheduling
     max_running_requests: int = 256
@@ -342,7 +348,8 @@ class EngineConfig:
         chunk = self.chunked_prefill_size or (8192 if on_cuda else 2048)
         mixed_chunk = self.mixed_chunk_size or (max(chunk, 1) if on_cuda else 96)
         # every rank of every data-parallel group is a process with its own threads
-        ranks = max(1, self.tp_size * self.dp_size)  # bad sizes are refused at launch
+        # bad sizes are refused at launch; a node runs its share of the ranks
+        ranks = max(1, self.tp_size * self.dp_size // max(self.nnodes, 1))
         threads = self.cpu_threads or max(1, _usable_cores() // ranks)
         backend = self.attention_backend
         if backend == "auto":

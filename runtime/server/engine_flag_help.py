@@ -75,6 +75,11 @@ ENGINE_FLAG_HELP: Mapping[str, str] = {
     "KV-head shard to the decode rank of its number)",
     "dp_size": "data parallelism: independent groups of --tp-size ranks behind one "
     "tokenizer manager; GPUs used: tp-size x dp-size; unified role only",
+    "nnodes": "nodes one tensor-parallel group spans (--tp-size / --nnodes ranks each); "
+    "node 0 serves HTTP, the others only run their ranks",
+    "node_rank": "this node's number, 0 .. --nnodes - 1",
+    "dist_init_addr": "HOST:PORT where the group's ranks meet (node 0's address; needed "
+    "with --nnodes > 1); unset on one node: a free loopback port",
     "load_balance_method": "how requests spread over the --dp-size groups: round_robin "
     "(in turn) or shortest_queue (to the group with the fewest requests)",
     "max_queued_requests": "requests that may wait beyond --max-running-requests; past "

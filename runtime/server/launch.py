@@ -1,5 +1,5 @@
 """Starts one runtime instance: scheduler and detokenizer subprocesses, then the HTTP server
-(``http_serve``).
+(``http_serve``); on a node past the first (``--node-rank`` > 0) only its scheduler ranks.
 
 Start-up waits until every subprocess reports ready; if one dies meanwhile (the OOM killer,
 say) the server reaps the others and exits 1, naming the child and the signal. If a
@@ -13,6 +13,8 @@ import dataclasses
 import logging
 import multiprocessing as mp
 import os
+import signal
+import threading
 import time
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -58,13 +60,14 @@ def _spawn_children(
         )
         for place in places
     ]
-    specs.append(
-        (
-            "detokenizer",
-            "kvflow.runtime.server.detokenizer_process:run_detokenizer_process",
-            (tokenizer_path, paths),
+    if engine.node_rank == 0:  # the other nodes only run ranks (rank 0 answers)
+        specs.append(
+            (
+                "detokenizer",
+                "kvflow.runtime.server.detokenizer_process:run_detokenizer_process",
+                (tokenizer_path, paths),
+            )
         )
-    )
     procs: list[BaseProcess] = []
     pipes = []
     for name, target, target_args in specs:
@@ -127,6 +130,29 @@ def _reap(procs: list[BaseProcess]) -> None:
             proc.join()
 
 
+def _run_ranks_only(args: ServerArgs, procs: list[BaseProcess]) -> int:
+    """A node past the first (``--node-rank`` > 0): no HTTP server, its ranks serve node
+    0's requests. Runs until one of them ends (exit 1: its group cannot go on; the other
+    nodes' ranks fail their next collective and end too) or SIGTERM/SIGINT (exit 0)."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    engine = args.engine
+    logger.info(
+        "node %d of %d: %d tensor-parallel ranks joined at %s (node 0 serves HTTP)",
+        engine.node_rank,
+        engine.nnodes,
+        len(procs),
+        engine.dist_init_addr,
+    )
+    while not stop.wait(0.2):
+        dead = [p for p in procs if not p.is_alive()]
+        if dead:
+            logger.error("%s; this node exits", ", ".join(describe_exit(p) for p in dead))
+            return 1
+    return 0
+
+
 def launch_server(args: ServerArgs) -> int:
     """Run until SIGTERM/SIGINT or a subprocess failure; returns the process exit code."""
     logging.basicConfig(
@@ -146,6 +172,9 @@ def launch_server(args: ServerArgs) -> int:
     procs: list[BaseProcess] = []
     try:
         procs, pipes = _spawn_children(args, paths)
+        if args.engine.node_rank > 0:
+            _wait_ready(pipes, procs)
+            return _run_ranks_only(args, procs)
         # NOTE: while the children start, the HTTP side imports (fastapi, pydantic, uvicorn:
         # 0.3 s) and loads the tokenizer, overlapping the scheduler's imports and model load
         from kvflow.runtime.server.http_serve import serve_http

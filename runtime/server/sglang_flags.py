@@ -74,7 +74,6 @@ class ValueRule:
 
 
 _NO_HUB = "kvflow loads local folders only (no model hub): download first"
-_ONE_NODE = "kvflow serve runs on one node; scale out with replicas behind kvflow router"
 
 SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
     # model and tokenizer
@@ -152,9 +151,9 @@ SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
         "tokenizer manager",
         nargs=0,
     ),
-    "--dist-init-addr": Refuse(_ONE_NODE),
-    "--nnodes": Refuse(_ONE_NODE, accepts=("1",)),
-    "--node-rank": Refuse(_ONE_NODE, accepts=("0",)),
+    "--dist-init-addr": Same("node 0's HOST:PORT where the ranks meet"),
+    "--nnodes": Same("tensor parallelism over nodes; unified role, --dp-size 1"),
+    "--node-rank": Same(),
     "--base-gpu-id": Refuse("choose the GPUs with CUDA_VISIBLE_DEVICES", accepts=("0",)),
     # device and kernels
     "--device": Same("auto | cpu | cuda"),
