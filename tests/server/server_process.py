@@ -30,6 +30,20 @@ def processes_left(pids: list[int], timeout: float = 5.0) -> list[int]:
     return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
 
 
+def assert_refused_at_start(flags: list[str], message: str) -> None:
+    """``kvflow serve`` with ``flags`` refuses before starting anything: exit 2, one line
+    saying ``message``, no traceback."""
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "kvflow", "serve", "--port", "1", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert message in done.stderr + done.stdout
+    assert "Traceback" not in done.stderr
+
+
 def float32_on_cpu(flags: tuple[str, ...]) -> tuple[str, ...]:
     """``flags`` with ``--dtype float32`` first when they name no dtype and no GPU is here:
     the references test servers are compared with (transformers, ``make_engine``) run
