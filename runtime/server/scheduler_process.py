@@ -137,6 +137,7 @@ class SchedulerLoop:
             "tokenizer_path": None if self.tokenizer_folder is None else str(self.tokenizer_folder),
             "device": self.runner.device,
             "dtype": str(self.runner.dtype).removeprefix("torch."),
+            "kv_cache_dtype": str(self.runner.kv_dtype).removeprefix("torch."),
             "role": self.args.role,
             "tp_size": self.runner.config.tp_size,
             "is_embedding": self.runner.pooling is not None,

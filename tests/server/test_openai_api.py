@@ -176,3 +176,10 @@ def test_health_generate_and_flush(server):
     server.wait_idle_and_free()
     assert httpx.post(f"{server.url}/flush_cache", timeout=30).json() == {"flushed": True}
     assert server.server_info()["stats"]["cached_tokens"] == 0
+
+
+def test_server_info_names_the_model_and_kv_dtypes(server):
+    """/get_server_info: the weights' dtype and the KV cache's (float32 here, the tests'
+    CPU default; --kv-cache-dtype auto keeps the model's)."""
+    info = server.server_info()
+    assert (info["dtype"], info["kv_cache_dtype"]) == ("float32", "float32")
