@@ -29,6 +29,7 @@ import ctypes
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from kvflow.kernels.cpu.build import function
@@ -62,10 +63,16 @@ class QuantPacked:
     layout: int
     dtype: torch.dtype
 
+    @property
+    def dtypes(self) -> tuple[torch.dtype, ...]:
+        """The activation dtypes :func:`qgemm` takes on these panels."""
+        if self.layout == _Q4_1_BF16:
+            return (torch.bfloat16,)
+        return (torch.float32, torch.bfloat16)
+
     def takes(self, x: torch.Tensor) -> bool:
         """Whether :func:`qgemm` runs ``x`` on this weight."""
-        dtypes = (torch.bfloat16,) if self.layout == _Q4_1_BF16 else (torch.float32, torch.bfloat16)
-        return x.device.type == "cpu" and x.dtype in dtypes and x.shape[-1] == self.k
+        return x.device.type == "cpu" and x.dtype in self.dtypes and x.shape[-1] == self.k
 
 
 def supports(block_type: str, k: int) -> bool:
@@ -73,44 +80,47 @@ def supports(block_type: str, k: int) -> bool:
     return block_type in BLOCK_TYPES and k % BLOCK == 0 and bool(_caps() & 1)
 
 
-def _rows_in_panels(raw: torch.Tensor, block_bytes: int) -> torch.Tensor:
+def _rows_in_panels(raw: np.ndarray, block_bytes: int) -> np.ndarray:
     """``raw`` uint8 ``[N, B * block_bytes]`` -> ``[P, 16, B, block_bytes]`` (zero rows pad N)."""
     n = raw.shape[0]
     padded = -(-n // PANEL) * PANEL
     if padded != n:
-        raw = torch.cat([raw, raw.new_zeros(padded - n, raw.shape[1])])
-    return raw.view(padded // PANEL, PANEL, -1, block_bytes)
+        raw = np.concatenate([raw, np.zeros((padded - n, raw.shape[1]), np.uint8)])
+    return raw.reshape(padded // PANEL, PANEL, -1, block_bytes)
 
 
 def pack(raw: torch.Tensor, block_type: str, dtype: torch.dtype) -> QuantPacked:
     """GGUF's rows of blocks, ``raw`` uint8 ``[N, K / 32 * block bytes]``, in the kernel's
-    panels for activations of ``dtype`` (a new tensor; see the module docstring)."""
+    panels for activations of ``dtype`` (a new tensor; see the module docstring).
+
+    NOTE: the byte shuffles run in numpy: torch's copies of permuted uint8 tensors took
+    10x longer (seconds over a model's layers)."""
     if block_type not in BLOCK_TYPES or raw.dtype != torch.uint8 or raw.dim() != 2:
         raise ValueError(f"cannot pack a {raw.dtype} {block_type} tensor of {tuple(raw.shape)}")
     block_bytes, layout = BLOCK_TYPES[block_type]
     n, k = raw.shape[0], raw.shape[1] // block_bytes * BLOCK
     if raw.shape[1] % block_bytes or not supports(block_type, k):
         raise ValueError(f"cannot pack {block_type} rows of {raw.shape[1]} bytes")
-    blocks = _rows_in_panels(raw.contiguous(), block_bytes)  # [P, 16, B, bytes]
+    blocks = _rows_in_panels(raw.numpy(), block_bytes)  # [P, 16, B, bytes]
     p, b = blocks.shape[0], blocks.shape[2]
 
-    def by_block(part: torch.Tensor) -> torch.Tensor:  # [P, 16, B, w] -> [P, B, w, 16]
-        return part.permute(0, 2, 3, 1)
+    def by_block(part: np.ndarray) -> np.ndarray:  # [P, 16, B, w] -> [P, B, w * 16]
+        return part.transpose(0, 2, 3, 1).reshape(p, b, -1)
 
-    def scales(at: int) -> torch.Tensor:  # fp16 bytes -> [P, B, 16 * 2]
-        return blocks[..., at : at + 2].permute(0, 2, 1, 3).reshape(p, b, 2 * PANEL)
+    def scales(at: int) -> np.ndarray:  # fp16 bytes -> [P, B, 16 * 2]
+        return blocks[..., at : at + 2].transpose(0, 2, 1, 3).reshape(p, b, 2 * PANEL)
 
     if block_type == "Q8_0":
-        parts = [scales(0), by_block(blocks[..., 2:]).reshape(p, b, BLOCK * PANEL)]
+        parts = [scales(0), by_block(blocks[..., 2:])]
     elif dtype == torch.bfloat16 and _caps() & 2:
         layout = _Q4_1_BF16
         qs = blocks[..., 4:]
-        quants = torch.cat([qs & 15, qs >> 4], dim=-1).view(p, PANEL, b, 8, 2, 2)  # j, h, kk
-        chunks = quants[..., 0, :] | (quants[..., 1, :] << 4)  # [P, 16, B, 8, 2]
-        parts = [scales(0), scales(2), chunks.permute(0, 2, 3, 1, 4).reshape(p, b, -1)]
+        quants = np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(p, PANEL, b, 8, 2, 2)
+        chunks = quants[..., 0, :] | (quants[..., 1, :] << 4)  # [P, 16, B, j, kk]
+        parts = [scales(0), scales(2), chunks.transpose(0, 2, 3, 1, 4).reshape(p, b, -1)]
     else:
-        parts = [scales(0), scales(2), by_block(blocks[..., 4:]).reshape(p, b, -1)]
-    panels = torch.cat(parts, dim=-1).contiguous()
+        parts = [scales(0), scales(2), by_block(blocks[..., 4:])]
+    panels = torch.from_numpy(np.concatenate(parts, axis=-1))
     return QuantPacked(block_type, n, k, panels, layout, dtype)
 
 

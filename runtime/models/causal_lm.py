@@ -17,10 +17,10 @@ from kvflow.runtime.distributed import TPGroup
 from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.layers import (
     LINEAR_METHODS,
+    CpuMatmul,
     ExpertWeights,
     LinearBase,
     LinearMethod,
-    PackedWeight,
     ParallelLMHead,
     RMSNorm,
     RotaryEmbedding,
@@ -75,7 +75,7 @@ class CausalLM(nn.Module, ABC):
             self.build_layer(i, rotary, linear_method, tp) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.packed_head: PackedWeight | None = None  # a tied head's, on CPU
+        self.packed_head: CpuMatmul | None = None  # a tied head's, on CPU
         self.lm_head = (
             None
             if config.tie_word_embeddings
@@ -102,21 +102,25 @@ class CausalLM(nn.Module, ABC):
         """Give every projection of the decoder layers ``quant``'s linear method, except
         those whose Hugging Face modules ``quant`` ignores (the LM head and the embedding
         stay float); before loading, on ``meta``. A merged projection is quantized whole:
-        a checkpoint that ignores some of its parts and not others is refused."""
+        a checkpoint that ignores some of its parts and not others is refused. Layers of
+        one scheme share a method (a GGUF file's layers may differ in block type)."""
         self.quant_config = quant
-        method = LINEAR_METHODS.get(quant.linear_method)(quant.scheme)
+        methods: dict[object, LinearMethod] = {}
         for name, module in self.named_modules():
             if not (isinstance(module, LinearBase) and name.startswith("layers.")):
                 continue
-            ignored = {quant.ignores(hf) for hf in self._hf_modules(name)}
+            ignored = {quant.ignores(hf) for hf in self.hf_modules(name)}
             if len(ignored) > 1:
                 raise ValueError(
                     f"{name}: the checkpoint quantizes some of its merged parts and not others"
                 )
             if not ignored.pop():
-                module.set_method(method)
+                scheme = quant.scheme_for(self.hf_modules(name))
+                if scheme not in methods:
+                    methods[scheme] = LINEAR_METHODS.get(quant.linear_method)(scheme)
+                module.set_method(methods[scheme])
 
-    def _hf_modules(self, name: str) -> list[str]:
+    def hf_modules(self, name: str) -> list[str]:
         """The Hugging Face module names a projection of ours loads (its merged parts)."""
         for part, ours in self.renamed_parts.items():
             name = name.replace(f".{ours}.", f".{part}.")

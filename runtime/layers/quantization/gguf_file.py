@@ -1,0 +1,110 @@
+"""What a GGUF file holds, read from its header (``gguf.GGUFReader`` memory-maps the file;
+no tensor is read) and cached per file version: the block type of each linear tensor,
+checked against the types the native kernels serve. Torch-free: the CLI calls it before any
+process starts."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from kvflow.runtime.env import cache_dir
+from kvflow.runtime.layers.quantization.config import GgufScheme, GgufSource, QuantConfig
+
+__all__ = ["SERVED_BLOCK_TYPES", "gguf_name", "gguf_quant_config"]
+
+# kvflow.kernels.cpu.qgemm.BLOCK_TYPES (which imports torch)
+SERVED_BLOCK_TYPES = ("Q8_0", "Q4_1")
+
+
+@functools.cache
+def _names(num_layers: int) -> Any:
+    from gguf import MODEL_ARCH, get_tensor_name_map
+
+    return get_tensor_name_map(MODEL_ARCH.LLAMA, num_layers)  # builds a big map: once
+
+
+def gguf_name(hf_module: str, num_layers: int) -> str | None:
+    """The GGUF name of a Hugging Face module of a Llama (``model.layers.3.self_attn.q_proj``
+    -> ``blk.3.attn_q``; ``lm_head`` -> ``output``), by ``gguf``'s tensor name map."""
+    return _names(num_layers).get_name(hf_module)
+
+
+def _scan(path: Path) -> dict[str, Any]:
+    """The header's architecture, layer count and the block type of every linear tensor."""
+    from gguf import MODEL_TENSOR, GGUFReader
+
+    reader = GGUFReader(str(path), "r")
+    arch, layers = reader.get_field("general.architecture"), reader.get_field("llama.block_count")
+    num_layers = int(layers.contents()) if layers is not None else 0
+    linear = {
+        MODEL_TENSOR.ATTN_Q,
+        MODEL_TENSOR.ATTN_K,
+        MODEL_TENSOR.ATTN_V,
+        MODEL_TENSOR.ATTN_OUT,
+        MODEL_TENSOR.FFN_GATE,
+        MODEL_TENSOR.FFN_UP,
+        MODEL_TENSOR.FFN_DOWN,
+    }
+    names = _names(num_layers)
+    types = {
+        tensor.name.removesuffix(".weight"): tensor.tensor_type.name
+        for tensor in reader.tensors
+        if names.get_type(tensor.name.removesuffix(".weight")) in linear
+    }
+    return {
+        "arch": arch.contents() if arch is not None else None,
+        "num_layers": num_layers,
+        "types": types,
+    }
+
+
+def _cached_scan(path: Path) -> dict[str, Any]:
+    """:func:`_scan`, kept under the kvflow cache per file version.
+
+    NOTE: GGUFReader parses every header field (SmolLM2's 49k-token vocabulary and merges:
+    3-5 s on 2 cores); the CLI check and the scheduler would each pay it."""
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    cached = cache_dir() / "gguf" / f"{key.hexdigest()[:16]}.json"
+    try:
+        return dict(json.loads(cached.read_text()))
+    except (OSError, ValueError):
+        pass
+    scan = _scan(path)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(scan))
+        os.replace(tmp, cached)
+    except OSError:  # a read-only cache: scan again next time
+        pass
+    return scan
+
+
+def gguf_quant_config(path: str | Path) -> QuantConfig:
+    """``--quantization gguf`` for the Llama GGUF at ``path``: every projection of the
+    decoder layers in a served block type. ValueError (one line) otherwise."""
+    path = Path(path)
+    scan = _cached_scan(path)
+    if scan["arch"] != "llama":
+        raise ValueError(
+            f"--quantization gguf: {path.name} is a {scan['arch']!r} model; kvflow serves llama"
+        )
+    types: dict[str, str] = scan["types"]
+    for name, block_type in sorted(types.items()):
+        if block_type not in SERVED_BLOCK_TYPES:
+            raise ValueError(
+                f"--quantization gguf: {name}.weight is {block_type}; the CPU kernels serve "
+                f"{', '.join(SERVED_BLOCK_TYPES)}"
+            )
+    if not types:
+        raise ValueError(f"--quantization gguf: {path.name} has no quantized projections")
+    common = Counter(types.values()).most_common(1)[0][0]
+    source = GgufSource(str(path), int(scan["num_layers"]), tuple(sorted(types.items())))
+    return QuantConfig("gguf", GgufScheme(common), linear_method="gguf", gguf=source)
