@@ -106,6 +106,8 @@ def load_model(
         is_moe=config.num_experts > 0,
         gguf_file=None if source is None else str(source),
     )
+    if quant is not None and quant.gguf is not None and device != "cpu":
+        raise ValueError("--quantization gguf runs on CPU only (its kernels are CPU kernels)")
     with torch.device("meta"):
         model = model_cls(config, tp=tp)
         if quant is not None:

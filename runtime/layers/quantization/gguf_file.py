@@ -16,7 +16,7 @@ from typing import Any
 from kvflow.runtime.env import cache_dir
 from kvflow.runtime.layers.quantization.config import GgufScheme, GgufSource, QuantConfig
 
-__all__ = ["SERVED_BLOCK_TYPES", "gguf_name", "gguf_quant_config"]
+__all__ = ["SERVED_BLOCK_TYPES", "check_gguf_serving", "gguf_name", "gguf_quant_config"]
 
 # kvflow.kernels.cpu.qgemm.BLOCK_TYPES (which imports torch)
 SERVED_BLOCK_TYPES = ("Q8_0", "Q4_1")
@@ -108,3 +108,18 @@ def gguf_quant_config(path: str | Path) -> QuantConfig:
     common = Counter(types.values()).most_common(1)[0][0]
     source = GgufSource(str(path), int(scan["num_layers"]), tuple(sorted(types.items())))
     return QuantConfig("gguf", GgufScheme(common), linear_method="gguf", gguf=source)
+
+
+def check_gguf_serving(device: str, tp_size: int, load_format: str) -> None:
+    """ValueError (one line) where ``--quantization gguf`` cannot run: off CPU (``auto``
+    resolving to CUDA included), sharded, or without the file's weights."""
+    from kvflow.runtime.config import _cuda_available
+
+    if device.startswith("cuda") or (device == "auto" and _cuda_available()):
+        raise ValueError(
+            "--quantization gguf runs on CPU only (its kernels are CPU kernels): add --device cpu"
+        )
+    if tp_size > 1:
+        raise ValueError("--quantization gguf runs with --tp-size 1 (GGUF rows are not sharded)")
+    if load_format == "dummy":
+        raise ValueError("--quantization gguf reads the GGUF's weights: drop --load-format dummy")
