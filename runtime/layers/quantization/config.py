@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from kvflow.runtime.layers.quantization.gguf_file import GgufScheme, GgufSource, read_gguf_source
 from kvflow.runtime.utils import Registry
 
 __all__ = [
@@ -48,33 +49,6 @@ class Fp8Scheme:
     block_size: tuple[int, int] | None = None
     scale_name: str = "weight_scale"
     serialized: bool = True
-
-
-@dataclass(frozen=True)
-class GgufScheme:
-    """One linear layer's weights as a GGUF file stores them: rows of blocks of
-    ``block_type`` (``Q8_0``, ``Q4_1``), run by the native CPU kernels
-    (:mod:`kvflow.kernels.cpu.qgemm`)."""
-
-    block_type: str
-
-
-@dataclass(frozen=True)
-class GgufSource:
-    """The GGUF file a model's weights are read from (``--quantization gguf``): its
-    ``path``, its layer count and the block type of each linear tensor, by GGUF name
-    (``blk.3.attn_q``)."""
-
-    path: str
-    num_layers: int
-    block_types: tuple[tuple[str, str], ...]
-
-    def block_type(self, hf_module: str) -> str | None:
-        """The block type of the Hugging Face module's tensor (None: not a linear tensor
-        of the file)."""
-        from kvflow.runtime.layers.quantization.gguf_file import gguf_name
-
-        return dict(self.block_types).get(gguf_name(hf_module, self.num_layers) or "")
 
 
 @dataclass(frozen=True)
@@ -146,14 +120,14 @@ def resolve_quantization(
             f"--quantization {flag}: kvflow serves {', '.join(QUANTIZATION_FLAG_VALUES)}"
         )
     if flag == "gguf":
-        from kvflow.runtime.layers.quantization.gguf_file import gguf_quant_config
-
         if checkpoint is not None or gguf_file is None:
             raise ValueError(
                 "--quantization gguf: this model has no GGUF file (gguf serves the embedded "
                 "model, whose GGUF is known)"
             )
-        return gguf_quant_config(gguf_file)
+        source = read_gguf_source(gguf_file)
+        scheme = GgufScheme(source.common_block_type)
+        return QuantConfig("gguf", scheme, linear_method="gguf", gguf=source)
     if checkpoint is None:
         if flag in (None, "fp8"):
             if flag and is_moe:

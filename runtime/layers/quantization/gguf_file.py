@@ -10,16 +10,53 @@ import hashlib
 import json
 import os
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvflow.runtime.env import cache_dir
-from kvflow.runtime.layers.quantization.config import GgufScheme, GgufSource, QuantConfig
 
-__all__ = ["SERVED_BLOCK_TYPES", "check_gguf_serving", "gguf_name", "gguf_quant_config"]
+__all__ = [
+    "SERVED_BLOCK_TYPES",
+    "GgufScheme",
+    "GgufSource",
+    "check_gguf_serving",
+    "gguf_name",
+    "read_gguf_source",
+]
 
 # kvflow.kernels.cpu.qgemm.BLOCK_TYPES (which imports torch)
 SERVED_BLOCK_TYPES = ("Q8_0", "Q4_1")
+
+
+@dataclass(frozen=True)
+class GgufScheme:
+    """One linear layer's weights as a GGUF file stores them: rows of blocks of
+    ``block_type`` (``Q8_0``, ``Q4_1``), run by the native CPU kernels
+    (:mod:`kvflow.kernels.cpu.qgemm`)."""
+
+    block_type: str
+
+
+@dataclass(frozen=True)
+class GgufSource:
+    """The GGUF file a model's weights are read from (``--quantization gguf``): its
+    ``path``, its layer count and the block type of each linear tensor, by GGUF name
+    (``blk.3.attn_q``)."""
+
+    path: str
+    num_layers: int
+    block_types: tuple[tuple[str, str], ...]
+
+    def block_type(self, hf_module: str) -> str | None:
+        """The block type of the Hugging Face module's tensor (None: not a linear tensor
+        of the file)."""
+        return dict(self.block_types).get(gguf_name(hf_module, self.num_layers) or "")
+
+    @property
+    def common_block_type(self) -> str:
+        """The block type most of the linear tensors have."""
+        return Counter(dict(self.block_types).values()).most_common(1)[0][0]
 
 
 @functools.cache
@@ -87,9 +124,9 @@ def _cached_scan(path: Path) -> dict[str, Any]:
     return scan
 
 
-def gguf_quant_config(path: str | Path) -> QuantConfig:
-    """``--quantization gguf`` for the Llama GGUF at ``path``: every projection of the
-    decoder layers in a served block type. ValueError (one line) otherwise."""
+def read_gguf_source(path: str | Path) -> GgufSource:
+    """The Llama GGUF at ``path`` as ``--quantization gguf`` serves it: every projection of
+    the decoder layers in a served block type. ValueError (one line) otherwise."""
     path = Path(path)
     scan = _cached_scan(path)
     if scan["arch"] != "llama":
@@ -105,9 +142,7 @@ def gguf_quant_config(path: str | Path) -> QuantConfig:
             )
     if not types:
         raise ValueError(f"--quantization gguf: {path.name} has no quantized projections")
-    common = Counter(types.values()).most_common(1)[0][0]
-    source = GgufSource(str(path), int(scan["num_layers"]), tuple(sorted(types.items())))
-    return QuantConfig("gguf", GgufScheme(common), linear_method="gguf", gguf=source)
+    return GgufSource(str(path), int(scan["num_layers"]), tuple(sorted(types.items())))
 
 
 def check_gguf_serving(device: str, tp_size: int, load_format: str) -> None:
