@@ -404,7 +404,7 @@ def _check_quantization(parser: argparse.ArgumentParser, ns: argparse.Namespace)
     from kvflow.runtime.models import resolve_model_path
     from kvflow.runtime.models.embedded import embedded_gguf_file, gguf_source
 
-    saved, is_moe, gguf_file = None, False, None
+    saved, is_moe, gguf_file = None, False, None  # gguf_file: the GGUF the model came from
     if ns.model_path:
         try:
             folder = resolve_model_path(ns.model_path, ns.load_format)
@@ -412,16 +412,17 @@ def _check_quantization(parser: argparse.ArgumentParser, ns: argparse.Namespace)
         except (OSError, ValueError, KeyError):
             return
         saved, is_moe = config.quantization_config, config.num_experts > 0
-        gguf_file = gguf_source(folder) if folder.is_dir() else None
+        source = gguf_source(folder) if folder.is_dir() else None
+        gguf_file = None if source is None else str(source)
     elif ns.quantization == "gguf":
         try:
-            gguf_file = embedded_gguf_file()
+            gguf_file = str(embedded_gguf_file())
         except FileNotFoundError:
             return
     try:
         if ns.quantization == "gguf":
             check_gguf_serving(ns.device, ns.tp_size, ns.load_format)
-        resolve_quantization(saved, ns.quantization, is_moe, gguf_file and str(gguf_file))
+        resolve_quantization(saved, ns.quantization, is_moe, gguf_file)
     except ValueError as err:
         parser.error(str(err))
 
