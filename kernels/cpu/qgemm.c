@@ -12,8 +12,11 @@
  * one (AVX512-BF16, Q4_1 only) turns a nibble q into the bfloat16 128 + q with one bitwise
  * op (0x4300 | q: exponent of 128, q in the 7 mantissa bits) and multiplies pairs of them
  * into pairs of bfloat16 activations with vdpbf16ps; the 128 * sum(x) it adds is taken
- * back in the block's scaling. Threads of the kernels' pool (pool.h) take runs of panel
- * pairs; each pair runs every tile of up to 4 rows.
+ * back in the block's scaling. From 16 rows on (prefill chunks, large batches) a panel pair
+ * is instead dequantized once per pass into float32 (what gguf's dequantize computes) and
+ * the rows run dense FMA tiles of 8 on it, so the decoding is paid once, not per 4 rows.
+ * Threads of the kernels' pool (pool.h) take runs of panel pairs of a pass of 256 rows;
+ * each pair runs every tile of the pass.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -32,6 +35,11 @@
 #define KVF_QMR 4    /* rows per tile */
 #define KVF_QK 32    /* k per GGUF block */
 #define KVF_QCHUNK 2 /* panel pairs a thread takes at a time */
+#define KVF_QMC 256 /* rows per pass over the panels (kept in L2 meanwhile) */
+/* From this many rows a panel pair is dequantized once per row pass into float32 and the
+ * rows run a dense tile of 8 on it (many rows: the per-row dequantizing would dominate). */
+#define KVF_QDENSE_ROWS 16
+#define KVF_QMR_DENSE 8
 
 /* layouts (qgemm.py): bytes of one panel's block */
 enum { KVF_Q8_0 = 0, KVF_Q4_1 = 1, KVF_Q4_1_BF16 = 2 };
@@ -224,6 +232,80 @@ static inline __attribute__((always_inline)) void qtile_bf16(const uint16_t *x, 
 }
 #endif
 
+/* One panel (all its blocks) dequantized into float32 [k][16], as gguf's dequantize
+ * computes d q (+ m). */
+static void dequant_panel(const uint8_t *panel, int64_t blocks, int layout, float *w) {
+    const int64_t bytes = kvf_qbytes[layout];
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *blockp = panel + b * bytes;
+        float *wb = w + b * KVF_QK * KVF_QNR;
+        kvf_q16 d = half16(blockp);
+        if (layout == KVF_Q8_0) {
+            for (int i = 0; i < KVF_QK; i++) {
+                kvf_q16 v = d * q8_16(blockp + 32 + i * KVF_QNR);
+                memcpy(wb + i * KVF_QNR, &v, sizeof v);
+            }
+            continue;
+        }
+        kvf_q16 m = half16(blockp + 32);
+        if (layout == KVF_Q4_1) {
+            for (int j = 0; j < KVF_QK / 2; j++) {
+                kvf_q16 low, high;
+                nibbles16(blockp + 64 + j * KVF_QNR, &low, &high);
+                low = d * low + m, high = d * high + m;
+                memcpy(wb + j * KVF_QNR, &low, sizeof low);
+                memcpy(wb + (j + 16) * KVF_QNR, &high, sizeof high);
+            }
+            continue;
+        }
+        /* the bfloat16 Q4_1 layout: chunk j, byte 2c + kk holds k = 4j + kk (low nibble) and
+         * k = 4j + 2 + kk (high) of column c */
+        float dv[KVF_QNR], mv[KVF_QNR];
+        memcpy(dv, &d, sizeof dv), memcpy(mv, &m, sizeof mv);
+        for (int j = 0; j < KVF_QK / 4; j++)
+            for (int c = 0; c < KVF_QNR; c++)
+                for (int kk = 0; kk < 2; kk++) {
+                    uint8_t byte = blockp[64 + j * 32 + 2 * c + kk];
+                    wb[(4 * j + kk) * KVF_QNR + c] = dv[c] * (float)(byte & 15) + mv[c];
+                    wb[(4 * j + 2 + kk) * KVF_QNR + c] = dv[c] * (float)(byte >> 4) + mv[c];
+                }
+    }
+}
+
+/* Dense tile over a dequantized pair: float32 rows xf (stride k) times w0 (and w1 when
+ * np == 2), each [k][16]. */
+static inline __attribute__((always_inline)) void dense_qtile(const float *xf, int64_t k,
+                                                              const int mr, const float *w0,
+                                                              const float *w1, const int np,
+                                                              char *out, int64_t o_st,
+                                                              int n_valid, int is_bf16) {
+    kvf_q16 acc[KVF_QMR_DENSE][2];
+    for (int r = 0; r < mr; r++) acc[r][0] = acc[r][1] = (kvf_q16){0};
+    for (int64_t i = 0; i < k; i++) {
+        kvf_q16 v0, v1 = {0};
+        memcpy(&v0, w0 + i * KVF_QNR, sizeof v0);
+        if (np == 2) memcpy(&v1, w1 + i * KVF_QNR, sizeof v1);
+        for (int r = 0; r < mr; r++) {
+            float xv = xf[r * k + i];
+            acc[r][0] += xv * v0;
+            if (np == 2) acc[r][1] += xv * v1;
+        }
+    }
+    store_qtile(acc, mr, np, out, o_st, n_valid, is_bf16);
+}
+
+#define KVF_QROWS8(CALL)        \
+    switch (mr) {               \
+        case 1: CALL(1); break; \
+        case 2: CALL(2); break; \
+        case 3: CALL(3); break; \
+        case 4: CALL(4); break; \
+        case 5: CALL(5); break; \
+        case 6: CALL(6); break; \
+        case 7: CALL(7); break; \
+        default: CALL(8); break; \
+    }
+
 struct qgemm_args {
     const char *x;
     const float *xf, *xs;
@@ -241,19 +323,43 @@ struct qgemm_args {
         default: CALL(4); break; \
     }
 
+/* Tasks [lo, hi): task t is run t % runs (KVF_QCHUNK panel pairs) of row block t / runs
+ * (KVF_QMC rows); each pair runs every tile of the block: dequantized once into `w` and
+ * run in dense tiles from KVF_QDENSE_ROWS rows on, else in quantized tiles. */
 static void qgemm_tasks(void *ctx, int64_t lo, int64_t hi) {
     const struct qgemm_args *a = ctx;
     const int64_t blocks = a->k / KVF_QK, panel = blocks * kvf_qbytes[a->layout];
     const int size = a->is_bf16 ? 2 : 4;
-    for (int64_t pp_run = lo; pp_run < hi; pp_run++) {
-        int64_t pp_lo = pp_run * KVF_QCHUNK;
+    /* a pair dequantized (without memory: the quantized tiles, which need none) */
+    float *w = a->m >= KVF_QDENSE_ROWS ? malloc((size_t)(2 * a->k * KVF_QNR) * sizeof(float))
+                                       : NULL;
+    for (int64_t task = lo; task < hi; task++) {
+        int64_t m_lo = task / a->runs * KVF_QMC;
+        int64_t m_hi = a->m - m_lo < KVF_QMC ? a->m : m_lo + KVF_QMC;
+        int64_t pp_lo = task % a->runs * KVF_QCHUNK;
         int64_t pp_hi = pp_lo + KVF_QCHUNK < a->pairs ? pp_lo + KVF_QCHUNK : a->pairs;
         for (int64_t pp = pp_lo; pp < pp_hi; pp++) {
             int np = 2 * pp + 1 < a->panels ? 2 : 1;
             int n_valid = (int)(a->n - pp * 2 * KVF_QNR);
             const uint8_t *b0 = a->packed + pp * 2 * panel;
-            for (int64_t m0 = 0; m0 < a->m; m0 += KVF_QMR) {
-                int mr = (int)(a->m - m0 < KVF_QMR ? a->m - m0 : KVF_QMR);
+            if (w) {
+                float *w1 = w + a->k * KVF_QNR;
+                dequant_panel(b0, blocks, a->layout, w);
+                if (np == 2) dequant_panel(b0 + panel, blocks, a->layout, w1);
+                for (int64_t m0 = m_lo; m0 < m_hi; m0 += KVF_QMR_DENSE) {
+                    int mr = (int)(m_hi - m0 < KVF_QMR_DENSE ? m_hi - m0 : KVF_QMR_DENSE);
+                    char *dst = a->out + (m0 * a->o_st + pp * 2 * KVF_QNR) * size;
+                    const float *xf = a->xf + m0 * a->k;
+#define KVF_CALL(R)                                                                          \
+    (np == 2 ? dense_qtile(xf, a->k, R, w, w1, 2, dst, a->o_st, n_valid, a->is_bf16) \
+             : dense_qtile(xf, a->k, R, w, w1, 1, dst, a->o_st, n_valid, a->is_bf16))
+                    KVF_QROWS8(KVF_CALL)
+#undef KVF_CALL
+                }
+                continue;
+            }
+            for (int64_t m0 = m_lo; m0 < m_hi; m0 += KVF_QMR) {
+                int mr = (int)(m_hi - m0 < KVF_QMR ? m_hi - m0 : KVF_QMR);
                 char *dst = a->out + (m0 * a->o_st + pp * 2 * KVF_QNR) * size;
                 const float *xs = a->xs + m0 * blocks;
 #if KVF_Q_BF16
@@ -278,6 +384,7 @@ static void qgemm_tasks(void *ctx, int64_t lo, int64_t hi) {
             }
         }
     }
+    free(w);
 }
 
 /* x [m, k] (row stride x_st; bfloat16 when is_bf16, else float32), a packed weight of n
@@ -289,8 +396,8 @@ int kvflow_qgemm(const void *x, int64_t x_st, const void *packed, int layout, in
     if (layout < 0 || layout > KVF_Q4_1_BF16 || k % KVF_QK) return -1;
     if (layout == KVF_Q4_1_BF16 && !(KVF_Q_BF16 && is_bf16)) return -1;
     const int64_t blocks = k / KVF_QK;
-    const int portable = layout != KVF_Q4_1_BF16;
-    /* float32 copies of the rows (portable loops) and their sums per block */
+    const int portable = layout != KVF_Q4_1_BF16 || m >= KVF_QDENSE_ROWS;
+    /* float32 copies of the rows (portable and dense tiles) and their sums per block */
     float *xf = portable ? malloc((size_t)(m * k) * sizeof(float)) : NULL;
     float *xs = malloc((size_t)(m * blocks) * sizeof(float));
     if ((portable && !xf) || !xs) {
@@ -313,7 +420,7 @@ int kvflow_qgemm(const void *x, int64_t x_st, const void *packed, int layout, in
     int64_t runs = (pairs + KVF_QCHUNK - 1) / KVF_QCHUNK;
     struct qgemm_args a = {x,  xf,   xs,     packed, out,  x_st,   o_st,   m,
                            n,  k,    panels, pairs,  runs, layout, is_bf16};
-    kvf_parallel_for(runs, 1, qgemm_tasks, &a);
+    kvf_parallel_for((m + KVF_QMC - 1) / KVF_QMC * runs, 1, qgemm_tasks, &a);
     free(xf), free(xs);
     return 0;
 }

@@ -19,6 +19,9 @@ block is
   (low nibble) and ``k = 4j + 2 + kk`` (high), so a chunk widened to 16-bit lanes is
   ``vdpbf16ps``'s column pairs of two ``k`` pairs (see ``qgemm.c`` for the 128 + q trick).
 
+From 16 rows on the kernel dequantizes each panel pair once into float32 and runs dense
+tiles on it (same contract; see ``qgemm.c``).
+
 :func:`qgemm_ref` is the contract in torch: dequantize (``gguf.quants``), then
 :func:`~kvflow.kernels.cpu.gemm.gemm_ref`.
 """

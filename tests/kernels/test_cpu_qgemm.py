@@ -1,6 +1,7 @@
 """The native GGUF-block matmul (``qgemm.c``) against its torch reference (``gguf``'s
 dequantize, then the float32 matmul): both block types, both activation dtypes, row counts
-around the 4-row tiles and column counts around the 16-column panels and panel pairs."""
+around the 4-row quantized tiles, the switch to dequantized panels (16 rows), their 8-row
+tiles and 256-row passes, and column counts around the 16-column panels and panel pairs."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def _raw(n: int, k: int, block_type: str, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("block_type", ["Q8_0", "Q4_1"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 17])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 15, 16, 17, 300])
 @pytest.mark.parametrize(("n", "k"), [(16, 32), (1, 64), (33, 96), (50, 576), (250, 160)])
 def test_matches_reference(block_type, dtype, rows, n, k) -> None:
     raw = _raw(n, k, block_type, seed=rows * 1000 + n)
