@@ -12,7 +12,6 @@ same move on bytes.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 
 import numpy as np
@@ -21,7 +20,7 @@ import torch
 from kvflow.kernels.cpu import qgemm
 from kvflow.runtime.layers.quantization import GgufSource
 from kvflow.runtime.layers.quantization.gguf import QuantHead
-from kvflow.runtime.layers.quantization.gguf_file import gguf_name
+from kvflow.runtime.layers.quantization.gguf_file import gguf_name, read_tensor
 from kvflow.runtime.models.causal_lm import CausalLM
 
 __all__ = ["gguf_head", "gguf_weights"]
@@ -33,15 +32,6 @@ def _unpermute(rows: np.ndarray, heads: int) -> np.ndarray:
     return rows.reshape(heads, half, 2, *rows.shape[1:]).swapaxes(2, 1).reshape(rows.shape)
 
 
-@functools.cache
-def _tensors(path: str) -> dict[str, object]:
-    """The file's tensors by name (a memory map each); parsed once per process (the header
-    parse takes seconds, see gguf_file)."""
-    from gguf import GGUFReader
-
-    return {tensor.name: tensor for tensor in GGUFReader(path, "r").tensors}
-
-
 def _gguf_name(source: GgufSource, hf_module: str) -> str:
     name = gguf_name(hf_module, source.num_layers)
     if name is None:
@@ -51,9 +41,9 @@ def _gguf_name(source: GgufSource, hf_module: str) -> str:
 
 def gguf_weights(model: CausalLM, source: GgufSource) -> Iterator[tuple[str, torch.Tensor]]:
     """``(Hugging Face name, tensor)`` for every parameter of ``model`` from the GGUF."""
+    from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    tensors = _tensors(source.path)
     heads = {"q_proj": model.config.num_heads, "k_proj": model.config.num_kv_heads}
     for module_name, module in model.named_modules():
         param = getattr(module, "weight", None)
@@ -61,10 +51,9 @@ def gguf_weights(model: CausalLM, source: GgufSource) -> Iterator[tuple[str, tor
             continue
         hf_modules = ["lm_head"] if module_name == "lm_head" else model.hf_modules(module_name)
         for hf_module in hf_modules:
-            tensor = tensors[_gguf_name(source, hf_module)]
-            data = np.asarray(tensor.data)  # type: ignore[attr-defined]
+            type_name, data = read_tensor(source.path, _gguf_name(source, hf_module))
             if param.dtype != torch.uint8:
-                data = dequantize(data, tensor.tensor_type)  # type: ignore[attr-defined]
+                data = dequantize(data, GGMLQuantizationType[type_name])
             part = hf_module.rpartition(".")[2]
             if part in heads:
                 data = _unpermute(data, heads[part])
@@ -76,10 +65,8 @@ def gguf_head(model: CausalLM, source: GgufSource, dtype: torch.dtype) -> QuantH
     (None: untied, or another type, which stays the dequantized embedding)."""
     if model.lm_head is not None:
         return None
-    tensor = _tensors(source.path)[_gguf_name(source, "model.embed_tokens")]
-    block_type = tensor.tensor_type.name  # type: ignore[attr-defined]
-    hidden = model.config.hidden_size
-    if not qgemm.supports(block_type, hidden):
+    block_type, data = read_tensor(source.path, _gguf_name(source, "model.embed_tokens"))
+    if not qgemm.supports(block_type, model.config.hidden_size):
         return None
-    raw = torch.from_numpy(np.array(tensor.data))  # type: ignore[attr-defined]
+    raw = torch.from_numpy(np.array(data))
     return QuantHead(qgemm.pack(raw, block_type, dtype))

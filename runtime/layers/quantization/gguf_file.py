@@ -23,6 +23,7 @@ __all__ = [
     "check_gguf_serving",
     "gguf_name",
     "read_gguf_source",
+    "read_tensor",
 ]
 
 # kvflow.kernels.cpu.qgemm.BLOCK_TYPES (which imports torch)
@@ -57,6 +58,10 @@ class GgufSource:
     def common_block_type(self) -> str:
         """The block type most of the linear tensors have."""
         return Counter(dict(self.block_types).values()).most_common(1)[0][0]
+
+
+_SCAN_FORMAT = 2  # what _scan records (a new field: a new cache entry)
+_SCANS: dict[str, dict[str, Any]] = {}  # this process's scans, by cache key
 
 
 @functools.cache
@@ -94,10 +99,21 @@ def _scan(path: Path) -> dict[str, Any]:
         for tensor in reader.tensors
         if names.get_type(tensor.name.removesuffix(".weight")) in linear
     }
+    # where each tensor's bytes are, so loading memory-maps them without parsing again
+    tensors = {
+        tensor.name: [
+            tensor.tensor_type.name,
+            int(tensor.data_offset),
+            list(tensor.data.shape),
+            tensor.data.dtype.str,
+        ]
+        for tensor in reader.tensors
+    }
     return {
         "arch": arch.contents() if arch is not None else None,
         "num_layers": num_layers,
         "types": types,
+        "tensors": tensors,
     }
 
 
@@ -107,13 +123,17 @@ def _cached_scan(path: Path) -> dict[str, Any]:
     NOTE: GGUFReader parses every header field (SmolLM2's 49k-token vocabulary and merges:
     3-5 s on 2 cores); the CLI check and the scheduler would each pay it."""
     stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    version = f"{_SCAN_FORMAT}:{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    key = hashlib.sha256(version.encode())
+    if key.hexdigest() in _SCANS:
+        return _SCANS[key.hexdigest()]
     cached = cache_dir() / "gguf" / f"{key.hexdigest()[:16]}.json"
     try:
-        return dict(json.loads(cached.read_text()))
+        _SCANS[key.hexdigest()] = dict(json.loads(cached.read_text()))
+        return _SCANS[key.hexdigest()]
     except (OSError, ValueError):
         pass
-    scan = _scan(path)
+    scan = _SCANS[key.hexdigest()] = _scan(path)
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(f".{os.getpid()}.tmp")
@@ -143,6 +163,20 @@ def read_gguf_source(path: str | Path) -> GgufSource:
     if not types:
         raise ValueError(f"--quantization gguf: {path.name} has no quantized projections")
     return GgufSource(str(path), int(scan["num_layers"]), tuple(sorted(types.items())))
+
+
+def read_tensor(path: str | Path, name: str) -> tuple[str, Any]:
+    """The GGUF tensor ``name``: its type name (``Q4_1``, ``F32``, ...) and its data as
+    ``GGUFReader`` gives it (uint8 rows of blocks, or the float array), memory-mapped
+    read-only at the offset the cached header scan recorded."""
+    import numpy as np
+
+    entry = _cached_scan(Path(path))["tensors"].get(name)
+    if entry is None:
+        raise KeyError(f"{Path(path).name} has no tensor {name}")
+    type_name, offset, shape, dtype = entry
+    data = np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=tuple(shape))
+    return type_name, data
 
 
 def check_gguf_serving(device: str, tp_size: int, load_format: str) -> None:
