@@ -147,14 +147,15 @@ class CausalLM(nn.Module, ABC):
             local = matmul_weight(hidden, self.embed_tokens.weight, self.packed_head)
         return gather_logits(local, self.tp, self.config.vocab_size).float()
 
-    def process_weights_after_loading(self) -> None:
+    def process_weights_after_loading(self, tied_head: CpuMatmul | None = None) -> None:
         """Each projection's method prepares its weights (on CPU: packed copies), and a
-        tied head is packed; run once the weights are loaded."""
+        tied head is packed (or is ``tied_head``, one the weight format prepared: the
+        GGUF's blocks); run once the weights are loaded."""
         for module in self.modules():
             if isinstance(module, LinearBase):
                 module.process_weights_after_loading()
         if self.lm_head is None:
-            self.packed_head = pack_weight(self.embed_tokens.weight)
+            self.packed_head = tied_head or pack_weight(self.embed_tokens.weight)
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

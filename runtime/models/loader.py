@@ -118,18 +118,17 @@ def load_model(
         if isinstance(module, RotaryEmbedding):
             with torch.device("cpu"):
                 module.cos_sin_cache = module.table().to(device)
+    head = None  # a tied head the weight format prepares itself
     if load_format == "dummy":
         _init_dummy(model, seed, device)
     elif quant is not None and quant.gguf is not None:
         from kvflow.runtime.models import gguf_weights
 
         model.load_weights(gguf_weights.gguf_weights(model, quant.gguf))
+        head = gguf_weights.gguf_head(model, quant.gguf, dtype)  # the token embedding's blocks
     else:
         model.load_weights(_safetensors(path))
-    model.process_weights_after_loading()
-    if quant is not None and quant.gguf is not None and load_format != "dummy":
-        head = gguf_weights.gguf_head(model, quant.gguf, dtype)
-        model.packed_head = head if head is not None else model.packed_head
+    model.process_weights_after_loading(head)
     weights = _describe(quant)
     logger.info(
         "loaded %s (%s, %s, %s weights) on %s",
