@@ -421,7 +421,7 @@ def _check_quantization(parser: argparse.ArgumentParser, ns: argparse.Namespace)
             return
     try:
         if ns.quantization == "gguf":
-            check_gguf_serving(ns.device, ns.tp_size, ns.load_format)
+            check_gguf_serving(ns.device, ns.tp_size, ns.load_format, ns.enable_lora)
         resolve_quantization(saved, ns.quantization, is_moe, gguf_file)
     except ValueError as err:
         parser.error(str(err))

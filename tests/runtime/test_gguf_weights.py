@@ -16,6 +16,7 @@ from kvflow.kernels import cpu
 from kvflow.runtime.server.args import parse_args
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, VOCAB = 64, 96, 2, 4, 2, 128
+LORA_TARGET = ["--lora-target-modules", "q_proj"]
 MARKER = ".kvflow-converted"  # runtime/models/embedded.py: a folder converted from a GGUF
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="no native CPU kernels here")
@@ -158,6 +159,10 @@ def test_a_block_type_the_kernels_do_not_serve_is_refused(tmp_path, capsys) -> N
         (["--device", "cuda"], "runs on CPU only"),
         (["--device", "cpu", "--tp-size", "2"], "--tp-size 1"),
         (["--device", "cpu", "--load-format", "dummy"], "drop --load-format dummy"),
+        (
+            ["--device", "cpu", "--enable-lora", "--max-lora-rank", "8", *LORA_TARGET],
+            "--enable-lora with --quantization gguf",
+        ),
     ],
 )
 def test_gguf_off_cpu_or_sharded_is_refused(capsys, flags, message) -> None:

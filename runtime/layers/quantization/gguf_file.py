@@ -179,9 +179,12 @@ def read_tensor(path: str | Path, name: str) -> tuple[str, Any]:
     return type_name, data
 
 
-def check_gguf_serving(device: str, tp_size: int, load_format: str) -> None:
+def check_gguf_serving(
+    device: str, tp_size: int, load_format: str, enable_lora: bool = False
+) -> None:
     """ValueError (one line) where ``--quantization gguf`` cannot run: off CPU (``auto``
-    resolving to CUDA included), sharded, or without the file's weights."""
+    resolving to CUDA included), sharded, without the file's weights, or with LoRA
+    adapters (which wrap float projections)."""
     from kvflow.runtime.config import _cuda_available
 
     if device.startswith("cuda") or (device == "auto" and _cuda_available()):
@@ -192,3 +195,5 @@ def check_gguf_serving(device: str, tp_size: int, load_format: str) -> None:
         raise ValueError("--quantization gguf runs with --tp-size 1 (GGUF rows are not sharded)")
     if load_format == "dummy":
         raise ValueError("--quantization gguf reads the GGUF's weights: drop --load-format dummy")
+    if enable_lora:
+        raise ValueError("--enable-lora with --quantization gguf is not built (float weights only)")
