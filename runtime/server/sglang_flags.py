@@ -109,7 +109,8 @@ SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
     "--dtype": Same("auto: float32 on CPU, the checkpoint's dtype on CUDA"),
     "--quantization": Same(
         "fp8 (an FP8 checkpoint, or a float one quantized per channel at load), "
-        "compressed-tensors, modelopt; unset: the checkpoint's quantization_config "
+        "compressed-tensors, modelopt, gguf (CPU: the embedded model from its GGUF's own "
+        "Q4_1/Q8_0 blocks); unset: the checkpoint's quantization_config "
         "(docs/quantization.md)"
     ),
     "--kv-cache-dtype": Same(
