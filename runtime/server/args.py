@@ -397,19 +397,32 @@ def _chat_template(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> s
 def _check_quantization(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
     """Refuse a checkpoint's weight format kvflow cannot serve, or a ``--quantization``
     that does not fit it (one line, exit 2), before any process starts. The embedded model
-    is a float Llama; a path that does not resolve is left to start-up's own message."""
+    is a float Llama converted from a GGUF (which ``gguf`` serves); a path that does not
+    resolve is left to start-up's own message."""
     from kvflow.runtime.config import ModelConfig
+    from kvflow.runtime.layers.quantization.gguf_file import check_gguf_serving
     from kvflow.runtime.models import resolve_model_path
+    from kvflow.runtime.models.embedded import embedded_gguf_file, gguf_source
 
-    saved, is_moe = None, False
+    saved, is_moe, gguf_file = None, False, None  # gguf_file: the GGUF the model came from
     if ns.model_path:
         try:
-            config = ModelConfig.from_path(resolve_model_path(ns.model_path, ns.load_format))
+            folder = resolve_model_path(ns.model_path, ns.load_format)
+            config = ModelConfig.from_path(folder)
         except (OSError, ValueError, KeyError):
             return
         saved, is_moe = config.quantization_config, config.num_experts > 0
+        source = gguf_source(folder) if folder.is_dir() else None
+        gguf_file = None if source is None else str(source)
+    elif ns.quantization == "gguf":
+        try:
+            gguf_file = str(embedded_gguf_file())
+        except FileNotFoundError:
+            return
     try:
-        resolve_quantization(saved, ns.quantization, is_moe)
+        if ns.quantization == "gguf":
+            check_gguf_serving(ns.device, ns.tp_size, ns.load_format, ns.enable_lora)
+        resolve_quantization(saved, ns.quantization, is_moe, gguf_file)
     except ValueError as err:
         parser.error(str(err))
 

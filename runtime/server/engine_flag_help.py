@@ -23,8 +23,9 @@ ENGINE_FLAG_HELP: Mapping[str, str] = {
     "checkpoint's dtype (bfloat16 for a float32 checkpoint)",
     "quantization": "weight format (SGLang's --quantization); unset: the checkpoint's own "
     "(its config.json quantization_config: HF fp8, compressed-tensors or ModelOpt FP8); "
-    "fp8: an FP8 checkpoint, or a float one quantized per output channel at load "
-    "(docs/quantization.md)",
+    "fp8: an FP8 checkpoint, or a float one quantized per output channel at load; "
+    "gguf (CPU only): the embedded model served from its GGUF's own Q4_1/Q8_0 blocks, "
+    "dequantized inside the matmul (docs/quantization.md)",
     "kv_cache_dtype": "KV cache storage (SGLang's --kv-cache-dtype): auto: the model's "
     "dtype; fp8_e4m3 / fp8_e5m2: FP8 with per-layer K and V scales from the checkpoint "
     "(k_scale/v_scale, else 1.0), twice the tokens of bfloat16; bf16/bfloat16 "

@@ -108,7 +108,8 @@ SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
     "--dtype": Same("auto: float32 on CPU, the checkpoint's dtype on CUDA"),
     "--quantization": Same(
         "fp8 (an FP8 checkpoint, or a float one quantized per channel at load), "
-        "compressed-tensors, modelopt; unset: the checkpoint's quantization_config "
+        "compressed-tensors, modelopt, gguf (CPU: the embedded model from its GGUF's own "
+        "Q4_1/Q8_0 blocks); unset: the checkpoint's quantization_config "
         "(docs/quantization.md)"
     ),
     "--kv-cache-dtype": Same(
@@ -239,8 +240,8 @@ VALUE_RULES: Mapping[str, ValueRule] = {
         "kvflow drafts with NGRAM or STANDALONE; EAGLE draft heads are not built"
     ),
     "--quantization": ValueRule(
-        "kvflow serves FP8 weights only: fp8, compressed-tensors or modelopt FP8 "
-        "checkpoints, or fp8 at load"
+        "kvflow serves FP8 weights (fp8, compressed-tensors or modelopt FP8 checkpoints, "
+        "or fp8 at load) and, on CPU, gguf (the embedded model's own Q4_1/Q8_0 blocks)"
     ),
     "--kv-cache-dtype": ValueRule(
         "kvflow's KV caches are auto, fp8_e4m3, fp8_e5m2, bfloat16 (MXFP8/FP4 not built)",

@@ -1,6 +1,6 @@
 """Linear methods (the weight format of a linear layer), chosen by name from a registry.
 
-A new format (FP8, ...) is one module here with a :class:`LinearMethod` subclass,
+A new format (FP8, GGUF blocks, ...) is one module here with a :class:`LinearMethod` subclass,
 registered below; kernels it needs go in ``kernels/``. Which method a model's layers take
 comes from its checkpoint's ``quantization_config`` and ``--quantization``
 (:func:`resolve_quantization`, ``config.py``; the checkpoint formats in ``formats.py``).
@@ -16,6 +16,8 @@ from kvflow.runtime.layers.quantization.config import (
     KV_CACHE_DTYPE_FLAG_VALUES,
     QUANTIZATION_FLAG_VALUES,
     Fp8Scheme,
+    GgufScheme,
+    GgufSource,
     QuantConfig,
     resolve_quantization,
 )
@@ -50,6 +52,8 @@ __all__ = [
     "LINEAR_METHODS",
     "QUANTIZATION_FLAG_VALUES",
     "Fp8Scheme",
+    "GgufScheme",
+    "GgufSource",
     "KVScaleReader",
     "KVScales",
     "LinearLayer",
@@ -67,3 +71,4 @@ LINEAR_METHODS.register(
     "unquantized", "kvflow.runtime.layers.quantization.unquantized:UnquantizedLinearMethod"
 )
 LINEAR_METHODS.register("fp8", "kvflow.runtime.layers.quantization.fp8:Fp8LinearMethod")
+LINEAR_METHODS.register("gguf", "kvflow.runtime.layers.quantization.gguf:GgufLinearMethod")

@@ -11,10 +11,11 @@ kvflow cannot serve, so the CLI refuses it before a process starts.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from kvflow.runtime.layers.quantization.gguf_file import GgufScheme, GgufSource, read_gguf_source
 from kvflow.runtime.utils import Registry
 
 __all__ = [
@@ -22,6 +23,8 @@ __all__ = [
     "QUANTIZATION_FLAG_VALUES",
     "QUANT_FORMATS",
     "Fp8Scheme",
+    "GgufScheme",
+    "GgufSource",
     "QuantConfig",
     "resolve_quantization",
 ]
@@ -51,19 +54,32 @@ class Fp8Scheme:
 @dataclass(frozen=True)
 class QuantConfig:
     """The weight format of a model's linear layers. ``quant_method``: the checkpoint's (or
-    ``fp8`` for a float checkpoint quantized at load); ``ignore``: full-match regexes of
-    Hugging Face module names left unquantized (``model.layers.0.mlp.down_proj``);
-    ``linear_method``: the
-    :data:`~kvflow.runtime.layers.quantization.LINEAR_METHODS` entry of the layers."""
+    ``fp8`` for a float checkpoint quantized at load, ``gguf`` for a GGUF file's blocks);
+    ``ignore``: full-match regexes of Hugging Face module names left unquantized
+    (``model.layers.0.mlp.down_proj``); ``linear_method``: the
+    :data:`~kvflow.runtime.layers.quantization.LINEAR_METHODS` entry of the layers;
+    ``gguf``: the GGUF file, whose tensors give each layer its own :class:`GgufScheme`
+    (``scheme`` is then the file's most common one)."""
 
     quant_method: str
-    scheme: Fp8Scheme
+    scheme: Fp8Scheme | GgufScheme
     ignore: tuple[str, ...] = ()
     linear_method: str = "fp8"
+    gguf: GgufSource | None = None
 
     def ignores(self, module_name: str) -> bool:
         """Whether the Hugging Face module ``module_name`` stays unquantized."""
         return any(re.fullmatch(pattern, module_name) for pattern in self.ignore)
+
+    def scheme_for(self, hf_modules: Sequence[str]) -> Fp8Scheme | GgufScheme:
+        """The scheme of a layer that loads these Hugging Face modules (its merged parts);
+        ValueError where a GGUF file stores the parts in different block types."""
+        if self.gguf is None:
+            return self.scheme
+        types = {self.gguf.block_type(module) for module in hf_modules}
+        if len(types) != 1 or None in types:
+            raise ValueError(f"{', '.join(hf_modules)}: GGUF block types {types} in one layer")
+        return GgufScheme(str(types.pop()))
 
 
 # A checkpoint format's parser: its quantization_config -> QuantConfig (ValueError if not
@@ -75,9 +91,10 @@ QUANT_FORMATS.register(
 )
 QUANT_FORMATS.register("modelopt", "kvflow.runtime.layers.quantization.formats:parse_modelopt")
 
-# --quantization values: fp8 (a float checkpoint quantized at load, or any FP8 checkpoint)
-# and the checkpoint formats by name (which must then be the checkpoint's).
-QUANTIZATION_FLAG_VALUES = ("fp8", "compressed-tensors", "modelopt")
+# --quantization values: fp8 (a float checkpoint quantized at load, or any FP8 checkpoint),
+# the checkpoint formats by name (which must then be the checkpoint's), and gguf (a model
+# converted from a GGUF file served from that file's quantized blocks, on CPU: gguf_file.py)
+QUANTIZATION_FLAG_VALUES = ("fp8", "compressed-tensors", "modelopt", "gguf")
 # --kv-cache-dtype values (SGLang's bf16 is an alias of bfloat16, see sglang_flags); their
 # storage types are kv_cache.py's
 KV_CACHE_DTYPE_FLAG_VALUES = ("auto", "fp8_e4m3", "fp8_e5m2", "bfloat16")
@@ -85,18 +102,32 @@ _ONLINE = Fp8Scheme(weight="channel", serialized=False)
 
 
 def resolve_quantization(
-    checkpoint: Mapping[str, Any] | None, flag: str | None, is_moe: bool = False
+    checkpoint: Mapping[str, Any] | None,
+    flag: str | None,
+    is_moe: bool = False,
+    gguf_file: str | None = None,
 ) -> QuantConfig | None:
     """The model's weight format from its ``quantization_config`` (``checkpoint``, None for
     a float checkpoint) and the ``--quantization`` value (``flag``); None: unquantized.
+    ``gguf_file``: the GGUF the model was converted from, if any (for ``gguf``).
 
     Raises ValueError for an unknown ``quant_method``, an FP8 flavour kvflow does not
     serve, a flag that contradicts the checkpoint, or a mixture of experts (whose experts
-    have no quantized path yet)."""
+    have no quantized path yet); for ``gguf``, a model without a GGUF file or a file the
+    kernels do not serve."""
     if flag is not None and flag not in QUANTIZATION_FLAG_VALUES:
         raise ValueError(
             f"--quantization {flag}: kvflow serves {', '.join(QUANTIZATION_FLAG_VALUES)}"
         )
+    if flag == "gguf":
+        if checkpoint is not None or gguf_file is None:
+            raise ValueError(
+                "--quantization gguf: this model has no GGUF file (gguf serves the embedded "
+                "model, whose GGUF is known)"
+            )
+        source = read_gguf_source(gguf_file)
+        scheme = GgufScheme(source.common_block_type)
+        return QuantConfig("gguf", scheme, linear_method="gguf", gguf=source)
     if checkpoint is None:
         if flag in (None, "fp8"):
             if flag and is_moe:
