@@ -36,21 +36,22 @@ if TYPE_CHECKING:
     from kvflow.kernels.fp8_gemv import fp8_gemv, fp8_gemv_ref
     from kvflow.kernels.fused_moe import fused_moe, fused_moe_ref, moe_align_block_size
     from kvflow.kernels.gemv import gemv, gemv_ref
-    from kvflow.kernels.kv_store import (
+    from kvflow.kernels.kv_quant import (
         FP8_KV_DTYPES,
         dequantize_kv,
         is_fp8,
         quantize_kv,
         select_rows,
-        store_kv_cache,
         store_kv_cache_ref,
     )
+    from kvflow.kernels.kv_store import store_kv_cache
+    from kvflow.kernels.logit_cap import softcap_ref
     from kvflow.kernels.lora import lora_expand, lora_expand_ref, lora_shrink, lora_shrink_ref
     from kvflow.kernels.rmsnorm import rmsnorm, rmsnorm_ref
     from kvflow.kernels.rope_cache import build_cos_sin_cache, rope_inv_freq
-    from kvflow.kernels.rotary import rotary_embedding, rotary_embedding_ref
+    from kvflow.kernels.rotary import rotary_embedding
+    from kvflow.kernels.rotary_ref import rotary_embedding_ref
     from kvflow.kernels.sampling import top_k_top_p_sampling_from_probs, top_k_top_p_sampling_ref
-    from kvflow.kernels.softcap import softcap_ref
 else:  # torch-free until a name is used (kvflow.lazy)
     __getattr__ = lazy_exports(
         __name__,
@@ -79,21 +80,22 @@ else:  # torch-free until a name is used (kvflow.lazy)
             ".fp8_gemv": ("fp8_gemv", "fp8_gemv_ref"),
             ".fused_moe": ("fused_moe", "fused_moe_ref", "moe_align_block_size"),
             ".gemv": ("gemv", "gemv_ref"),
-            ".kv_store": (
+            ".kv_quant": (
                 "FP8_KV_DTYPES",
                 "dequantize_kv",
                 "is_fp8",
                 "quantize_kv",
                 "select_rows",
-                "store_kv_cache",
                 "store_kv_cache_ref",
             ),
+            ".kv_store": ("store_kv_cache",),
             ".lora": ("lora_expand", "lora_expand_ref", "lora_shrink", "lora_shrink_ref"),
             ".rmsnorm": ("rmsnorm", "rmsnorm_ref"),
             ".rope_cache": ("build_cos_sin_cache", "rope_inv_freq"),
-            ".rotary": ("rotary_embedding", "rotary_embedding_ref"),
+            ".rotary": ("rotary_embedding",),
+            ".rotary_ref": ("rotary_embedding_ref",),
             ".sampling": ("top_k_top_p_sampling_from_probs", "top_k_top_p_sampling_ref"),
-            ".softcap": ("softcap_ref",),
+            ".logit_cap": ("softcap_ref",),
         },
     )
 

@@ -1,5 +1,5 @@
-"""Scatter of new tokens' K and V into the KV pool at their token slots, and the KV cache's
-FP8 rounding (SGLang's ``--kv-cache-dtype fp8_e4m3 | fp8_e5m2``).
+"""Scatter of new tokens' K and V into the KV pool at their token slots (Triton), with the
+KV cache's FP8 rounding of :mod:`kvflow.kernels.kv_quant` (which also holds the reference).
 
 A pool of a float8 dtype stores ``clamp(x / scale, -max, max)`` cast to it (float32 math,
 ``max`` the format's largest finite value) and is read as ``stored.to(dtype) * scale``;
@@ -14,6 +14,15 @@ import triton
 import triton.language as tl
 
 from kvflow.kernels._launch import next_power_of_2
+from kvflow.kernels.kv_quant import (
+    FP8_KV_DTYPES,
+    _fp8_max,
+    dequantize_kv,
+    is_fp8,
+    quantize_kv,
+    select_rows,
+    store_kv_cache_ref,
+)
 
 __all__ = [
     "FP8_KV_DTYPES",
@@ -24,41 +33,6 @@ __all__ = [
     "store_kv_cache",
     "store_kv_cache_ref",
 ]
-
-FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-
-
-def is_fp8(dtype: torch.dtype) -> bool:
-    """Whether a pool of ``dtype`` stores FP8 with scales."""
-    return dtype in FP8_KV_DTYPES
-
-
-def _fp8_max(dtype: torch.dtype) -> float:
-    return float(torch.finfo(dtype).max)  # e4m3fn 448, e5m2 57344
-
-
-def quantize_kv(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """``x`` as a pool of ``dtype`` stores it (see the module docstring)."""
-    if not is_fp8(dtype):
-        return x.to(dtype)
-    limit = _fp8_max(dtype)
-    return (x.float() / scale).clamp_(-limit, limit).to(dtype)
-
-
-def dequantize_kv(stored: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """What attention reads from ``stored`` pool values: ``stored.to(dtype) * scale`` for
-    FP8, else ``stored.to(dtype)``."""
-    if not is_fp8(stored.dtype):
-        return stored.to(dtype)
-    return stored.to(dtype) * scale
-
-
-def select_rows(buffer: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``buffer.index_select(0, index)``; one-byte (FP8) buffers through a ``uint8`` view,
-    as not every device's indexing kernels take float8 types."""
-    if buffer.element_size() != 1:
-        return buffer.index_select(0, index)
-    return buffer.view(torch.uint8).index_select(0, index).view(buffer.dtype)
 
 
 @triton.jit
@@ -119,17 +93,3 @@ def store_kv_cache(
         num_heads, head_dim,
         BLOCK_H=block_h, BLOCK_D=block_d, FP8_MAX=fp8_max, num_warps=4,
     )  # fmt: skip
-
-
-def store_kv_cache_ref(
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    loc: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
-) -> None:
-    """Pure-torch :func:`store_kv_cache` (index assignment), in place."""
-    k_buffer[loc.long()] = quantize_kv(k, k_scale, k_buffer.dtype)
-    v_buffer[loc.long()] = quantize_kv(v, v_scale, v_buffer.dtype)

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from kvflow.kernels._launch import next_power_of_2
+from kvflow.kernels.rotary_ref import heads_view, rotary_embedding_ref
 
 __all__ = ["rotary_embedding", "rotary_embedding_ref"]
 
@@ -51,15 +52,6 @@ def _rotary_kernel(
                   HALF, BLOCK_HK, BLOCK_HALF)  # fmt: skip
 
 
-def heads_view(x: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """[tokens, heads * head_dim] or [tokens, heads, head_dim] -> a 3-D view (no copy)."""
-    if x.dim() == 2:
-        x = x.view(x.shape[0], -1, head_dim)
-    if x.shape[-1] != head_dim or x.stride(-1) != 1:
-        raise ValueError(f"expected heads of {head_dim} contiguous elements, got {x.shape}")
-    return x
-
-
 def rotary_embedding(
     positions: torch.Tensor,
     q: torch.Tensor,
@@ -88,23 +80,3 @@ def rotary_embedding(
             num_warps=4,
         )  # fmt: skip
     return q, k
-
-
-def rotary_embedding_ref(
-    positions: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    head_dim: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pure-torch rotary embedding; returns new tensors shaped like ``q`` and ``k``."""
-    cos, sin = cos_sin_cache[positions.long()].float().chunk(2, dim=-1)  # [tokens, half]
-    cos, sin = cos[:, None, :], sin[:, None, :]
-
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        heads = x.reshape(x.shape[0], -1, head_dim).float()
-        x1, x2 = heads.chunk(2, dim=-1)
-        rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-        return rotated.to(x.dtype).reshape(x.shape)
-
-    return rotate(q), rotate(k)

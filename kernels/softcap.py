@@ -8,9 +8,10 @@ overflows nor needs libdevice (it runs under the interpreter too); it matches
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
+
+from kvflow.kernels.logit_cap import softcap_ref
 
 __all__ = ["softcap", "softcap_ref"]
 
@@ -22,8 +23,3 @@ def softcap(x, cap):
     t = tl.exp(-2.0 * tl.abs(x) / cap)
     magnitude = cap * (1.0 - t) / (1.0 + t)
     return tl.where(x < 0, -magnitude, magnitude)
-
-
-def softcap_ref(x: torch.Tensor, cap: float | None) -> torch.Tensor:
-    """Pure-torch soft-capping (transformers' ``tanh(x / cap) * cap``); None: ``x``."""
-    return x if cap is None else torch.tanh(x / cap) * cap

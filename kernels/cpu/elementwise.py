@@ -9,7 +9,7 @@ import ctypes
 import torch
 
 from kvflow.kernels.cpu.build import function
-from kvflow.kernels.rotary import heads_view
+from kvflow.kernels.rotary_ref import heads_view
 
 __all__ = ["MAX_HIDDEN", "rmsnorm", "rotary_embedding", "silu_and_mul", "store_kv", "supports"]
 

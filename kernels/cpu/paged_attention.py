@@ -21,8 +21,8 @@ import functools
 import torch
 
 from kvflow.kernels.cpu.build import function
-from kvflow.kernels.kv_store import FP8_KV_DTYPES, dequantize_kv
-from kvflow.kernels.softcap import softcap_ref
+from kvflow.kernels.kv_quant import FP8_KV_DTYPES, dequantize_kv
+from kvflow.kernels.logit_cap import softcap_ref
 
 __all__ = ["MAX_GROUP", "MAX_HEAD_DIM", "paged_attention", "paged_attention_ref", "supports"]
 

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from kvflow.kernels import build_cos_sin_cache, cpu, rotary_embedding, rotary_embedding_ref
+from kvflow import kernels
+from kvflow.kernels import build_cos_sin_cache, cpu, rotary_embedding_ref
 from kvflow.runtime.layers.cpu_kernels import cpu_kernels_take
 
 __all__ = ["RotaryEmbedding", "yarn_cos_sin_cache"]
@@ -107,7 +108,7 @@ class RotaryEmbedding(nn.Module):
         """
         table: torch.Tensor = self.cos_sin_cache  # type: ignore[assignment]
         if q.is_cuda:
-            rotate = rotary_embedding
+            rotate = kernels.rotary_embedding  # Triton: imported on CUDA only
         elif cpu_kernels_take(q, k):
             rotate = cpu.elementwise.rotary_embedding
         else:

@@ -6,14 +6,8 @@ import mmap
 
 import torch
 
-from kvflow.kernels import (
-    cpu,
-    dequantize_kv,
-    is_fp8,
-    select_rows,
-    store_kv_cache,
-    store_kv_cache_ref,
-)
+from kvflow import kernels
+from kvflow.kernels import cpu, dequantize_kv, is_fp8, select_rows, store_kv_cache_ref
 from kvflow.runtime.layers.quantization import KVScales
 
 __all__ = ["KVPool"]
@@ -82,7 +76,7 @@ class KVPool:
         k_buf, v_buf = self.k_buffer[layer_id], self.v_buffer[layer_id]
         k_scale, v_scale = self.k_scales[layer_id], self.v_scales[layer_id]
         if k.is_cuda:
-            store_kv_cache(k_buf, v_buf, loc, k, v, k_scale, v_scale)
+            kernels.store_kv_cache(k_buf, v_buf, loc, k, v, k_scale, v_scale)  # Triton
         elif cpu.elementwise.supports(k_buf, v_buf, k, v) and cpu.available():  # one dtype
             cpu.elementwise.store_kv(k_buf, v_buf, loc, k, v)
         else:

@@ -97,3 +97,19 @@ def test_scheduler_starts_without_transformers(model_path: Path) -> None:
     done = _run(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_cpu_scheduler_serves_without_triton(model_path: Path) -> None:
+    """On CPU the scheduler runs the native kernels and the torch references: Triton (and
+    the CUDA libraries it loads, about 130 MB of the model process's memory) stays out,
+    through a whole generation."""
+    code = (
+        "import sys\n"
+        "from kvflow.runtime.engine import Engine\n"
+        "engine = Engine(None, device='cpu', max_total_tokens=4096)\n"
+        "engine.generate(input_ids=[[1, 2, 3]], sampling_params={'max_new_tokens': 2})\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'triton'))\n"
+    )
+    done = _run(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
