@@ -42,7 +42,8 @@ from kvflow.kernels._launch import (
     multiprocessor_count,
     next_power_of_2,
 )
-from kvflow.kernels.softcap import softcap, softcap_ref
+from kvflow.kernels.logit_cap import softcap_ref
+from kvflow.kernels.softcap import softcap
 
 __all__ = [
     "MAX_KV_SPLITS",

@@ -31,7 +31,8 @@ import triton
 import triton.language as tl
 
 from kvflow.kernels._launch import dot_precision, is_interpreted, next_power_of_2
-from kvflow.kernels.softcap import softcap, softcap_ref
+from kvflow.kernels.logit_cap import softcap_ref
+from kvflow.kernels.softcap import softcap
 
 __all__ = ["extend_attention_fwd", "extend_attention_ref"]
 

@@ -14,25 +14,9 @@ import triton
 import triton.language as tl
 
 from kvflow.kernels._launch import next_power_of_2
-from kvflow.kernels.kv_quant import (
-    FP8_KV_DTYPES,
-    _fp8_max,
-    dequantize_kv,
-    is_fp8,
-    quantize_kv,
-    select_rows,
-    store_kv_cache_ref,
-)
+from kvflow.kernels.kv_quant import _fp8_max, is_fp8
 
-__all__ = [
-    "FP8_KV_DTYPES",
-    "dequantize_kv",
-    "is_fp8",
-    "quantize_kv",
-    "select_rows",
-    "store_kv_cache",
-    "store_kv_cache_ref",
-]
+__all__ = ["store_kv_cache"]
 
 
 @triton.jit
@@ -76,7 +60,7 @@ def store_kv_cache(
 ) -> None:
     """Write ``k``, ``v`` [tokens, num_kv_heads, head_dim] into ``k_buffer``, ``v_buffer``
     [num_token_slots, num_kv_heads, head_dim] at token slots ``loc`` [tokens] (int32 or
-    int64, distinct), as :func:`quantize_kv` rounds them to the buffers' dtype (the scales
+    int64, distinct), as :func:`~kvflow.kernels.kv_quant.quantize_kv` rounds them to the buffers' dtype (the scales
     matter for FP8 buffers only; under a CUDA graph they are fixed at capture). Last dims
     must be contiguous."""
     tokens, num_heads, head_dim = k.shape

@@ -12,9 +12,9 @@ import triton
 import triton.language as tl
 
 from kvflow.kernels._launch import next_power_of_2
-from kvflow.kernels.rotary_ref import heads_view, rotary_embedding_ref
+from kvflow.kernels.rotary_ref import heads_view
 
-__all__ = ["rotary_embedding", "rotary_embedding_ref"]
+__all__ = ["rotary_embedding"]
 
 
 @triton.jit

@@ -11,9 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kvflow.kernels.logit_cap import softcap_ref
-
-__all__ = ["softcap", "softcap_ref"]
+__all__ = ["softcap"]
 
 
 @triton.jit

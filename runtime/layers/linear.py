@@ -151,7 +151,7 @@ class LinearBase(nn.Module):
         self.method.process_weights_after_loading(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.method.apply(self, x)
+        return self.reduce(self.method.apply(self, x))
 
     # -- a low-rank adapter's part on this rank (LoRA, kvflow.runtime.lora) ----------------
     @property
@@ -172,7 +172,8 @@ class LinearBase(nn.Module):
         return a, b
 
     def reduce(self, out: torch.Tensor) -> torch.Tensor:
-        """What ``forward`` does to the rank's partial product (nothing here)."""
+        """What ``forward`` does to the rank's product of ``method.apply`` (nothing here;
+        a row-parallel layer sums the ranks' partial products)."""
         return out
 
 
@@ -335,6 +336,3 @@ class RowParallelLinear(LinearBase):
     def reduce(self, out: torch.Tensor) -> torch.Tensor:
         """The sum of the ranks' partial products (an all-reduce)."""
         return out if self.tp is None else self.tp.all_reduce(out)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.reduce(self.method.apply(self, x))

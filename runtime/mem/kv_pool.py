@@ -19,7 +19,7 @@ class KVPool:
     ``num_slots`` includes the padding page (slot indices start at 0; see the allocator).
     ``dtype`` is the storage type (``--kv-cache-dtype``), which may differ from the
     model's. An FP8 pool stores ``x / k_scales[layer]`` (``v_scales`` for V) rounded to
-    FP8 and is read as ``stored * scale`` (:mod:`kvflow.kernels.kv_store`); other pools
+    FP8 and is read as ``stored * scale`` (:mod:`kvflow.kernels.kv_quant`); other pools
     ignore ``scales`` (theirs are 1.0).
     """
 

@@ -3,7 +3,7 @@
 ``auto`` keeps the KV in the model's dtype; ``bfloat16`` (SGLang's ``bf16`` too) stores it
 in bfloat16 whatever the model's dtype; ``fp8_e4m3`` / ``fp8_e5m2`` store it in
 ``float8_e4m3fn`` / ``float8_e5m2`` with one scale per layer for K and one for V
-(:mod:`kvflow.kernels.kv_store` has the rounding). The scales come from the checkpoint's
+(:mod:`kvflow.kernels.kv_quant` has the rounding). The scales come from the checkpoint's
 ``k_scale`` / ``v_scale`` tensors (or one ``kv_scale`` for both), else 1.0, by SGLang's
 rule (``BaseKVCacheMethod.process_weights_after_loading``). Unlike SGLang's newest
 ``auto``, a checkpoint that declares an FP8 KV cache (ModelOpt's ``kv_cache_quant_algo``)
