@@ -195,7 +195,8 @@ class HiRadixCache(RadixCache):
             else:  # cannot happen (host-only nodes are never locked); keep counts exact
                 self._protected += len(n.key)
         self.counters.host_hit_tokens += match.host_hit_len
-        return MatchResult(torch.cat([match.kv_indices, slots]), match.host_last_node)
+        kv = torch.cat([match.kv_indices, slots]) if len(match.kv_indices) else slots
+        return MatchResult(kv, match.host_last_node)
 
     def _take_device(self, num_tokens: int, protect: Any) -> torch.Tensor | None:
         slots = self.allocator.alloc_for_request(0, 0, num_tokens)
@@ -206,7 +207,10 @@ class HiRadixCache(RadixCache):
             finally:
                 self.dec_lock_ref(protect)
             slots = self.allocator.alloc_for_request(0, 0, num_tokens)
-        return None if slots is None else torch.tensor(slots, dtype=torch.int64)
+        # NOTE: on the pool's device, as every other device node's value (slices of
+        # req_to_token): a match concatenates the values along its path
+        device = self.allocator.device
+        return None if slots is None else torch.tensor(slots, dtype=torch.int64, device=device)
 
     # -- inserting -------------------------------------------------------------------------
     def insert(

@@ -64,9 +64,13 @@ class KVManager:
         slot = self.req_to_token.alloc()
         if slot is None:
             return False
-        match = self.cache.match_prefix(req.reusable_ids(), req.extra_key)
-        on_device = len(match.kv_indices)
-        match = self.cache.load_back(match)
+        try:
+            match = self.cache.match_prefix(req.reusable_ids(), req.extra_key)
+            on_device = len(match.kv_indices)
+            match = self.cache.load_back(match)
+        except BaseException:
+            self.req_to_token.free(slot)  # the caller ends the request; its row is back
+            raise
         self.cache.inc_lock_ref(match.last_node)
         req.req_pool_idx = slot
         req.prefix_indices, req.last_node = match.kv_indices, match.last_node

@@ -103,6 +103,9 @@ class Scheduler:
         self.launch_ahead = runner.device.startswith("cuda")  # on CPU it would only reorder
         self._next: _NextDecode | None = None
         self._batch: list[Req] = []  # the requests of the step being run (for _fail_batch)
+        # the waiting request being matched or admitted: an error there ends it (else it
+        # would stay first in the queue and fail the same way on every step)
+        self._planning: Req | None = None
         # Prefill role: finished requests with a bootstrap room keep their KV locked and
         # wait here for the role to take them (SchedulerPort.take_parked).
         self.park_finished = park_finished
@@ -227,7 +230,7 @@ class Scheduler:
         freed, and every other request goes on (see :meth:`_fail_batch`); with
         ``isolate_failures`` off, the error propagates.
         """
-        self._batch = []
+        self._batch, self._planning = [], None
         refused = self._poll_grammars()
         self._poll_storage()
         try:
@@ -274,8 +277,12 @@ class Scheduler:
         except Exception:  # the step ahead may be half built; its requests are freed below
             self._next = None
         outputs = []
+        if self._planning is not None and all(r is not self._planning for r in self._batch):
+            self._batch.append(self._planning)
+        self._planning = None
         failed = {id(r) for r in self._batch}
         self.running = [r for r in self.running if id(r) not in failed]
+        self.waiting = [r for r in self.waiting if id(r) not in failed]
         if self.chunked is not None and id(self.chunked) in failed:
             self.chunked = None
         for req in self._batch:
@@ -328,6 +335,7 @@ class Scheduler:
                 return []  # memory is short: decode (and maybe retract) first
             budget.consume(take, self.reserve(req), take == req.seq_len - req.kv_len)
             plan.append((req, take))
+            self._batch.append(req)
             batch_prefixes.add(req)
             self.chunked = None
             if take < req.seq_len - req.kv_len:
@@ -346,6 +354,7 @@ class Scheduler:
         adapters = {r.lora_path for r in self.running} | {r.lora_path for r, _ in plan}
         lora = self.runner.lora
         for req in order_waiting(cfg.schedule_policy, self.waiting, match_len, now):
+            self._planning = req
             if lora is not None and not lora.fits(adapters | {req.lora_path}):
                 continue  # its adapter waits for a slot; requests on resident ones go on
             cached = match_len(req)
@@ -361,9 +370,11 @@ class Scheduler:
             self.waiting.remove(req)
             adapters.add(req.lora_path)
             plan.append((req, take))
+            self._batch.append(req)
             batch_prefixes.add(req)
             if take < extend_len:
                 break  # one chunked request per batch, and it ends the batch
+        self._planning = None
         return self._allocate(plan)
 
     def _allocate(self, plan: list[tuple[Req, int]]) -> list[tuple[Req, int]]:

@@ -1,6 +1,7 @@
 """HiCache on CUDA: device <-> host copies on the side stream (pinned host pool) are
 bit-exact, and greedy outputs with a device pool too small for the working set (prefixes
-spill to host and come back) equal those without HiCache, CUDA graphs and decode-ahead on.
+spill to host and come back, after a shared prefix that stays) equal those without
+HiCache, CUDA graphs, decode-ahead and chunked prefill on.
 
 Skipped without CUDA; run on the accelerator machine with ``pytest -m gpu tests/gpu``.
 """
@@ -63,9 +64,16 @@ def test_greedy_outputs_with_hicache_equal_plain_on_cuda(tmp_path):
         json.dumps(json.loads((tmp_path / "config.json").read_text()))
     )
     g = torch.Generator().manual_seed(3)
-    docs = [torch.randint(0, 1000, (300,), generator=g).tolist() for _ in range(6)]
+    # a shared system prompt stays on the device while the documents after it spill: a
+    # match then joins device slots with slots loaded back from the host (both must live
+    # on the GPU), and chunked prefill caches those paths mid-request
+    system = torch.randint(0, 1000, (64,), generator=g).tolist()
+    docs = [system + torch.randint(0, 1000, (300,), generator=g).tolist() for _ in range(6)]
     rounds = [[[*d, 1000 + q] for d in docs] for q in range(3)]
-    common = dict(skip_tokenizer_init=True, dtype="float32", device="cuda", page_size=16)
+    common = dict(
+        skip_tokenizer_init=True, dtype="float32", device="cuda", page_size=16,
+        chunked_prefill_size=128,
+    )  # fmt: skip
     params = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
 
     def run(**kwargs):

@@ -93,6 +93,48 @@ def test_a_failing_prefill_aborts_only_the_new_requests(engine, monkeypatch):
     assert sched.kv.is_fully_free()
 
 
+def test_a_request_failing_while_admitted_ends_alone_instead_of_blocking_the_queue(
+    engine, monkeypatch
+):
+    """An error while a waiting request is matched or admitted (a tier's load-back, say)
+    ends that request: it must not stay first in the queue, failing the same way on
+    every step while its client waits forever, nor keep the row it was given."""
+    sched = engine.scheduler
+    ids = engine.encode(PROMPT)
+    steady = Req(
+        GenerateRequest(
+            rid="steady", input_ids=ids, sampling=SamplingParams(temperature=0, max_new_tokens=12)
+        )
+    )
+    sched.add_request(steady)
+    sched.step()  # steady is running
+    real_load_back = sched.cache.load_back
+    calls = {"n": 0}
+
+    def broken_load_back(match):
+        calls["n"] += 1
+        raise RuntimeError("injected load-back fault")
+
+    monkeypatch.setattr(sched.cache, "load_back", broken_load_back)
+    late = Req(
+        GenerateRequest(
+            rid="late",
+            input_ids=[*ids, 42],
+            sampling=SamplingParams(temperature=0, max_new_tokens=5),
+        )
+    )
+    sched.add_request(late)
+    finished = _drain(sched)
+    monkeypatch.setattr(sched.cache, "load_back", real_load_back)
+    assert calls["n"] == 1
+    assert finished["late"].finish_reason.type == "abort"
+    assert "injected load-back fault" in finished["late"].finish_reason.message
+    assert finished["steady"].finish_reason.type in ("stop", "length")
+    assert sched.kv.is_fully_free()
+    result = engine.generate(PROMPT, {"temperature": 0, "max_new_tokens": 32})
+    assert result.text == "The capital of France is Paris."
+
+
 def test_a_request_failing_on_its_token_does_not_fail_the_batch(engine, monkeypatch):
     sched = engine.scheduler
     ids = engine.encode(PROMPT)
