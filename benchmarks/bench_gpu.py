@@ -31,6 +31,7 @@ import torch
 PEAK_BW = {"H100": 3.35e12, "H200": 4.8e12}
 PEAK_BF16_FLOPS = 989e12  # H100/H200 SXM dense bf16
 MODEL = "llama-3.1-8b"
+ENGINE_ARGS: dict = {}  # from the command line (--quantization, --kv-cache-dtype), every part
 
 
 def gpu_name() -> str:
@@ -58,7 +59,7 @@ def make_engine(model: str = MODEL, **kwargs):
     from kvflow.runtime.engine import Engine
 
     defaults = dict(load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, device="cuda")
-    return Engine(model, **{**defaults, **kwargs})
+    return Engine(model, **{**defaults, **ENGINE_ARGS, **kwargs})
 
 
 def param_bytes(engine) -> int:
@@ -126,7 +127,8 @@ def bench_decode(
         max_prefill_tokens=16384,
     )
     sched, mc = engine.scheduler, engine.runner.model_config
-    kv_per_token = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * 2
+    kv_bytes = engine.runner.kv_pool.k_buffer[0].element_size()  # 1 with an FP8 KV cache
+    kv_per_token = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * kv_bytes
     rng = random.Random(0)
     rows = []
     for bs in batch_sizes:
@@ -379,7 +381,17 @@ def main() -> None:
         default=None,
         help="override the request count of throughput/online/peer",
     )
+    parser.add_argument(
+        "--quantization", default=None, help="as kvflow serve's (fp8: weights quantized at load)"
+    )
+    parser.add_argument("--kv-cache-dtype", default=None, help="as kvflow serve's (fp8_e4m3)")
+    parser.add_argument(
+        "--batch-sizes", default=None, help="decode's batch sizes, comma-separated (1,32,128)"
+    )
     args = parser.parse_args()
+    for key in ("quantization", "kv_cache_dtype"):
+        if getattr(args, key) is not None:
+            ENGINE_ARGS[key] = getattr(args, key)
     parts = list(PARTS) if "all" in args.parts else args.parts
     import triton
 
@@ -388,6 +400,7 @@ def main() -> None:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "driver": _driver_version(),
+        "engine_args": ENGINE_ARGS,
     }
     for part in parts:
         started = time.perf_counter()
@@ -396,6 +409,8 @@ def main() -> None:
             if args.requests and part in ("throughput", "online", "peer")
             else {}
         )
+        if args.batch_sizes and part == "decode":
+            kwargs["batch_sizes"] = tuple(int(b) for b in args.batch_sizes.split(","))
         if args.profile:
             import cProfile
             import pstats
