@@ -31,7 +31,13 @@ from kvflow.runtime.layers import (
     matmul_weight,
     pack_weight,
 )
-from kvflow.runtime.layers.quantization import MOE_METHODS, KVScaleReader, KVScales, QuantConfig
+from kvflow.runtime.layers.quantization import (
+    MOE_METHODS,
+    KVScaleReader,
+    KVScales,
+    MoEMethod,
+    QuantConfig,
+)
 
 __all__ = ["CausalLM"]
 
@@ -112,11 +118,13 @@ class CausalLM(nn.Module, ABC):
         in block type)."""
         self.quant_config = quant
         methods: dict[object, LinearMethod] = {}
+        moe_method: MoEMethod | None = None
         routers = {id(m.gate) for m in self.modules() if isinstance(m, SparseMoE)}
         for name, module in self.named_modules():
             if isinstance(module, Experts):
                 if not self._ignored(quant, name, self.expert_modules(name, module)):
-                    module.set_method(MOE_METHODS.get(quant.linear_method)(quant.scheme))
+                    moe_method = moe_method or MOE_METHODS.get(quant.linear_method)(quant.scheme)
+                    module.set_method(moe_method)
                 continue
             if not isinstance(module, LinearBase) or not name.startswith("layers."):
                 continue

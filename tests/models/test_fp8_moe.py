@@ -89,3 +89,26 @@ def test_fp8_experts_tp2_equal_dequantized_transformers(tmp_path, fmt):
     calls = [{"input_ids": batch, "sampling_params": GREEDY}]
     reports = run_ranks(2, str(tmp_path / "fp8"), calls, dtype="float32", skip_tokenizer_init=True)
     assert [r["outputs"] for r in reports] == [[expected]] * 2
+
+
+def _ignoring(monkeypatch, pattern: str) -> str:
+    """A compressed-tensors per-channel format that leaves ``pattern``'s modules float."""
+    config, *rest = FORMATS["ct-channel-dynamic"]
+    monkeypatch.setitem(FORMATS, "ct-ignore", ({**config, "ignore": ["lm_head", pattern]}, *rest))
+    return "ct-ignore"
+
+
+def test_experts_a_checkpoint_leaves_float(tmp_path, monkeypatch):
+    """All of layer 0's experts ignored: they load float beside FP8 attention."""
+    fmt = _ignoring(monkeypatch, r"re:.*layers\.0\.mlp\.experts\..*")
+    reference = _checkpoint(tmp_path, "qwen3-moe", fmt)
+    batch = prompts()[:4]
+    assert engine_greedy(tmp_path / "fp8", batch) == hf_greedy(reference, batch)
+
+
+def test_some_experts_left_float_is_refused(tmp_path, monkeypatch):
+    fmt = _ignoring(monkeypatch, r"re:.*layers\.0\.mlp\.experts\.1\..*")
+    _checkpoint(tmp_path, "qwen3-moe", fmt)
+    config = ModelConfig.from_path(tmp_path / "fp8")
+    with pytest.raises(ValueError, match="quantizes some of its parts and not others"):
+        load_model(tmp_path / "fp8", config, "safetensors", torch.float32, "cpu", 0)

@@ -40,8 +40,8 @@ class Fp8MoEMethod(MoEMethod):
     ends inside a block row gets its block scales repeated per row. This is W8A16: the
     kernel converts the FP8 weights to the activations' dtype (exact) and accumulates in
     float32; activations are not quantized, so a checkpoint's static ``input_scale`` plays
-    no part. Block columns that are not a power of two >= 16 are dequantized, with a
-    warning.
+    no part. Block columns that are not a power of two >= 16, and GPUs before compute
+    capability 8.9, get dequantized weights, with a warning.
     """
 
     def __init__(self, scheme: Fp8Scheme) -> None:
@@ -82,7 +82,7 @@ class Fp8MoEMethod(MoEMethod):
             flat, flat_scale = quantize_per_channel(layer.weight.data.reshape(-1, cols))
             weight, scale = flat.view(experts, rows, cols), flat_scale.view(experts, rows, 1)
             scheme = Fp8Scheme(weight="channel", serialized=False)
-        scales = _kernel_scales(scale, scheme, sizes) if fp8_kernels_take(weight) else None
+        scales = _kernel_scales(scale, scheme, sizes) if _kernel_takes(weight) else None
         if scales is None:
             dtype = layer.compute_dtype
             float_weight = torch.stack(
@@ -111,6 +111,18 @@ def _register(layer: ExpertLayer, name: str, tensor: torch.Tensor, layout: Param
     layer.register_parameter(name, nn.Parameter(tensor, requires_grad=False))
     layer.param_layouts[name] = layout
     layer.param_dtypes[name] = tensor.dtype
+
+
+def _kernel_takes(weight: torch.Tensor) -> bool:
+    """Whether the fused kernel reads FP8 on ``weight``'s device: CUDA from compute
+    capability 8.9 (Triton converts ``float8_e4m3fn`` from Ada/Hopper on), or the
+    interpreter."""
+    if not fp8_kernels_take(weight):
+        return False
+    if weight.is_cuda and torch.cuda.get_device_capability(weight.device) < (8, 9):
+        logger.warning("FP8 experts on a GPU before compute capability 8.9: dequantized")
+        return False
+    return True
 
 
 def _kernel_scales(
