@@ -117,10 +117,15 @@ def weight_bytes_read(engine, bs: int) -> float:
 
 
 def bench_decode(
-    batch_sizes=(1, 8, 32, 64, 128), context=1024, steps=30, model: str = MODEL
+    batch_sizes=(1, 8, 32, 64, 128),
+    context=1024,
+    steps=30,
+    model: str = MODEL,
+    quantization: str | None = None,
 ) -> list[dict]:
     engine = make_engine(
         model,
+        quantization=quantization,
         max_running_requests=max(batch_sizes),
         cuda_graph_max_bs=max(batch_sizes),
         chunked_prefill_size=16384,

@@ -10,6 +10,11 @@ batch routes to, plus the KV read). For a mixture of experts also one layer's ex
 alone: the fused Triton kernel (``kernels.fused_moe``) against the per-expert loop
 (``fused_experts_ref``, the CPU path) at batch 1 and 32, and the batch-1 kernel against the
 roofline of the active experts' weights.
+
+With ``--quantization fp8`` the decode runs the float weights quantized per channel at load
+(dense layers and experts), and the experts' rows add the fused kernel on FP8 weights
+(W8A16) with per-row and with 128x128 block scales (Qwen3-30B-A3B-FP8's format), their
+HBM fraction counted on the FP8 bytes.
 """
 
 from __future__ import annotations
@@ -27,11 +32,31 @@ from bench_gpu import _driver_version, bench_decode, gpu_name, peak_bw, time_cud
 MODELS = ("llama-3.1-8b", "qwen3-8b", "mistral-7b-v0.3", "gemma-2-9b", "qwen3-30b-a3b")
 
 
-def bench_experts(model: str, batch_sizes=(1, 32), iters: int = 200) -> list[dict]:
-    """One MoE layer's experts in the model's shapes: fused kernel vs per-expert loop."""
+def _fp8_experts(w: torch.Tensor, block: tuple[int, int] | None):
+    """``w`` ``[E, N, K]`` bf16 -> FP8 and the fused kernel's scales (per row, or per
+    ``block``; N and K whole blocks)."""
+    from kvflow.kernels import FP8_DTYPE, ExpertScales
+
+    experts, n, k = w.shape
+    if block is None:
+        scale = w.float().abs().amax(-1).clamp(min=1e-12) / 448
+        full = scale[..., None]
+    else:
+        tiles = w.float().view(experts, n // block[0], block[0], k // block[1], block[1])
+        scale = tiles.abs().amax((2, 4)).clamp(min=1e-12) / 448
+        full = scale.repeat_interleave(block[0], 1).repeat_interleave(block[1], 2)
+    q = (w.float() / full).clamp(-448, 448).to(FP8_DTYPE)
+    return q, ExpertScales(scale.contiguous(), block)
+
+
+def bench_experts(
+    model: str, batch_sizes=(1, 32), iters: int = 200, fp8: bool = False
+) -> list[dict]:
+    """One MoE layer's experts in the model's shapes: fused kernel vs per-expert loop (and
+    with ``fp8`` the fused kernel on FP8 weights, per-row and 128x128 block scales)."""
     from kvflow import kernels
     from kvflow.runtime.config import DUMMY_CONFIGS, ModelConfig
-    from kvflow.runtime.layers.moe import fused_experts_ref, select_experts
+    from kvflow.runtime.layers import fused_experts_ref, select_experts
 
     mc = ModelConfig.from_path(DUMMY_CONFIGS[model])
     experts, top_k = mc.num_experts, mc.num_experts_per_tok
@@ -55,17 +80,26 @@ def bench_experts(model: str, batch_sizes=(1, 32), iters: int = 200) -> list[dic
         got = kernels.fused_moe(x, w13, w2, topk.weights, topk.ids).float()
         want = fused_experts_ref(x, w13, w2, topk).float()
         distinct = int(topk.ids.unique().numel())
-        rows.append(
-            {
-                "batch": bs,
-                "fused_us": fused_s * 1e6,
-                "per_expert_loop_us": loop_s * 1e6,
-                "speedup": loop_s / fused_s,
-                "experts_routed": distinct,
-                "hbm_fraction_of_routed_experts": distinct * per_expert / fused_s / peak_bw(),
-                "max_abs_diff_vs_loop": float((got - want).abs().max()),
-            }
-        )
+        row = {
+            "batch": bs,
+            "fused_us": fused_s * 1e6,
+            "per_expert_loop_us": loop_s * 1e6,
+            "speedup": loop_s / fused_s,
+            "experts_routed": distinct,
+            "hbm_fraction_of_routed_experts": distinct * per_expert / fused_s / peak_bw(),
+            "max_abs_diff_vs_loop": float((got - want).abs().max()),
+        }
+        for name, block in (("fp8_row", None), ("fp8_block", (128, 128))) if fp8 else ():
+            q13, s13 = _fp8_experts(w13, block)
+            q2, s2 = _fp8_experts(w2, block)
+            run = partial(kernels.fused_moe, x, q13, q2, topk.weights, topk.ids, s13, s2)
+            fp8_s = time_cuda(run, iters, warmup=3)
+            fp8_bytes = distinct * (q13[0].numel() + q2[0].numel())  # 1 byte each
+            row[f"{name}_us"] = fp8_s * 1e6
+            row[f"{name}_speedup_vs_bf16"] = fused_s / fp8_s
+            row[f"{name}_hbm_fraction"] = fp8_bytes / fp8_s / peak_bw()
+            row[f"{name}_max_abs_diff_vs_bf16"] = float((run().float() - got).abs().max())
+        rows.append(row)
     return rows
 
 
@@ -73,6 +107,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", default=list(MODELS))
     parser.add_argument("--json-out", type=Path, default=None)
+    parser.add_argument(
+        "--quantization",
+        choices=["fp8"],
+        default=None,
+        help="fp8: quantize the dummy weights per channel at load (SGLang's flag), and time "
+        "the FP8 experts' kernel beside the bf16 one",
+    )
     args = parser.parse_args()
     import triton
 
@@ -81,17 +122,19 @@ def main() -> None:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "driver": _driver_version(),
+        "quantization": args.quantization,
         "models": {},
     }
     from kvflow.runtime.config import DUMMY_CONFIGS, ModelConfig
 
     for model in args.models:
         started = time.perf_counter()
-        entry: dict = {"decode": bench_decode(batch_sizes=(1, 32), model=model)}
+        decode = bench_decode(batch_sizes=(1, 32), model=model, quantization=args.quantization)
+        entry: dict = {"decode": decode}
         gc.collect()
         torch.cuda.empty_cache()
         if ModelConfig.from_path(DUMMY_CONFIGS[model]).num_experts:
-            entry["experts"] = bench_experts(model)
+            entry["experts"] = bench_experts(model, fp8=args.quantization == "fp8")
         results["models"][model] = entry
         print(model, json.dumps(entry, indent=1), f"({time.perf_counter() - started:.0f} s)")
         gc.collect()

@@ -34,7 +34,12 @@ if TYPE_CHECKING:
         w8a8_block_fp8_matmul_ref,
     )
     from kvflow.kernels.fp8_gemv import fp8_gemv, fp8_gemv_ref
-    from kvflow.kernels.fused_moe import fused_moe, fused_moe_ref, moe_align_block_size
+    from kvflow.kernels.fused_moe import (
+        ExpertScales,
+        fused_moe,
+        fused_moe_ref,
+        moe_align_block_size,
+    )
     from kvflow.kernels.gemv import gemv, gemv_ref
     from kvflow.kernels.kv_quant import (
         FP8_KV_DTYPES,
@@ -78,7 +83,7 @@ else:  # torch-free until a name is used (kvflow.lazy)
                 "w8a8_block_fp8_matmul_ref",
             ),
             ".fp8_gemv": ("fp8_gemv", "fp8_gemv_ref"),
-            ".fused_moe": ("fused_moe", "fused_moe_ref", "moe_align_block_size"),
+            ".fused_moe": ("ExpertScales", "fused_moe", "fused_moe_ref", "moe_align_block_size"),
             ".gemv": ("gemv", "gemv_ref"),
             ".kv_quant": (
                 "FP8_KV_DTYPES",
@@ -104,6 +109,7 @@ __all__ = [
     "FP8_KV_DTYPES",
     "FP8_MAX",
     "MAX_KV_SPLITS",
+    "ExpertScales",
     "build_cos_sin_cache",
     "decode_attention_fwd",
     "decode_attention_ref",

@@ -11,7 +11,9 @@ expert's weight. Two launches do a layer::
 
 Nothing here reads a device value on the host, so a CUDA graph captures it whatever the
 routing of the captured batch. Weights are ``[E, N, K]`` (rows contiguous, as the model
-stacks them: ``w13`` ``[E, 2I, H]``, ``w2`` ``[E, H, I]``).
+stacks them: ``w13`` ``[E, 2I, H]``, ``w2`` ``[E, H, I]``), in the activations' dtype or
+FP8 with a scale per row or per block (:class:`ExpertScales`): FP8 weights are read as
+bytes and converted in the kernel, activations stay in their dtype (W8A16).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import triton.language as tl
 
 from kvflow.kernels._launch import dot_precision, is_interpreted
 
-__all__ = ["AlignedPairs", "fused_moe", "fused_moe_ref", "moe_align_block_size"]
+__all__ = ["AlignedPairs", "ExpertScales", "fused_moe", "fused_moe_ref", "moe_align_block_size"]
 
 
 class AlignedPairs(NamedTuple):
@@ -67,16 +69,24 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int)
 
 @triton.jit
 def _grouped_gemm_kernel(
-    a_ptr, w_ptr, c_ptr, weights_ptr,
+    a_ptr, w_ptr, c_ptr, weights_ptr, s_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
     N, K, num_pairs, a_rows_per_pair,
     stride_am, stride_we, stride_wn, stride_cm,
-    MUL_WEIGHT: tl.constexpr, UPCAST_DOT: tl.constexpr, PRECISION: tl.constexpr,
+    stride_se, stride_sn, stride_sk, group_n, group_k,
+    MUL_WEIGHT: tl.constexpr, SCALES: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """``c[pair, n] = a[row(pair)] . w[expert, n]`` (times ``weights[pair]``) for one block
     of ``BLOCK_M`` sorted pairs and ``BLOCK_N`` output columns; ``row(pair)`` is
-    ``pair // a_rows_per_pair`` (the token, for the first GEMM) or the pair itself."""
+    ``pair // a_rows_per_pair`` (the token, for the first GEMM) or the pair itself.
+
+    ``SCALES`` 0: ``w`` in ``a``'s dtype. 1: FP8 ``w`` with a scale per row ``s[e, n]``,
+    applied to the float32 sum. 2: FP8 ``w`` with a scale per ``group_n x group_k`` block
+    ``s[e, n // group_n, k // group_k]``, applied to each step's float32 partial sum
+    (``BLOCK_K`` divides ``group_k``, so a step lies in one block column). FP8 values
+    convert exactly to ``a``'s dtype (W8A16: the activations are not quantized)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
@@ -91,6 +101,7 @@ def _grouped_gemm_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
     w_ptrs = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    s_ptrs = s_ptr + expert * stride_se + (offs_n // group_n) * stride_sn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for start_k in range(0, K, BLOCK_K):
         mask_k = start_k + offs_k < K
@@ -99,9 +110,18 @@ def _grouped_gemm_kernel(
         if UPCAST_DOT:  # NOTE: Triton's CPU interpreter has no bf16 dot
             a = a.to(tl.float32)
             w = w.to(tl.float32)
-        acc = tl.dot(a, w, acc, input_precision=PRECISION)
+        elif SCALES != 0:
+            w = w.to(a.dtype)
+        if SCALES == 2:
+            block_scale = tl.load(s_ptrs + (start_k // group_k) * stride_sk, mask=mask_n, other=0.0)
+            part = tl.dot(a, w, input_precision=PRECISION)
+            acc += part * block_scale[None, :]
+        else:
+            acc = tl.dot(a, w, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    if SCALES == 1:
+        acc = acc * tl.load(s_ptrs, mask=mask_n, other=0.0)[None, :]
     if MUL_WEIGHT:
         routed = tl.load(weights_ptr + pairs, mask=valid, other=0.0)
         acc = acc * routed[:, None]
@@ -115,6 +135,16 @@ def _block_m(num_pairs: int, num_experts: int) -> int:
     return 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
 
 
+class ExpertScales(NamedTuple):
+    """FP8 weight scales of one stacked expert projection ``w`` ``[E, N, K]``: ``scale``
+    float32 ``[E, N]`` (one per row) when ``block_size`` is None, else ``[E, ceil(N / bn),
+    ceil(K / bk)]`` (one per ``block_size`` = (bn, bk) block; ``bk`` a power of two >= 16,
+    ``bn`` may be 1: a block scale expanded to rows)."""
+
+    scale: torch.Tensor
+    block_size: tuple[int, int] | None = None
+
+
 def _grouped_gemm(
     a: torch.Tensor,
     weight: torch.Tensor,
@@ -124,20 +154,52 @@ def _grouped_gemm(
     num_pairs: int,
     a_rows_per_pair: int,
     routed: torch.Tensor | None,
+    scales: ExpertScales | None,
 ) -> None:
     n, k = weight.shape[1], weight.shape[2]
     block_n, block_k = 64, 64 if k >= 64 else 32
+    mode, group_n, group_k, scale_strides = 0, 1, 1, (0, 0, 0)
+    scale = scales.scale if scales is not None else out
+    if scales is not None:
+        mode = 1 if scales.block_size is None else 2
+        if scales.block_size is not None:
+            group_n, group_k = scales.block_size
+            block_k = min(block_k, group_k)
+        strides = scale.stride()
+        scale_strides = (strides[0], strides[1], strides[2] if mode == 2 else 0)
     interpreted = is_interpreted(_grouped_gemm_kernel)
     grid = (aligned.expert_ids.numel(), triton.cdiv(n, block_n))
     _grouped_gemm_kernel[grid](
-        a, weight, out, routed if routed is not None else out,
+        a, weight, out, routed if routed is not None else out, scale,
         aligned.sorted_ids, aligned.expert_ids, aligned.num_padded,
         n, k, num_pairs, a_rows_per_pair,
         a.stride(0), weight.stride(0), weight.stride(1), out.stride(0),
-        MUL_WEIGHT=routed is not None, UPCAST_DOT=interpreted,
+        *scale_strides, group_n, group_k,
+        MUL_WEIGHT=routed is not None, SCALES=mode, UPCAST_DOT=interpreted,
         PRECISION="ieee" if interpreted else dot_precision(a.dtype),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, num_stages=3,
     )  # fmt: skip
+
+
+def _check_scales(name: str, weight: torch.Tensor, scales: ExpertScales | None) -> None:
+    """ValueError (one line) where ``scales`` do not fit ``weight`` (shapes only: no sync)."""
+    if scales is None:
+        if weight.element_size() == 1:
+            raise ValueError(f"{name}: an FP8 weight needs its scales")
+        return
+    experts, n, k = weight.shape
+    if scales.block_size is None:
+        expected: tuple[int, ...] = (experts, n)
+    else:
+        bn, bk = scales.block_size
+        if bk < 16 or bk & (bk - 1):
+            raise ValueError(f"{name}: block columns {bk} are not a power of two >= 16")
+        expected = (experts, -(-n // bn), -(-k // bk))
+    if tuple(scales.scale.shape) != expected or scales.scale.dtype != torch.float32:
+        raise ValueError(
+            f"{name}: scales {tuple(scales.scale.shape)} {scales.scale.dtype} for weight "
+            f"{tuple(weight.shape)} with blocks {scales.block_size}: expected {expected} float32"
+        )
 
 
 def fused_moe(
@@ -146,11 +208,19 @@ def fused_moe(
     w2: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    w13_scales: ExpertScales | None = None,
+    w2_scales: ExpertScales | None = None,
 ) -> torch.Tensor:
     """``sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(hidden[t])``, the expert being
     ``w2[e] @ silu_and_mul(w13[e] @ x)``: ``hidden`` ``[T, H]`` -> ``[T, H]`` in its dtype.
-    ``w13`` ``[E, 2I, H]`` (gate rows, then up), ``w2`` ``[E, H, I]``, both contiguous."""
+    ``w13`` ``[E, 2I, H]`` (gate rows, then up), ``w2`` ``[E, H, I]``, both contiguous,
+    in ``hidden``'s dtype or FP8 (``float8_e4m3fn``) with their :class:`ExpertScales`
+    (W8A16: the weights are converted to ``hidden``'s dtype in the kernel, exactly, and
+    the scales applied to float32 sums)."""
     from kvflow.kernels.activation import silu_and_mul
+
+    _check_scales("w13", w13, w13_scales)
+    _check_scales("w2", w2, w2_scales)
 
     tokens, hidden_size = hidden.shape
     num_experts, two_inter, _ = w13.shape
@@ -161,11 +231,11 @@ def fused_moe(
     block_m = _block_m(num_pairs, num_experts)
     aligned = moe_align_block_size(topk_ids, block_m, num_experts)
     gate_up = torch.empty((num_pairs, two_inter), dtype=hidden.dtype, device=hidden.device)
-    _grouped_gemm(hidden, w13, gate_up, aligned, block_m, num_pairs, top_k, None)
+    _grouped_gemm(hidden, w13, gate_up, aligned, block_m, num_pairs, top_k, None, w13_scales)
     act = silu_and_mul(gate_up)
     down = torch.empty((num_pairs, hidden_size), dtype=hidden.dtype, device=hidden.device)
     routed = topk_weights.to(torch.float32).flatten().contiguous()
-    _grouped_gemm(act, w2, down, aligned, block_m, num_pairs, 1, routed)
+    _grouped_gemm(act, w2, down, aligned, block_m, num_pairs, 1, routed, w2_scales)
     return down.view(tokens, top_k, hidden_size).sum(dim=1)
 
 

@@ -15,13 +15,8 @@ if TYPE_CHECKING:
         RowParallelLinear,
     )
     from kvflow.runtime.layers.matmul import CpuMatmul, PackedWeight, matmul_weight, pack_weight
-    from kvflow.runtime.layers.moe import (
-        ExpertWeights,
-        SparseMoE,
-        TopK,
-        fused_experts_ref,
-        select_experts,
-    )
+    from kvflow.runtime.layers.moe import Experts, ExpertWeights, SparseMoE
+    from kvflow.runtime.layers.moe_compute import TopK, fused_experts_ref, select_experts
     from kvflow.runtime.layers.norm import GemmaRMSNorm, RMSNorm
     from kvflow.runtime.layers.quantization import (
         LINEAR_METHODS,
@@ -44,7 +39,8 @@ else:  # torch-free until a name is used (kvflow.lazy)
                 "RowParallelLinear",
             ),
             ".matmul": ("CpuMatmul", "PackedWeight", "matmul_weight", "pack_weight"),
-            ".moe": ("ExpertWeights", "SparseMoE", "TopK", "fused_experts_ref", "select_experts"),
+            ".moe": ("ExpertWeights", "Experts", "SparseMoE"),
+            ".moe_compute": ("TopK", "fused_experts_ref", "select_experts"),
             ".norm": ("GemmaRMSNorm", "RMSNorm"),
             ".quantization": ("LINEAR_METHODS", "LinearMethod", "UnquantizedLinearMethod"),
             ".rotary": ("RotaryEmbedding",),
@@ -56,6 +52,7 @@ __all__ = [
     "LINEAR_METHODS",
     "CpuMatmul",
     "ExpertWeights",
+    "Experts",
     "GateUpLinear",
     "GemmaRMSNorm",
     "LinearBase",

@@ -120,32 +120,16 @@ class LinearBase(nn.Module):
     def narrow_rows(
         self, param: nn.Parameter, loaded: torch.Tensor, start: int, length: int
     ) -> torch.Tensor:
-        """Weight rows ``[start, start + length)`` of ``loaded``, in ``param``'s units (a
-        block scale's row covers ``rows_per_entry`` of them; a per-shard scale is whole)."""
-        per = self.layout_of(param).rows_per_entry
-        if per is None:
-            return loaded
-        if start % per or length % per:
-            raise ValueError(
-                f"rows [{start}, {start + length}) of this rank do not fall on the "
-                f"checkpoint's blocks of {per} rows: choose another --tp-size"
-            )
-        return loaded.narrow(0, start // per, length // per)
+        """Weight rows ``[start, start + length)`` of ``loaded``, in ``param``'s units
+        (:meth:`ParamLayout.narrow_rows`)."""
+        return self.layout_of(param).narrow_rows(loaded, start, length)
 
     def narrow_cols(
         self, param: nn.Parameter, loaded: torch.Tensor, start: int, end: int
     ) -> torch.Tensor:
-        """Weight columns ``[start, end)`` of ``loaded``, in ``param``'s units (whole where
-        the parameter is not split along the input)."""
-        per = self.layout_of(param).cols_per_entry
-        if per is None:
-            return loaded
-        if start % per or (end - start) % per:
-            raise ValueError(
-                f"columns [{start}, {end}) of this rank do not fall on the checkpoint's blocks "
-                f"of {per} columns: choose another --tp-size"
-            )
-        return loaded.narrow(-1, start // per, (end - start) // per)
+        """Weight columns ``[start, end)`` of ``loaded``, in ``param``'s units
+        (:meth:`ParamLayout.narrow_cols`)."""
+        return self.layout_of(param).narrow_cols(loaded, start, end)
 
     def process_weights_after_loading(self) -> None:
         self.method.process_weights_after_loading(self)

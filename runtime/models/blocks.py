@@ -146,8 +146,8 @@ def layer_mlp(
     config: ModelConfig, layer_id: int, method: LinearMethod | None, tp: TPGroup | None
 ) -> nn.Module:
     """A mixture-of-experts family's MLP of layer ``layer_id``: :class:`SparseMoE` where
-    :meth:`ModelConfig.is_sparse_layer`, else a :class:`GatedMLP`. The experts take no
-    ``method`` (no quantized experts yet); the dense layers do."""
+    :meth:`ModelConfig.is_sparse_layer`, else a :class:`GatedMLP`. The experts take their
+    method from :meth:`CausalLM.quantize`; the dense layers take ``method``."""
     if not config.is_sparse_layer(layer_id):
         return GatedMLP(config, method, tp)
     return SparseMoE(

@@ -18,23 +18,32 @@ from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.layers import (
     LINEAR_METHODS,
     CpuMatmul,
+    Experts,
     ExpertWeights,
     LinearBase,
     LinearMethod,
     ParallelLMHead,
     RMSNorm,
     RotaryEmbedding,
+    SparseMoE,
     VocabParallelEmbedding,
     gather_logits,
     matmul_weight,
     pack_weight,
 )
-from kvflow.runtime.layers.quantization import KVScaleReader, KVScales, QuantConfig
+from kvflow.runtime.layers.quantization import (
+    MOE_METHODS,
+    KVScaleReader,
+    KVScales,
+    MoEMethod,
+    QuantConfig,
+)
 
 __all__ = ["CausalLM"]
 
 ShardId = int | str | tuple[int, int] | None
-_EXPERT = re.compile(r"\.experts\.(\d+)\.(\w+)\.weight$")
+# an expert's tensor: its weight, or a scale (weight_scale, weight_scale_inv, input_scale)
+_EXPERT = re.compile(r"\.experts\.(\d+)\.(\w+)\.(weight|\w+_scale(?:_inv)?)$")
 
 
 class CausalLM(nn.Module, ABC):
@@ -52,8 +61,9 @@ class CausalLM(nn.Module, ABC):
     stacked_params: ClassVar[dict[str, tuple[str, int | str]]] = {}
     # checkpoint name part -> ours, applied first (Mixtral's block_sparse_moe is our mlp)
     renamed_parts: ClassVar[dict[str, str]] = {}
-    # an expert's checkpoint tensor ``experts.{e}.<name>.weight`` -> (our stacked
-    # ExpertWeights, part): Mixtral's w1 -> ("w13", 0), filling shard (e, 0) of experts.w13
+    # an expert's checkpoint tensor ``experts.{e}.<name>.weight`` (and its scales) -> (our
+    # stacked ExpertWeights, part): Mixtral's w1 -> ("w13", 0), filling shard (e, 0) of
+    # experts.w13
     expert_params: ClassVar[dict[str, tuple[str, int]]] = {}
 
     def __init__(
@@ -99,26 +109,45 @@ class CausalLM(nn.Module, ABC):
         return self.embed_tokens(ids)
 
     def quantize(self, quant: QuantConfig) -> None:
-        """Give every projection of the decoder layers ``quant``'s linear method, except
-        those whose Hugging Face modules ``quant`` ignores (the LM head and the embedding
-        stay float); before loading, on ``meta``. A merged projection is quantized whole:
-        a checkpoint that ignores some of its parts and not others is refused. Layers of
-        one scheme share a method (a GGUF file's layers may differ in block type)."""
+        """Give every projection of the decoder layers ``quant``'s linear method, and every
+        layer's experts its MoE method, except those whose Hugging Face modules ``quant``
+        ignores (the LM head and the embedding stay float, and so do the routers, as in
+        SGLang); before loading, on ``meta``. A merged projection, or a layer's experts,
+        are quantized whole: a checkpoint that ignores some of their parts and not others
+        is refused. Layers of one scheme share a method (a GGUF file's layers may differ
+        in block type)."""
         self.quant_config = quant
         methods: dict[object, LinearMethod] = {}
+        moe_method: MoEMethod | None = None
+        routers = {id(m.gate) for m in self.modules() if isinstance(m, SparseMoE)}
         for name, module in self.named_modules():
-            if not (isinstance(module, LinearBase) and name.startswith("layers.")):
+            if isinstance(module, Experts):
+                if not self._ignored(quant, name, self.expert_modules(name, module)):
+                    moe_method = moe_method or MOE_METHODS.get(quant.linear_method)(quant.scheme)
+                    module.set_method(moe_method)
                 continue
-            ignored = {quant.ignores(hf) for hf in self.hf_modules(name)}
-            if len(ignored) > 1:
-                raise ValueError(
-                    f"{name}: the checkpoint quantizes some of its merged parts and not others"
-                )
-            if not ignored.pop():
-                scheme = quant.scheme_for(self.hf_modules(name))
-                if scheme not in methods:
-                    methods[scheme] = LINEAR_METHODS.get(quant.linear_method)(scheme)
-                module.set_method(methods[scheme])
+            if not isinstance(module, LinearBase) or not name.startswith("layers."):
+                continue
+            if id(module) in routers or self._ignored(quant, name, self.hf_modules(name)):
+                continue
+            scheme = quant.scheme_for(self.hf_modules(name))
+            if scheme not in methods:
+                methods[scheme] = LINEAR_METHODS.get(quant.linear_method)(scheme)
+            module.set_method(methods[scheme])
+
+    @staticmethod
+    def _ignored(quant: QuantConfig, name: str, hf_modules: list[str]) -> bool:
+        ignored = {quant.ignores(hf) for hf in hf_modules}
+        if len(ignored) > 1:
+            raise ValueError(f"{name}: the checkpoint quantizes some of its parts and not others")
+        return ignored.pop()
+
+    def expert_modules(self, name: str, experts: Experts) -> list[str]:
+        """The Hugging Face module names of a layer's experts (``experts.{e}.<part>``)."""
+        for part, ours in self.renamed_parts.items():
+            name = name.replace(f".{ours}.", f".{part}.")
+        count = experts.w13.num_experts
+        return [f"model.{name}.{e}.{part}" for e in range(count) for part in self.expert_params]
 
     def hf_modules(self, name: str) -> list[str]:
         """The Hugging Face module names a projection of ours loads (its merged parts)."""
@@ -152,7 +181,7 @@ class CausalLM(nn.Module, ABC):
         tied head is packed (or is ``tied_head``, one the weight format prepared: the
         GGUF's blocks); run once the weights are loaded."""
         for module in self.modules():
-            if isinstance(module, LinearBase):
+            if isinstance(module, (LinearBase, ExpertWeights)):
                 module.process_weights_after_loading()
         if self.lm_head is None:
             self.packed_head = tied_head or pack_weight(self.embed_tokens.weight)
@@ -200,7 +229,8 @@ class CausalLM(nn.Module, ABC):
         expert = _EXPERT.search(name)
         if expert and expert[2] in self.expert_params:
             ours, index = self.expert_params[expert[2]]
-            return f"{name[: expert.start()]}.experts.{ours}.weight", (int(expert[1]), index)
+            param = f"{name[: expert.start()]}.experts.{ours}.{expert[3]}"
+            return param, (int(expert[1]), index)
         for part, (ours, shard) in self.stacked_params.items():
             if f".{part}." in name:
                 return name.replace(part, ours), shard

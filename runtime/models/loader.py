@@ -11,7 +11,7 @@ from torch import nn
 
 from kvflow.runtime.config import ModelConfig
 from kvflow.runtime.distributed import TPGroup
-from kvflow.runtime.layers import LinearBase, RotaryEmbedding
+from kvflow.runtime.layers import ExpertWeights, LinearBase, RotaryEmbedding
 from kvflow.runtime.layers.quantization import GgufScheme, QuantConfig, resolve_quantization
 from kvflow.runtime.models import MODELS
 from kvflow.runtime.models.causal_lm import CausalLM
@@ -50,8 +50,8 @@ def _init_dummy(model: nn.Module, seed: int, device: str) -> None:
 
 def _materialize(model: nn.Module, device: str, dtype: torch.dtype) -> None:
     """``model.to_empty(device=device)`` then ``model.to(dtype)``, except the parameters a
-    linear layer keeps in their own dtype (its ``param_dtypes``: FP8 weights, float32
-    scales); its ``compute_dtype`` is ``dtype``. Each tensor is allocated once, empty, in its
+    linear layer or an experts' projection keeps in their own dtype (its ``param_dtypes``:
+    FP8 weights, float32 scales); its ``compute_dtype`` is ``dtype``. Each tensor is allocated once, empty, in its
     final dtype (shared parameters stay shared).
 
     NOTE: ``to_empty`` runs torch's reference ``empty_like`` on meta tensors, whose first
@@ -59,8 +59,9 @@ def _materialize(model: nn.Module, device: str, dtype: torch.dtype) -> None:
     every page of them (0.9 s for SmolLM2-135M on 2 cores): both were start-up time."""
     made: dict[int, nn.Parameter] = {}
     for module in model.modules():
-        keep = module.param_dtypes if isinstance(module, LinearBase) else {}
-        if isinstance(module, LinearBase):
+        keep: dict[str, torch.dtype] = {}
+        if isinstance(module, (LinearBase, ExpertWeights)):
+            keep = module.param_dtypes
             module.compute_dtype = dtype
         for name, param in list(module.named_parameters(recurse=False)):
             if id(param) not in made:

@@ -48,7 +48,11 @@ GPU_TINY = {
 }
 
 
-def _compare(folder: Path, reference: torch.nn.Module, **engine_kwargs) -> None:
+def _compare(
+    folder: Path, reference: torch.nn.Module, expert_kernels: bool = False, **engine_kwargs
+) -> None:
+    """``expert_kernels``: the model has FP8 experts, which must run the fused kernel's FP8
+    path too (test_gpu_fp8_moe.py)."""
     from kvflow.runtime.engine import Engine
 
     engine = Engine(
@@ -64,6 +68,12 @@ def _compare(folder: Path, reference: torch.nn.Module, **engine_kwargs) -> None:
         m.__dict__["fp8_state"] for m in engine.runner.model.modules() if "fp8_state" in m.__dict__
     ]
     assert states and all(state is not None for state in states)  # FP8 kernels, no fallback
+    if expert_kernels:
+        modules = engine.runner.model.modules()
+        scales = [
+            m.__dict__["fp8_expert_scales"] for m in modules if "fp8_expert_scales" in m.__dict__
+        ]
+        assert scales and all(s is not None for s in scales)
     batch = prompts()
     greedy = {"temperature": 0, "max_new_tokens": MAX_NEW}
     results = engine.generate(input_ids=batch, sampling_params=greedy, return_logprob=True)

@@ -1,5 +1,6 @@
 """The fused mixture-of-experts kernel against a token-by-token reference, and the pair
-alignment it runs on (sorted by expert, padded per expert, no host sync)."""
+alignment it runs on (sorted by expert, padded per expert, no host sync). FP8 weights with
+per-row or block scales against the same reference on the dequantized weights."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 from kernel_testing import device_for
 
-from kvflow.kernels import fused_moe, fused_moe_ref, moe_align_block_size
+from kvflow.kernels import FP8_DTYPE, ExpertScales, fused_moe, fused_moe_ref, moe_align_block_size
 
 TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 3e-2}
 
@@ -27,6 +28,38 @@ def _check(device, tokens, experts, top_k, hidden, inter, dtype):
     expected = fused_moe_ref(x.double(), w13.double(), w2.double(), weights, ids).float()
     on = [t.to(device) for t in (x, w13, w2, weights, ids)]
     got = fused_moe(*on)
+    assert got.shape == x.shape and got.dtype == dtype
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.cpu().float(), expected, atol=tol, rtol=tol)
+
+
+def _fp8_experts(w: torch.Tensor, block: tuple[int, int] | None):
+    """``w`` ``[E, N, K]`` -> FP8 weight, its scales and the float weight they stand for
+    (per row: absmax / 448; per block of ``block``: each block's absmax / 448)."""
+    experts, n, k = w.shape
+    if block is None:
+        scale = w.abs().amax(-1).clamp(min=1e-12) / 448
+        full = scale[..., None].expand(-1, -1, k)
+    else:
+        bn, bk = block
+        pad = torch.zeros(experts, -(-n // bn) * bn, -(-k // bk) * bk)
+        pad[:, :n, :k] = w
+        tiles = pad.view(experts, pad.shape[1] // bn, bn, pad.shape[2] // bk, bk)
+        scale = tiles.abs().amax((2, 4)).clamp(min=1e-12) / 448
+        full = scale.repeat_interleave(bn, 1).repeat_interleave(bk, 2)[:, :n, :k]
+    q = (w / full).clamp(-448, 448).to(FP8_DTYPE)
+    return q, ExpertScales(scale.float().contiguous(), block), q.float() * full
+
+
+def _check_fp8(device, tokens, experts, top_k, hidden, inter, dtype, w13_block, w2_block):
+    x, w13, w2, weights, ids = _inputs(tokens, experts, top_k, hidden, inter, torch.float32)
+    x = x.to(dtype)
+    q13, s13, d13 = _fp8_experts(w13, w13_block)
+    q2, s2, d2 = _fp8_experts(w2, w2_block)
+    expected = fused_moe_ref(x.double(), d13.double(), d2.double(), weights, ids).float()
+    on = [t.to(device) for t in (x, q13, q2, weights, ids)]
+    scales = [ExpertScales(s.scale.to(device), s.block_size) for s in (s13, s2)]
+    got = fused_moe(*on, *scales)
     assert got.shape == x.shape and got.dtype == dtype
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(got.cpu().float(), expected, atol=tol, rtol=tol)
@@ -55,6 +88,68 @@ def test_alignment_sorts_pairs_by_expert_in_padded_runs():
 @pytest.mark.parametrize("tokens", [1, 7, 40])
 def test_fused_moe_interpret(dtype, tokens):
     _check(device_for("interpret"), tokens, experts=8, top_k=2, hidden=64, inter=48, dtype=dtype)
+
+
+# (w13 blocks, w2 blocks): per-row scales; 128x128 blocks over whole and partial blocks
+# (w2's 96 input columns end inside one); block scales expanded to rows (bn 1), as the
+# FP8 experts method does where gate and up end inside a block
+FP8_SCALES = {
+    "per-row": (None, None),
+    "block-128": ((128, 128), (128, 128)),
+    "block-rows": ((1, 128), (128, 128)),
+}
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("scales", list(FP8_SCALES))
+@pytest.mark.parametrize("tokens", [1, 9])
+def test_fused_moe_fp8_interpret(scales, tokens):
+    """W8A16 through the interpreter: FP8 weights, float32 activations (its dot is fp32)."""
+    _check_fp8(device_for("interpret"), tokens, 4, 2, 256, 96, torch.float32, *FP8_SCALES[scales])
+
+
+def test_fp8_scales_of_the_wrong_shape_are_refused():
+    x, w13, w2, weights, ids = _inputs(3, 4, 2, 64, 32, torch.float32)
+    q13, s13, _ = _fp8_experts(w13, (128, 128))
+    q2, s2, _ = _fp8_experts(w2, None)
+    with pytest.raises(ValueError, match="w13: scales"):
+        fused_moe(x, q13, q2, weights, ids, ExpertScales(s13.scale[:, :, :0], (128, 128)), s2)
+    with pytest.raises(ValueError, match="w2: an FP8 weight needs its scales"):
+        fused_moe(x, q13, q2, weights, ids, s13, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scales", list(FP8_SCALES))
+@pytest.mark.parametrize(
+    ("tokens", "experts", "top_k", "hidden", "inter"),
+    [(1, 128, 8, 2048, 768), (37, 128, 8, 2048, 768), (5, 8, 2, 256, 96)],
+    ids=["qwen3-30b-a3b-b1", "qwen3-30b-a3b-b37", "tiny"],
+)
+def test_fused_moe_fp8_gpu(scales, tokens, experts, top_k, hidden, inter):
+    _check_fp8(
+        device_for("gpu"), tokens, experts, top_k, hidden, inter, torch.bfloat16,
+        *FP8_SCALES[scales],
+    )  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_fused_moe_fp8_in_a_cuda_graph():
+    """FP8 block-scaled experts captured once and replayed with another routing."""
+    x, w13, w2, weights, ids = _inputs(8, 16, 4, 256, 128, torch.float32)
+    q13, s13, d13 = _fp8_experts(w13, (128, 128))
+    q2, s2, d2 = _fp8_experts(w2, (128, 128))
+    x, q13, q2, weights, ids = (t.cuda() for t in (x.bfloat16(), q13, q2, weights, ids))
+    s13, s2 = (ExpertScales(s.scale.cuda(), s.block_size) for s in (s13, s2))
+    fused_moe(x, q13, q2, weights, ids, s13, s2)  # warm (compile) outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_moe(x, q13, q2, weights, ids, s13, s2)
+    _, _, _, weights2, ids2 = _inputs(8, 16, 4, 256, 128, torch.float32, seed=5)
+    weights.copy_(weights2.cuda())
+    ids.copy_(ids2.cuda())
+    graph.replay()
+    expected = fused_moe_ref(x.double(), d13.cuda().double(), d2.cuda().double(), weights, ids)
+    torch.testing.assert_close(out.float(), expected.float(), atol=3e-2, rtol=3e-2)
 
 
 @pytest.mark.gpu

@@ -128,9 +128,13 @@ def test_other_sglang_quantization_values_are_refused(tmp_path, capsys):
     assert "'awq': kvflow serves FP8 weights (" in err
 
 
-def test_fp8_moe_is_refused(tmp_path, capsys):
+def test_fp8_moe_parses_and_gguf_moe_is_refused(tmp_path):
+    """FP8 experts are served (checkpoint or --quantization fp8); GGUF experts are not."""
     folder = _folder(tmp_path, QWEN3_FP8, num_experts=4, num_experts_per_tok=2)
-    assert "FP8 experts are not served" in _refused(["--model-path", folder], capsys)
+    assert parse_args(["--model-path", folder]).engine.quantization is None
+    assert resolve_quantization(None, "fp8", is_moe=True) is not None
+    with pytest.raises(ValueError, match="experts are not served from GGUF blocks"):
+        resolve_quantization(None, "gguf", is_moe=True, gguf_file="model.gguf")
 
 
 def test_quantization_fp8_on_a_float_checkpoint_parses(tmp_path):

@@ -1,7 +1,9 @@
-"""Linear methods (the weight format of a linear layer), chosen by name from a registry.
+"""Linear methods (the weight format of a linear layer) and MoE methods (of a mixture's
+experts), chosen by name from registries.
 
 A new format (FP8, GGUF blocks, ...) is one module here with a :class:`LinearMethod` subclass,
-registered below; kernels it needs go in ``kernels/``. Which method a model's layers take
+registered below (with a :class:`MoEMethod` in ``MOE_METHODS`` where it serves
+experts); kernels it needs go in ``kernels/``. Which method a model's layers take
 comes from its checkpoint's ``quantization_config`` and ``--quantization``
 (:func:`resolve_quantization`, ``config.py``; the checkpoint formats in ``formats.py``).
 The KV cache's storage type and FP8 scales (``--kv-cache-dtype``) are in ``kv_cache.py``.
@@ -24,33 +26,44 @@ from kvflow.runtime.layers.quantization.config import (
 from kvflow.runtime.utils import Registry
 
 if TYPE_CHECKING:
-    from kvflow.runtime.layers.quantization.base import LinearLayer, LinearMethod, ParamLayout
+    from kvflow.runtime.layers.quantization.base import (
+        ExpertLayer,
+        LinearLayer,
+        LinearMethod,
+        MoEMethod,
+        ParamLayout,
+    )
     from kvflow.runtime.layers.quantization.kv_cache import (
         KVScaleReader,
         KVScales,
         check_kv_cache_device,
         kv_cache_torch_dtype,
     )
-    from kvflow.runtime.layers.quantization.unquantized import UnquantizedLinearMethod
+    from kvflow.runtime.layers.quantization.unquantized import (
+        UnquantizedLinearMethod,
+        UnquantizedMoEMethod,
+    )
 else:  # torch-free until a name is used (kvflow.lazy)
     __getattr__ = lazy_exports(
         __name__,
         {
-            ".base": ("LinearLayer", "LinearMethod", "ParamLayout"),
+            ".base": ("ExpertLayer", "LinearLayer", "LinearMethod", "MoEMethod", "ParamLayout"),
             ".kv_cache": (
                 "KVScaleReader",
                 "KVScales",
                 "check_kv_cache_device",
                 "kv_cache_torch_dtype",
             ),
-            ".unquantized": ("UnquantizedLinearMethod",),
+            ".unquantized": ("UnquantizedLinearMethod", "UnquantizedMoEMethod"),
         },
     )
 
 __all__ = [
     "KV_CACHE_DTYPE_FLAG_VALUES",
     "LINEAR_METHODS",
+    "MOE_METHODS",
     "QUANTIZATION_FLAG_VALUES",
+    "ExpertLayer",
     "Fp8Scheme",
     "GgufScheme",
     "GgufSource",
@@ -58,9 +71,11 @@ __all__ = [
     "KVScales",
     "LinearLayer",
     "LinearMethod",
+    "MoEMethod",
     "ParamLayout",
     "QuantConfig",
     "UnquantizedLinearMethod",
+    "UnquantizedMoEMethod",
     "check_kv_cache_device",
     "kv_cache_torch_dtype",
     "resolve_quantization",
@@ -72,3 +87,11 @@ LINEAR_METHODS.register(
 )
 LINEAR_METHODS.register("fp8", "kvflow.runtime.layers.quantization.fp8:Fp8LinearMethod")
 LINEAR_METHODS.register("gguf", "kvflow.runtime.layers.quantization.gguf:GgufLinearMethod")
+
+# The experts of a mixture, by the same names as LINEAR_METHODS (a format without an entry
+# here is refused for mixture-of-experts models by resolve_quantization)
+MOE_METHODS: Registry[MoEMethod] = Registry("experts method")
+MOE_METHODS.register(
+    "unquantized", "kvflow.runtime.layers.quantization.unquantized:UnquantizedMoEMethod"
+)
+MOE_METHODS.register("fp8", "kvflow.runtime.layers.quantization.fp8_moe:Fp8MoEMethod")

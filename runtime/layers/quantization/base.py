@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 from kvflow.runtime.layers.activation import silu_and_mul
+from kvflow.runtime.layers.moe_compute import TopK
 
-__all__ = ["LinearLayer", "LinearMethod", "ParamLayout"]
+__all__ = ["ExpertLayer", "LinearLayer", "LinearMethod", "MoEMethod", "ParamLayout"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,33 @@ class ParamLayout:
     def entries(self, rows: int) -> int:
         """Entries along dimension 0 for a shard of ``rows`` weight rows."""
         return 1 if self.rows_per_entry is None else -(-rows // self.rows_per_entry)
+
+    def narrow_rows(self, loaded: torch.Tensor, start: int, length: int) -> torch.Tensor:
+        """Weight rows ``[start, start + length)`` of a checkpoint tensor of this layout (a
+        block scale's row covers ``rows_per_entry`` of them; a per-shard scale is whole);
+        ValueError where they do not fall on whole entries."""
+        per = self.rows_per_entry
+        if per is None:
+            return loaded
+        if start % per or length % per:
+            raise ValueError(
+                f"rows [{start}, {start + length}) of this rank do not fall on the "
+                f"checkpoint's blocks of {per} rows: choose another --tp-size"
+            )
+        return loaded.narrow(0, start // per, length // per)
+
+    def narrow_cols(self, loaded: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """Weight columns ``[start, end)`` of a checkpoint tensor of this layout (whole where
+        the parameter is not split along the input)."""
+        per = self.cols_per_entry
+        if per is None:
+            return loaded
+        if start % per or (end - start) % per:
+            raise ValueError(
+                f"columns [{start}, {end}) of this rank do not fall on the checkpoint's blocks "
+                f"of {per} columns: choose another --tp-size"
+            )
+        return loaded.narrow(-1, start // per, (end - start) // per)
 
 
 class LinearLayer(Protocol):
@@ -101,3 +129,54 @@ class LinearMethod(ABC):
         """``silu(gate) * up`` of a merged ``[gate; up]`` layer's output: ``[..., N // 2]``
         (default: :meth:`apply`, then the activation; a method may fuse them)."""
         return silu_and_mul(self.apply(layer, x))
+
+
+class ExpertLayer(Protocol):
+    """What a :class:`MoEMethod` sees of one stacked projection of every expert
+    (:class:`~kvflow.runtime.layers.moe.ExpertWeights`): as :class:`LinearLayer`, with every
+    parameter stacked over the experts along a new dimension 0 (``weight`` ``[E, N, K]``;
+    a layout in ``param_layouts`` describes the dimensions after it)."""
+
+    weight: nn.Parameter
+    output_sizes: tuple[int, ...]
+    param_layouts: dict[str, ParamLayout]
+    param_dtypes: dict[str, torch.dtype]
+    compute_dtype: torch.dtype
+
+    def register_parameter(self, name: str, param: nn.Parameter | None) -> None: ...
+
+
+class MoEMethod(ABC):
+    """The weight format and the computation of a mixture's experts (SGLang's
+    ``FusedMoEMethodBase``): two stacked projections, ``w13`` (``[gate; up]`` of every
+    expert, ``output_sizes`` (I, I)) and ``w2`` (down, ``output_sizes`` (H,)).
+
+    The lifecycle is :class:`LinearMethod`'s: :meth:`create_weights` once per projection
+    (on ``meta``), the loader fills each parameter through the projection's
+    ``weight_loader`` (shard ``(expert, part)``: dimension 0 picks the expert, then rows as
+    in a linear layer), :meth:`process_weights_after_loading` once per projection, then
+    :meth:`apply` on every forward with both projections. One instance may serve every
+    layer: state lives on the projections.
+    """
+
+    @abstractmethod
+    def create_weights(
+        self, layer: ExpertLayer, num_experts: int, input_size: int, output_sizes: Sequence[int]
+    ) -> None:
+        """Register the projection's parameters (``weight`` ``[num_experts, sum(output_sizes),
+        input_size]`` or its quantized form and scales)."""
+
+    def process_weights_after_loading(self, layer: ExpertLayer) -> None:  # noqa: B027
+        """Derive what :meth:`apply` runs on from the loaded parameters (default: nothing)."""
+
+    @abstractmethod
+    def apply(
+        self,
+        w13: ExpertLayer,
+        w2: ExpertLayer,
+        hidden: torch.Tensor,
+        topk: TopK,
+    ) -> torch.Tensor:
+        """``sum_k topk.weights[t, k] * expert_{topk.ids[t, k]}(hidden[t])``, the expert
+        being ``w2[e] @ silu_and_mul(w13[e] @ x)``: ``[tokens, H]`` -> ``[tokens, H]`` (this
+        rank's partial sum under tensor parallelism)."""

@@ -112,14 +112,19 @@ def resolve_quantization(
     ``gguf_file``: the GGUF the model was converted from, if any (for ``gguf``).
 
     Raises ValueError for an unknown ``quant_method``, an FP8 flavour kvflow does not
-    serve, a flag that contradicts the checkpoint, or a mixture of experts (whose experts
-    have no quantized path yet); for ``gguf``, a model without a GGUF file or a file the
-    kernels do not serve."""
+    serve or a flag that contradicts the checkpoint; for ``gguf``, a model without a GGUF
+    file, a file the kernels do not serve, or a mixture of experts (``is_moe``: GGUF
+    experts have no method; FP8 experts do, ``fp8_moe.py``)."""
     if flag is not None and flag not in QUANTIZATION_FLAG_VALUES:
         raise ValueError(
             f"--quantization {flag}: kvflow serves {', '.join(QUANTIZATION_FLAG_VALUES)}"
         )
     if flag == "gguf":
+        if is_moe:
+            raise ValueError(
+                "--quantization gguf: a mixture-of-experts model's experts are not served "
+                "from GGUF blocks; serve it unquantized or from an FP8 checkpoint"
+            )
         if checkpoint is not None or gguf_file is None:
             raise ValueError(
                 "--quantization gguf: this model has no GGUF file (gguf serves the embedded "
@@ -130,11 +135,6 @@ def resolve_quantization(
         return QuantConfig("gguf", scheme, linear_method="gguf", gguf=source)
     if checkpoint is None:
         if flag in (None, "fp8"):
-            if flag and is_moe:
-                raise ValueError(
-                    "--quantization fp8: mixture-of-experts models have no FP8 expert "
-                    "path in kvflow yet; serve this model unquantized"
-                )
             return None if flag is None else QuantConfig("fp8", _ONLINE)
         raise ValueError(
             f"--quantization {flag}: the checkpoint is not quantized; {flag} needs a "
@@ -150,10 +150,5 @@ def resolve_quantization(
         raise ValueError(
             f"--quantization {flag} contradicts the checkpoint's quant_method {method!r}: "
             "drop the flag"
-        )
-    if is_moe:
-        raise ValueError(
-            f"{method} checkpoint of a mixture-of-experts model: FP8 experts are not "
-            "served by kvflow yet"
         )
     return QUANT_FORMATS.get(method)(checkpoint)

@@ -1,4 +1,5 @@
-"""Weights as the checkpoint stores them, in the model's dtype."""
+"""Weights as the checkpoint stores them, in the model's dtype: of linear layers and of a
+mixture's experts."""
 
 from __future__ import annotations
 
@@ -10,9 +11,15 @@ from torch import nn
 
 from kvflow import kernels
 from kvflow.runtime.layers.matmul import PackedWeight, one_row, pack_weight
-from kvflow.runtime.layers.quantization.base import LinearLayer, LinearMethod
+from kvflow.runtime.layers.moe_compute import TopK, fused_experts
+from kvflow.runtime.layers.quantization.base import (
+    ExpertLayer,
+    LinearLayer,
+    LinearMethod,
+    MoEMethod,
+)
 
-__all__ = ["UnquantizedLinearMethod"]
+__all__ = ["UnquantizedLinearMethod", "UnquantizedMoEMethod"]
 
 _PACKED = "packed_weight"
 
@@ -60,3 +67,20 @@ class UnquantizedLinearMethod(LinearMethod):
         if packed is not None and packed.silu_mul and packed.takes(x) and packed.native_for(x):
             return packed.silu_mul_matmul(x)
         return super().apply_silu_mul(layer, x)
+
+
+class UnquantizedMoEMethod(MoEMethod):
+    """``weight`` ``[E, N, K]`` per projection, run by
+    :func:`~kvflow.runtime.layers.moe_compute.fused_experts` (the fused Triton kernel on
+    CUDA, the grouped loop on CPU)."""
+
+    def create_weights(
+        self, layer: ExpertLayer, num_experts: int, input_size: int, output_sizes: Sequence[int]
+    ) -> None:
+        weight = torch.empty(num_experts, sum(output_sizes), input_size)
+        layer.register_parameter("weight", nn.Parameter(weight, requires_grad=False))
+
+    def apply(
+        self, w13: ExpertLayer, w2: ExpertLayer, hidden: torch.Tensor, topk: TopK
+    ) -> torch.Tensor:
+        return fused_experts(hidden, w13.weight, w2.weight, topk)
