@@ -123,9 +123,10 @@ def bench_decode(
     model: str = MODEL,
     quantization: str | None = None,
 ) -> list[dict]:
+    quant = {} if quantization is None else {"quantization": quantization}  # else ENGINE_ARGS'
     engine = make_engine(
         model,
-        quantization=quantization,
+        **quant,
         max_running_requests=max(batch_sizes),
         cuda_graph_max_bs=max(batch_sizes),
         chunked_prefill_size=16384,
