@@ -430,6 +430,7 @@ class HiRadixCache(RadixCache):
         host_slots = self._take_host(end - covered)
         if host_slots is None:
             return False
+        self.copier.wait_loads()  # a load-back's DMA may still read these host pages
         self.storage.start(req, tokens[:end], covered, keys, host_slots)
         return True
 
