@@ -141,6 +141,15 @@ class ModelRunner:
             self.device,
             self.model.kv_scales,
         )
+        # EAGLE: the target's final-norm hidden state of every token it ran, by KV slot (a
+        # draft head's features; valid wherever the slot's KV is, cached prefixes too)
+        self.hidden_pool: torch.Tensor | None = None
+        if self._feature_bytes():
+            self.hidden_pool = torch.empty(
+                ((num_pages + 1) * self.page_size, mc.hidden_size),
+                dtype=self.dtype,
+                device=self.device,
+            )
         if self.kv_pool.is_fp8 and self.model.kv_scales == KVScales.ones(mc.num_layers):
             logger.warning(
                 "FP8 KV cache without k_scale/v_scale in the checkpoint: scales default to "
@@ -180,8 +189,11 @@ class ModelRunner:
 
     def _num_kv_pages(self) -> int:
         mc, cfg = self.model_config, self.config
-        per_token = KVPool.bytes_per_token(
-            mc.num_layers, self.heads.num_kv_heads, mc.head_dim, self.kv_dtype
+        per_token = (
+            KVPool.bytes_per_token(
+                mc.num_layers, self.heads.num_kv_heads, mc.head_dim, self.kv_dtype
+            )
+            + self._feature_bytes()
         )
         if cfg.max_total_tokens:
             tokens = cfg.max_total_tokens
@@ -202,10 +214,18 @@ class ModelRunner:
             raise ValueError(f"KV cache would hold only {tokens} tokens; give it more memory")
         return tokens // self.page_size
 
+    def _feature_bytes(self) -> int:
+        """Bytes per KV slot of :attr:`hidden_pool` (0: no pool, not an EAGLE target)."""
+        if self.config.speculative_algorithm != "EAGLE":
+            return 0
+        return self.model_config.hidden_size * self.dtype.itemsize
+
     def run_model(self, fb: ForwardBatch) -> torch.Tensor:
         """The model on a batch whose attention metadata is ready: last-position logits."""
         with self._adapters(fb):
             hidden = self.model(fb, self.attn)
+        if self.hidden_pool is not None:
+            self.hidden_pool[fb.out_cache_loc] = hidden
         return self.model.compute_logits(hidden if fb.is_decode else hidden[fb.logits_rows()])
 
     @torch.inference_mode()

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from kvflow.runtime.models.embedded import EMBEDDED_MODEL_NAME, embedded_model_path
 from kvflow.runtime.models.paths import resolve_model_path
-from kvflow.runtime.models.registry import MODELS, ROPE_TYPES, check_supported
+from kvflow.runtime.models.registry import EAGLE_HEADS, MODELS, ROPE_TYPES, check_supported
 
 __all__ = [
+    "EAGLE_HEADS",
     "EMBEDDED_MODEL_NAME",
     "MODELS",
     "ROPE_TYPES",

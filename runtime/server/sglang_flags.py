@@ -180,12 +180,15 @@ SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
         accepts=("triton",),
     ),
     "--speculative-algorithm": Same(
-        "NGRAM | STANDALONE; EAGLE and EAGLE3 are refused (not built); not with --tp-size > 1, "
-        "--dp-size > 1, --enable-lora, --is-embedding or --role prefill; CUDA graphs off"
+        "EAGLE (EAGLE-1/2 heads, chains) | NGRAM | STANDALONE; EAGLE3 is refused (not built); "
+        "not with --tp-size > 1, --dp-size > 1, --enable-lora, --is-embedding or --role "
+        "prefill (EAGLE: nor --role decode, --hicache-host-memory-gb); CUDA graphs off"
     ),
-    "--speculative-draft-model-path": Same("STANDALONE's draft model (the same vocabulary)"),
-    "--speculative-num-steps": Same("STANDALONE's draft forwards per step"),
-    "--speculative-eagle-topk": Same("1 only (chain drafts)"),
+    "--speculative-draft-model-path": Same(
+        "STANDALONE's draft model (the same vocabulary) or EAGLE's head (LlamaForCausalLMEagle)"
+    ),
+    "--speculative-num-steps": Same("draft forwards per step (STANDALONE, EAGLE)"),
+    "--speculative-eagle-topk": Same("1 only (chain drafts); > 1 (trees) is refused"),
     "--speculative-num-draft-tokens": Same("positions verified per step (last token + drafts)"),
     # HTTP server and API
     "--host": Same(),
@@ -237,7 +240,7 @@ VALUE_RULES: Mapping[str, ValueRule] = {
     "--load-balance-method": ValueRule("kvflow spreads requests round_robin or shortest_queue"),
     "--role": ValueRule("roles are unified, prefill, decode", {"null": "unified"}),
     "--speculative-algorithm": ValueRule(
-        "kvflow drafts with NGRAM or STANDALONE; EAGLE draft heads are not built"
+        "kvflow drafts with EAGLE, NGRAM or STANDALONE; EAGLE-3 draft heads are not built"
     ),
     "--quantization": ValueRule(
         "kvflow serves FP8 weights (fp8, compressed-tensors or modelopt FP8 checkpoints, "

@@ -57,3 +57,55 @@ def tiny_engine():
         return Engine(path, **{**settings, **kwargs})
 
     return build
+
+
+def write_eagle_head(folder: Path, identity: bool = False, seed: int = 0, **overrides) -> str:
+    """An EAGLE-1/2 head in SGLang's checkpoint format (``LlamaForCausalLMEagle``: ``fc``
+    and one Llama decoder layer without input norm, no embedding or LM head), random
+    weights from transformers' own Llama layer. ``identity``: ``fc`` passes the feature
+    through and the layer adds nothing, so the head's output is the target's hidden state
+    (its first draft is the target's own choice at the position before the last token)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    raw = {**TINY, "architectures": ["LlamaForCausalLMEagle"], "num_hidden_layers": 1}
+    raw.update(overrides)
+    torch.manual_seed(seed)
+    layer = LlamaDecoderLayer(LlamaConfig(**raw), layer_idx=0)
+    hidden = raw["hidden_size"]
+    tensors = {
+        f"layers.0.{name}": value.detach().clone()
+        for name, value in layer.state_dict().items()
+        if not name.startswith("input_layernorm")
+    }
+    fc = torch.nn.Linear(2 * hidden, hidden)
+    tensors["fc.weight"], tensors["fc.bias"] = fc.weight.detach(), fc.bias.detach()
+    if identity:
+        tensors["fc.weight"] = torch.cat((torch.zeros(hidden, hidden), torch.eye(hidden)), 1)
+        tensors["fc.bias"] = torch.zeros(hidden)
+        for name in ("layers.0.self_attn.o_proj.weight", "layers.0.mlp.down_proj.weight"):
+            tensors[name] = torch.zeros_like(tensors[name])
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(raw))
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
+def eagle_head_writer():
+    """:func:`write_eagle_head`, for tests that need a head of other shapes."""
+    return write_eagle_head
+
+
+@pytest.fixture(scope="session")
+def eagle_heads(tmp_path_factory) -> dict[str, str]:
+    """EAGLE heads for the tiny target: ``random`` (often wrong), ``identity`` (see
+    :func:`write_eagle_head`), ``wide`` (hidden size 32: refused)."""
+    root = tmp_path_factory.mktemp("eagle-heads")
+    return {
+        "random": write_eagle_head(root / "random"),
+        "identity": write_eagle_head(root / "identity", identity=True),
+        "wide": write_eagle_head(root / "wide", hidden_size=32, intermediate_size=64),
+    }
