@@ -56,8 +56,9 @@ class LlamaEagleHead(LlamaForCausalLM):
 
     def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         assert fb.input_hidden is not None, "an EAGLE head needs the features of its tokens"
-        embeds = self._target[0].embed_tokens(fb.input_ids)
-        hidden = self.fc(torch.cat((embeds, fb.input_hidden.to(embeds.dtype)), dim=-1))
+        dtype = self.fc.weight.dtype  # the target's may differ (--dtype auto per checkpoint)
+        embeds = self._target[0].embed_tokens(fb.input_ids).to(dtype)
+        hidden = self.fc(torch.cat((embeds, fb.input_hidden.to(dtype)), dim=-1))
         residual = None
         for layer in self.layers:
             hidden, residual = layer(fb.positions, hidden, residual, fb, attn)
@@ -65,7 +66,9 @@ class LlamaEagleHead(LlamaForCausalLM):
         return hidden + residual
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._target[0].compute_logits(hidden)
+        """The target's LM head on the head's output (no final norm, as SGLang's)."""
+        target = self._target[0]
+        return target.compute_logits(hidden.to(target.embed_tokens.weight.dtype))
 
     def process_weights_after_loading(self, tied_head: object = None) -> None:
         for module in self.layers.modules():

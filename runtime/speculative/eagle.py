@@ -63,7 +63,7 @@ class EagleDrafter(PooledDrafter):
         head = self.runner.model
         assert isinstance(head, LlamaEagleHead)
         head.share_target(target.model)
-        self.target = target
+        self.head, self.target = head, target
 
     def _new_slots(self, req: Req, seq: DraftSeq, num_drafts: int) -> int:
         return (req.seq_len - 1 - seq.kv_len) + num_drafts - 1
@@ -101,8 +101,7 @@ class EagleDrafter(PooledDrafter):
             )
             fb.input_hidden = features
             hidden = self.runner.forward_hidden(fb)[fb.logits_rows()]
-            logits = self.target.model.compute_logits(hidden.to(self.target.dtype))
-            next_ids = logits.argmax(dim=-1).tolist()
+            next_ids = self.head.compute_logits(hidden).argmax(dim=-1).tolist()
             wanted: list[int] = []  # rows of `hidden` whose request drafts again
             for row, (k, token) in enumerate(zip(group, next_ids, strict=True)):
                 i, _, seq = active[k]

@@ -186,3 +186,14 @@ def test_a_step_failing_mid_draft_leaks_no_kv(tiny_models, tiny_engine, eagle_he
     assert calls == 8  # the whole batch failed at the injected call
     assert all("injected" in r.finished_reason.message for r in reqs)
     assert engine.is_memory_free()
+
+
+def test_serve_refuses_a_wide_head_before_starting(tiny_models, eagle_heads, caplog):
+    from kvflow.runtime.server.args import parse_args
+    from kvflow.runtime.server.launch import launch_server
+
+    argv = ["--model-path", tiny_models["target"], "--load-format", "dummy", "--device", "cpu"]
+    argv += ["--speculative-algorithm", "EAGLE"]
+    argv += ["--speculative-draft-model-path", eagle_heads["wide"], "--skip-tokenizer-init"]
+    assert launch_server(parse_args(argv)) == 2  # no process was started
+    assert "the head's hidden_size is 32, the target's 64" in caplog.text
