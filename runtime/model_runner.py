@@ -23,6 +23,7 @@ from kvflow.runtime.models import resolve_model_path
 from kvflow.runtime.models.loader import load_model
 from kvflow.runtime.pooling import PoolingType, pooling_of
 from kvflow.runtime.sampling import Sampler
+from kvflow.runtime.speculative.heads import target_features
 
 __all__ = ["ModelRunner"]
 logger = logging.getLogger(__name__)
@@ -126,6 +127,9 @@ class ModelRunner:
             )
             self.lora = LoraManager(self.model, options, self.dtype, self.device)
         self.vocab_size = mc.vocab_size
+        self.features = target_features(config, mc)
+        if self.features is not None and self.features.layers:
+            self.model.capture_layers(self.features.layers)
         self.context_len = min(
             config.context_length or mc.max_position_embeddings, mc.max_position_embeddings
         )
@@ -141,12 +145,12 @@ class ModelRunner:
             self.device,
             self.model.kv_scales,
         )
-        # EAGLE: the target's final-norm hidden state of every token it ran, by KV slot (a
-        # draft head's features; valid wherever the slot's KV is, cached prefixes too)
+        # EAGLE: the hidden states of every token the target ran that its draft head reads,
+        # by KV slot (valid wherever the slot's KV is, cached prefixes too)
         self.hidden_pool: torch.Tensor | None = None
-        if self._feature_bytes():
+        if self.features is not None:
             self.hidden_pool = torch.empty(
-                ((num_pages + 1) * self.page_size, mc.hidden_size),
+                ((num_pages + 1) * self.page_size, self.features.width),
                 dtype=self.dtype,
                 device=self.device,
             )
@@ -216,16 +220,15 @@ class ModelRunner:
 
     def _feature_bytes(self) -> int:
         """Bytes per KV slot of :attr:`hidden_pool` (0: no pool, not an EAGLE target)."""
-        if self.config.speculative_algorithm != "EAGLE":
-            return 0
-        return self.model_config.hidden_size * self.dtype.itemsize
+        return self.features.width * self.dtype.itemsize if self.features else 0
 
     def run_model(self, fb: ForwardBatch) -> torch.Tensor:
         """The model on a batch whose attention metadata is ready: last-position logits."""
         with self._adapters(fb):
             hidden = self.model(fb, self.attn)
         if self.hidden_pool is not None:
-            self.hidden_pool[fb.out_cache_loc] = hidden
+            aux = self.model.aux_hidden
+            self.hidden_pool[fb.out_cache_loc] = hidden if aux is None else aux
         return self.model.compute_logits(hidden if fb.is_decode else hidden[fb.logits_rows()])
 
     @torch.inference_mode()

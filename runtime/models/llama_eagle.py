@@ -70,6 +70,10 @@ class LlamaEagleHead(LlamaForCausalLM):
         target = self._target[0]
         return target.compute_logits(hidden.to(target.embed_tokens.weight.dtype))
 
+    def draft_ids(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The draft token (a target id) after each row of the head's output."""
+        return self.compute_logits(hidden).argmax(dim=-1)
+
     def process_weights_after_loading(self, tied_head: object = None) -> None:
         for module in self.layers.modules():
             if isinstance(module, LinearBase):

@@ -22,9 +22,12 @@ MODELS.register("MixtralForCausalLM", "kvflow.runtime.models.mixtral:MixtralForC
 MODELS.register("Qwen3MoeForCausalLM", "kvflow.runtime.models.qwen3_moe:Qwen3MoeForCausalLM")
 MODELS.register("Gemma2ForCausalLM", "kvflow.runtime.models.gemma2:Gemma2ForCausalLM")
 MODELS.register("Gemma3ForCausalLM", "kvflow.runtime.models.gemma3:Gemma3ForCausalLM")
-# EAGLE draft heads: loaded only as --speculative-draft-model-path of an EAGLE target
-EAGLE_HEADS = ("LlamaForCausalLMEagle",)
+# EAGLE draft heads (algorithm -> architectures): loaded only as the
+# --speculative-draft-model-path of a target run with that --speculative-algorithm
+EAGLE_HEADS = {"EAGLE": ("LlamaForCausalLMEagle",), "EAGLE3": ("LlamaForCausalLMEagle3",)}
 MODELS.register("LlamaForCausalLMEagle", "kvflow.runtime.models.llama_eagle:LlamaEagleHead")
+MODELS.register("LlamaForCausalLMEagle3", "kvflow.runtime.models.llama_eagle3:LlamaEagle3Head")
+_HEAD_ARCHS = {arch for archs in EAGLE_HEADS.values() for arch in archs}
 
 # Gemma's MLP activation (transformers' hidden_activation), the only one its module builds
 GEMMA_ACTIVATIONS = ("gelu_pytorch_tanh",)
@@ -47,13 +50,14 @@ def check_supported(config: ModelConfig, context_length: int | None = None) -> N
     Sliding attention windows are served, per layer (:meth:`ModelConfig.layer_window`), by
     every attention backend, and so is soft-capping of the attention scores."""
     arch = config.architecture
-    supported = ", ".join(a for a in MODELS.choices() if a not in EAGLE_HEADS)
+    supported = ", ".join(a for a in MODELS.choices() if a not in _HEAD_ARCHS)
     if arch not in MODELS.choices():
         raise ValueError(f"model architecture {arch!r} is not supported; supported: {supported}")
-    if arch in EAGLE_HEADS:
+    if arch in _HEAD_ARCHS:
+        algorithm = next(a for a, archs in EAGLE_HEADS.items() if arch in archs)
         raise ValueError(
             f"{arch} is an EAGLE draft head, not a model to serve: serve its target with "
-            "--speculative-algorithm EAGLE --speculative-draft-model-path <this folder>"
+            f"--speculative-algorithm {algorithm} --speculative-draft-model-path <this folder>"
         )
     if config.rope_type not in ROPE_TYPES:
         raise ValueError(

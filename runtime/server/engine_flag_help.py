@@ -63,13 +63,14 @@ ENGINE_FLAG_HELP: Mapping[str, str] = {
     "gate_proj up_proj down_proj (qkv_proj, gate_up_proj, all); unset: those of --lora-paths",
     "speculative_algorithm": "speculative decoding: NGRAM (drafts from the request's own "
     "prompt and output, no extra model), STANDALONE (a smaller model of the same tokenizer, "
-    "--speculative-draft-model-path) or EAGLE (an EAGLE-1/2 head over the target's hidden "
-    "states, --speculative-draft-model-path); unset: off. EAGLE3 is refused (not built); CUDA "
-    "graphs are off with speculation (docs/speculative.md)",
+    "--speculative-draft-model-path), EAGLE or EAGLE3 (an EAGLE-1/2 or EAGLE-3 head over the "
+    "target's hidden states, --speculative-draft-model-path); unset: off. CUDA graphs are off "
+    "with speculation (docs/speculative.md)",
     "speculative_draft_model_path": "STANDALONE: the draft model's folder (or, with "
-    "--load-format dummy, a config); it must share the target's vocabulary. EAGLE: the "
-    "head's folder (LlamaForCausalLMEagle, the target's hidden and vocabulary sizes)",
-    "speculative_num_steps": "STANDALONE, EAGLE: draft forwards per step; 0: auto (3)",
+    "--load-format dummy, a config); it must share the target's vocabulary. EAGLE, EAGLE3: "
+    "the head's folder (LlamaForCausalLMEagle / LlamaForCausalLMEagle3, the target's hidden "
+    "and vocabulary sizes)",
+    "speculative_num_steps": "STANDALONE, EAGLE, EAGLE3: draft forwards per step; 0: auto (3)",
     "speculative_eagle_topk": "draft branches per step; only 1 (a chain) is built, more is "
     "refused; 0: auto (1)",
     "speculative_num_draft_tokens": "positions the target verifies per step: the last token "

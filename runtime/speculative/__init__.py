@@ -2,9 +2,8 @@
 the verify step the scheduler runs in place of a decode step.
 
 NGRAM drafts from the request's own tokens; STANDALONE from a smaller model of the same
-tokenizer; EAGLE from an EAGLE-1/2 draft head over the target's hidden states. All draft
-chains (``--speculative-eagle-topk 1``; trees are refused), and EAGLE-3 heads are not built
-(refused at start-up). The verify step that scores the drafts is the scheduler's
+tokenizer; EAGLE and EAGLE3 from a draft head over the target's hidden states. All draft
+chains (``--speculative-eagle-topk 1``; trees are refused at start-up). The verify step that scores the drafts is the scheduler's
 (``kvflow.runtime.scheduler.verify``).
 """
 
@@ -26,12 +25,10 @@ DRAFTERS: Registry[Drafter] = Registry("speculative algorithm")
 DRAFTERS.register("NGRAM", "kvflow.runtime.speculative.ngram:make_ngram_drafter")
 DRAFTERS.register("STANDALONE", "kvflow.runtime.speculative.standalone:StandaloneDrafter")
 DRAFTERS.register("EAGLE", "kvflow.runtime.speculative.eagle:EagleDrafter")
+DRAFTERS.register("EAGLE3", "kvflow.runtime.speculative.eagle:EagleDrafter")
 
-NOT_BUILT = {
-    "EAGLE3": "EAGLE-3 draft heads are not built in kvflow; use EAGLE, NGRAM or STANDALONE",
-}
 # algorithms that draft with a model of their own (--speculative-draft-model-path)
-WITH_DRAFT_MODEL = ("EAGLE", "STANDALONE")
+WITH_DRAFT_MODEL = ("EAGLE", "EAGLE3", "STANDALONE")
 
 
 def check_speculative(config: EngineConfig, role: str = "unified") -> None:
@@ -50,11 +47,9 @@ def check_speculative(config: EngineConfig, role: str = "unified") -> None:
         ]
         if given:
             raise ValueError(
-                f"{', '.join(given)}: add --speculative-algorithm EAGLE|NGRAM|STANDALONE"
+                f"{', '.join(given)}: add --speculative-algorithm EAGLE|EAGLE3|NGRAM|STANDALONE"
             )
         return
-    if algorithm in NOT_BUILT:
-        raise ValueError(f"--speculative-algorithm {algorithm}: {NOT_BUILT[algorithm]}")
     if algorithm not in DRAFTERS.choices():
         raise ValueError(
             f"--speculative-algorithm {algorithm}: choose from {', '.join(DRAFTERS.choices())}"
@@ -66,12 +61,15 @@ def check_speculative(config: EngineConfig, role: str = "unified") -> None:
         (config.is_embedding, "--is-embedding"),
         (role == "prefill", "--role prefill (the decode side speculates)"),
     ]
-    if algorithm == "EAGLE":  # the head reads the target's hidden states of every position
+    if algorithm.startswith("EAGLE"):  # the head reads the target's states of every position
         refusals += [
-            (role == "decode", "EAGLE and --role decode (the prefill sends no hidden states)"),
+            (
+                role == "decode",
+                f"{algorithm} and --role decode (the prefill sends no hidden states)",
+            ),
             (
                 config.hicache_host_memory_gb > 0,
-                "EAGLE and --hicache-host-memory-gb (the host tier keeps no hidden states)",
+                f"{algorithm} and --hicache-host-memory-gb (the host tier keeps no hidden states)",
             ),
         ]
     for refused, what in refusals:

@@ -1,12 +1,13 @@
-"""EAGLE drafting (EAGLE-1/2 heads, chains): a small head reads the target's own hidden
-states and drafts greedily with the target's embedding and LM head.
+"""EAGLE drafting (EAGLE-1/2 and EAGLE-3 heads, chains): a small head reads the target's
+own hidden states and drafts greedily with the target's embedding.
 
-The target keeps the final-norm hidden state ``f_p`` of every position it ran, by KV slot
-(:attr:`ModelRunner.hidden_pool`, as SGLang feeds the head). The head's position ``p``
-pairs the token after it with that feature, ``(t_{p+1}, f_p)``, so for a request of
-length ``L`` (the target has run ``0:L-1``) a step is::
+The target keeps, by KV slot, what its head reads of every position it ran
+(:attr:`ModelRunner.hidden_pool`, as SGLang feeds the heads): ``f_p``, the final-norm
+hidden state (EAGLE-1/2) or the inputs of three layers, concatenated (EAGLE-3). The
+head's position ``p`` pairs the token after it with that feature, ``(t_{p+1}, f_p)``, so
+for a request of length ``L`` (the target has run ``0:L-1``) a step is::
 
-    catch-up over [kv_len, L-1): (t_{p+1}, f_p)  ->  h, d_1 = argmax(lm_head(h))
+    catch-up over [kv_len, L-1): (t_{p+1}, f_p)  ->  h, d_1 = the head's token after h
     d_1 at L-1 with h -> h', d_2;  ...;  d_k-1 at L+k-3 -> d_k
 
 Only the catch-up positions use the target's features, so only they stay: the head's KV
@@ -54,7 +55,8 @@ def _head_config(config: EngineConfig, target: ModelRunner) -> EngineConfig:
 
 
 class EagleDrafter(PooledDrafter):
-    """Greedy chain drafts from an EAGLE head (``config.speculative_draft_model_path``)."""
+    """Greedy chain drafts from an EAGLE or EAGLE-3 head (``config.
+    speculative_draft_model_path``; the head's class comes from its checkpoint)."""
 
     def __init__(self, config: EngineConfig, target: ModelRunner) -> None:
         if target.hidden_pool is None:
@@ -101,7 +103,7 @@ class EagleDrafter(PooledDrafter):
             )
             fb.input_hidden = features
             hidden = self.runner.forward_hidden(fb)[fb.logits_rows()]
-            next_ids = self.head.compute_logits(hidden).argmax(dim=-1).tolist()
+            next_ids = self.head.draft_ids(hidden).tolist()
             wanted: list[int] = []  # rows of `hidden` whose request drafts again
             for row, (k, token) in enumerate(zip(group, next_ids, strict=True)):
                 i, _, seq = active[k]

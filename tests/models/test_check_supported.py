@@ -9,7 +9,8 @@ import pytest
 from kvflow.runtime.config import ModelConfig
 from kvflow.runtime.models import EAGLE_HEADS, MODELS, ROPE_TYPES, check_supported
 
-SERVED = [arch for arch in MODELS.choices() if arch not in EAGLE_HEADS]
+HEADS = [arch for archs in EAGLE_HEADS.values() for arch in archs]
+SERVED = [arch for arch in MODELS.choices() if arch not in HEADS]
 
 BASE = {
     "architectures": ["LlamaForCausalLM"],
@@ -31,7 +32,7 @@ def test_registered_architectures_pass(arch):
     check_supported(_config(architectures=[arch]))
 
 
-@pytest.mark.parametrize("arch", EAGLE_HEADS)
+@pytest.mark.parametrize("arch", HEADS)
 def test_draft_heads_are_not_served(arch):
     with pytest.raises(ValueError, match="is an EAGLE draft head, not a model to serve"):
         check_supported(_config(architectures=[arch]))

@@ -30,11 +30,12 @@ def test_ngram_and_standalone_parse() -> None:
     assert (resolved.speculative_num_steps, resolved.speculative_num_draft_tokens) == (2, 3)
 
 
-def test_eagle_parses_with_sglangs_flags() -> None:
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3"])
+def test_eagle_parses_with_sglangs_flags(algorithm) -> None:
     args = parse_args(
         [
             "--speculative-algorithm",
-            "EAGLE",
+            algorithm,
             "--speculative-draft-model-path",
             "/head",
             "--speculative-num-steps",
@@ -46,14 +47,15 @@ def test_eagle_parses_with_sglangs_flags() -> None:
         ]
     )
     resolved = args.engine.resolved()
-    assert resolved.speculative_algorithm == "EAGLE"
+    assert resolved.speculative_algorithm == algorithm
     assert (resolved.speculative_num_steps, resolved.speculative_num_draft_tokens) == (5, 6)
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--speculative-algorithm", "EAGLE3"], "EAGLE-3 draft heads are not built"),
+        (["--speculative-algorithm", "EAGLE3"], "EAGLE3 needs --speculative-draft-model-path"),
+        (["--speculative-algorithm", "EAGLE4"], "kvflow drafts with EAGLE, EAGLE3, NGRAM"),
         (["--speculative-algorithm", "EAGLE"], "EAGLE needs --speculative-draft-model-path"),
         (
             [

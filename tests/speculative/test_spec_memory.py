@@ -1,5 +1,5 @@
 """Speculation under aborts, retraction and sampling: no KV leaks (the target's pool and
-the STANDALONE and EAGLE drafts'), greedy tokens unchanged under retraction, seeded sampling
+the STANDALONE, EAGLE and EAGLE3 drafts'), greedy tokens unchanged under retraction, seeded sampling
 reproducible."""
 
 from __future__ import annotations
@@ -26,10 +26,15 @@ def _specs(tiny_models, eagle_heads):
             "speculative_draft_model_path": eagle_heads["random"],
             "speculative_num_steps": 3,
         },
+        "eagle3": {
+            "speculative_algorithm": "EAGLE3",
+            "speculative_draft_model_path": eagle_heads["eagle3"],
+            "speculative_num_steps": 3,
+        },
     }
 
 
-@pytest.mark.parametrize("algorithm", ["ngram", "standalone", "eagle"])
+@pytest.mark.parametrize("algorithm", ["ngram", "standalone", "eagle", "eagle3"])
 def test_abort_between_verify_steps_leaks_no_kv(tiny_models, tiny_engine, eagle_heads, algorithm):
     spec = _specs(tiny_models, eagle_heads)[algorithm]
     engine = tiny_engine(tiny_models["target"], page_size=4, **spec)
@@ -53,7 +58,7 @@ def test_abort_between_verify_steps_leaks_no_kv(tiny_models, tiny_engine, eagle_
     assert engine.is_memory_free()
 
 
-@pytest.mark.parametrize("algorithm", ["ngram", "standalone", "eagle"])
+@pytest.mark.parametrize("algorithm", ["ngram", "standalone", "eagle", "eagle3"])
 def test_retraction_keeps_greedy_tokens(tiny_models, tiny_engine, eagle_heads, algorithm):
     params = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
     plain = tiny_engine(tiny_models["target"], page_size=4)
