@@ -81,6 +81,8 @@ def write_eagle_head(folder: Path, identity: bool = False, seed: int = 0, **over
         for name, value in layer.state_dict().items()
         if not name.startswith("input_layernorm")
     }
+    for name in ("q_proj", "k_proj"):  # sharp attention: positions and KV matter
+        tensors[f"layers.0.self_attn.{name}.weight"] *= 4
     fc = torch.nn.Linear(2 * hidden, hidden)
     tensors["fc.weight"], tensors["fc.bias"] = fc.weight.detach(), fc.bias.detach()
     if identity:

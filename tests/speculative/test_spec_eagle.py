@@ -247,3 +247,73 @@ def test_eagle3_reads_three_layers_and_drafts_target_ids(tiny_models, tiny_engin
     while sched.has_work():
         sched.step()
     assert engine.is_memory_free() and engine2.is_memory_free()
+
+
+def test_random_head_matches_a_transformers_reference(tiny_models, tiny_engine, eagle_heads):
+    # SGLang's EAGLE-1/2 math written with transformers' Llama layer over the whole
+    # sequence: fc(concat(embed(t[p+1]), f[p])), the layer without its input norm (causal,
+    # rotary at p), the target's LM head on the last row; each draft feeds the next
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    head = Path(eagle_heads["random"])
+    engine = _eagle(tiny_engine, tiny_models["target"], str(head), speculative_num_steps=3)
+    target = engine.runner
+    drafter = engine.scheduler.spec.drafter
+    propose, draft_ids = drafter.propose, drafter.head.draft_ids
+    step: dict[str, object] = {}
+
+    def spy(reqs, max_drafts):  # the first step of a request: the head catches up over all
+        if step:
+            return propose(reqs, max_drafts)
+        (req,) = reqs
+        slots = target.req_to_token.read(req.req_pool_idx, req.seq_len - 1)
+        step.update(tokens=req.all_token_ids(), features=target.hidden_pool[slots].clone())
+        step["outputs"] = []
+        step["drafts"] = propose(reqs, max_drafts)[0]
+        return [step["drafts"]]
+
+    def outputs(hidden):
+        if "drafts" not in step:
+            step["outputs"].append(hidden.clone())  # type: ignore[union-attr]
+        return draft_ids(hidden)
+
+    drafter.propose, drafter.head.draft_ids = spy, outputs
+
+    weights = load_file(str(head / "model.safetensors"))
+    config = LlamaConfig(**json.loads((head / "config.json").read_text()))
+    config._attn_implementation = "sdpa"  # causal without a mask
+    layer = LlamaDecoderLayer(config, layer_idx=0)
+    layer.load_state_dict(
+        {k.removeprefix("layers.0."): v for k, v in weights.items() if k.startswith("layers.")},
+        strict=False,
+    )
+    layer.input_layernorm = torch.nn.Identity()
+    rotary = LlamaRotaryEmbedding(config)
+    embed = target.model.embed_tokens.weight
+
+    def fc(tokens: list[int], features: torch.Tensor) -> torch.Tensor:
+        both = torch.cat((embed[tokens], features), dim=-1)
+        return both @ weights["fc.weight"].T + weights["fc.bias"]
+
+    params = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+    for prompt in PROMPTS:
+        step.clear()
+        engine.generate(input_ids=prompt, sampling_params=params)
+        drafts, got = step["drafts"], step["outputs"]
+        assert len(drafts) == len(got) == 3
+        with torch.no_grad():
+            rows = fc(step["tokens"][1:], step["features"])
+            for draft, have in zip(drafts, got, strict=True):
+                positions = torch.arange(rows.shape[0])[None]
+                out = layer(rows[None], position_ids=positions,
+                            position_embeddings=rotary(rows[None], positions))  # fmt: skip
+                want = (out[0] if isinstance(out, tuple) else out)[0, -1:]
+                torch.testing.assert_close(have, want, atol=1e-4, rtol=1e-4)
+                assert draft == int(target.model.compute_logits(want).argmax())
+                rows = torch.cat((rows, fc([draft], want)))
+    assert engine.is_memory_free()
