@@ -1,6 +1,6 @@
 """Speculative decoding on CUDA (the triton attention backend, extend-style verify):
 greedy tokens equal the plain engine's (CUDA graphs on there) with NGRAM, STANDALONE and
-EAGLE (a random head; not yet run on a GPU when it was added) on a
+EAGLE / EAGLE3 (random heads; not yet run on a GPU when they were added) on a
 small random config in float32, and a STANDALONE draft of Llama-3.1-8B's shapes with fewer
 layers runs to the end and frees its memory.
 
@@ -79,6 +79,17 @@ def test_speculation_equals_plain_greedy_on_cuda(tmp_path):
     head.write_text(
         json.dumps({**CONFIG, "num_hidden_layers": 1, "architectures": ["LlamaForCausalLMEagle"]})
     )
+    head3 = tmp_path / "eagle3-head.json"  # reads the inputs of target layers 1, 2 and 3
+    head3.write_text(
+        json.dumps(
+            {
+                **CONFIG,
+                "num_hidden_layers": 1,
+                "architectures": ["LlamaForCausalLMEagle3"],
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]},
+            }
+        )
+    )
     plain = Engine(str(target), dtype="float32", **SETTINGS)
     assert plain.runner.graph_runner is not None
     expected = _greedy(plain)
@@ -98,6 +109,11 @@ def test_speculation_equals_plain_greedy_on_cuda(tmp_path):
         "eagle": dict(
             speculative_algorithm="EAGLE",
             speculative_draft_model_path=str(head),
+            speculative_num_steps=3,
+        ),
+        "eagle3": dict(
+            speculative_algorithm="EAGLE3",
+            speculative_draft_model_path=str(head3),
             speculative_num_steps=3,
         ),
     }
