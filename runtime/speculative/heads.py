@@ -40,10 +40,20 @@ def check_draft_model(config: EngineConfig, target: ModelConfig) -> Path | None:
     except FileNotFoundError as err:
         raise ValueError(f"{flag}: {err}") from err
     head = ModelConfig.from_path(folder)
-    if head.architecture not in EAGLE_HEADS[algorithm]:
+    wanted = EAGLE_HEADS[algorithm]
+    if head.architecture not in wanted:
+        hint = ""
+        if head.architecture == "LlamaForCausalLM":  # how some heads are published
+            hint = f"; a head saved as LlamaForCausalLM: set its architectures to {wanted[0]}"
         raise ValueError(
             f"{flag}: {head.architecture} is not a head for --speculative-algorithm "
-            f"{algorithm} ({', '.join(EAGLE_HEADS[algorithm])})"
+            f"{algorithm} ({', '.join(wanted)}){hint}"
+        )
+    weights_at = folder if folder.is_dir() else folder.parent
+    if config.load_format != "dummy" and not any(weights_at.glob("*.safetensors")):
+        raise ValueError(
+            f"{flag}: no *.safetensors in {weights_at} (a head saved as pytorch_model.bin "
+            "must be converted to safetensors first)"
         )
     for what, theirs, ours in (
         ("hidden_size", head.hidden_size, target.hidden_size),

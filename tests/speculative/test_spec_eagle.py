@@ -7,6 +7,8 @@ transformers references: test_spec_eagle_reference.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -153,6 +155,7 @@ def test_bad_heads_are_refused_at_start_up(tiny_models, tiny_engine, eagle_heads
         ("EAGLE", eagle_heads["eagle3"], "LlamaForCausalLMEagle3 is not a head for"),
         ("EAGLE3", eagle_heads["random"], "LlamaForCausalLMEagle is not a head for"),
         ("EAGLE", str(tmp_path / "missing"), "does not exist"),
+        ("EAGLE3", target, "set its architectures to LlamaForCausalLMEagle3"),
     ]
     model_config = ModelConfig.from_path(resolve_model_path(target, "dummy"))
     for algorithm, head, message in cases:
@@ -166,6 +169,17 @@ def test_bad_heads_are_refused_at_start_up(tiny_models, tiny_engine, eagle_heads
             check_draft_model(config, model_config)
         with pytest.raises(ValueError, match=message):  # and when an engine starts
             _eagle(tiny_engine, target, head, algorithm)
+    unconverted = tmp_path / "bin-head"  # a head whose weights are not safetensors
+    unconverted.mkdir()
+    config_json = (Path(eagle_heads["random"]) / "config.json").read_text()
+    (unconverted / "config.json").write_text(config_json)
+    config = EngineConfig(
+        model_path=target,
+        speculative_algorithm="EAGLE",
+        speculative_draft_model_path=str(unconverted),
+    )
+    with pytest.raises(ValueError, match="must be converted to safetensors first"):
+        check_draft_model(config, model_config)
     # EAGLE-3 reads the inputs of layers 2, n // 2 and n - 3: a 2-layer target has none
     shallow = tiny_models["two-layer"]
     with pytest.raises(ValueError, match=r"target layers \[2, 1, -1\]"):
