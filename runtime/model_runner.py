@@ -227,7 +227,7 @@ class ModelRunner:
         with self._adapters(fb):
             hidden = self.model(fb, self.attn)
         if self.hidden_pool is not None:
-            aux = self.model.aux_hidden
+            aux, self.model.aux_hidden = self.model.aux_hidden, None  # (not held past the step)
             self.hidden_pool[fb.out_cache_loc] = hidden if aux is None else aux
         return self.model.compute_logits(hidden if fb.is_decode else hidden[fb.logits_rows()])
 

@@ -3,8 +3,8 @@ the verify step the scheduler runs in place of a decode step.
 
 NGRAM drafts from the request's own tokens; STANDALONE from a smaller model of the same
 tokenizer; EAGLE and EAGLE3 from a draft head over the target's hidden states. All draft
-chains (``--speculative-eagle-topk 1``; trees are refused at start-up). The verify step that scores the drafts is the scheduler's
-(``kvflow.runtime.scheduler.verify``).
+chains (``--speculative-eagle-topk 1``; trees are refused at start-up). The verify step
+that scores the drafts is the scheduler's (``kvflow.runtime.scheduler.verify``).
 """
 
 from __future__ import annotations
