@@ -19,11 +19,10 @@ from kvflow.runtime.layers.quantization import (
 )
 from kvflow.runtime.lora import LoraManager, LoraOptions
 from kvflow.runtime.mem import KVPool, ReqToTokenPool, TokenToKVPoolAllocator
-from kvflow.runtime.models import resolve_model_path
+from kvflow.runtime.models import resolve_model_path, target_features
 from kvflow.runtime.models.loader import load_model
 from kvflow.runtime.pooling import PoolingType, pooling_of
 from kvflow.runtime.sampling import Sampler
-from kvflow.runtime.speculative.heads import target_features
 
 __all__ = ["ModelRunner"]
 logger = logging.getLogger(__name__)

@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from kvflow.runtime.config import ModelConfig
-from kvflow.runtime.models import check_supported, resolve_model_path
+from kvflow.runtime.models import check_draft_model, check_supported, resolve_model_path
 from kvflow.runtime.server.args import ServerArgs
 from kvflow.runtime.server.ipc import IpcPaths, make_ipc_paths
 from kvflow.runtime.server.lifeline import describe_exit, run_tied_to_parent
 from kvflow.runtime.server.parallel import check_parallel, rank_places
-from kvflow.runtime.speculative import check_draft_model
 from kvflow.runtime.tokenizer import load_chat_template, load_tokenizer, tokenizer_folder
 
 __all__ = ["launch_server"]

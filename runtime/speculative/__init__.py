@@ -12,13 +12,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvflow.runtime.speculative.base import Drafter
-from kvflow.runtime.speculative.heads import check_draft_model
 from kvflow.runtime.utils import Registry
 
 if TYPE_CHECKING:
     from kvflow.runtime.config import EngineConfig
 
-__all__ = ["DRAFTERS", "Drafter", "check_draft_model", "check_speculative"]
+__all__ = ["DRAFTERS", "Drafter", "check_speculative"]
 
 # Each factory takes (config, target runner) and returns a Drafter.
 DRAFTERS: Registry[Drafter] = Registry("speculative algorithm")

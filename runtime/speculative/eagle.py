@@ -25,9 +25,9 @@ import torch
 from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.core import Req
 from kvflow.runtime.model_runner import ModelRunner
+from kvflow.runtime.models import check_draft_model
 from kvflow.runtime.models.llama_eagle import LlamaEagleHead
 from kvflow.runtime.speculative.batch import build_token_batch
-from kvflow.runtime.speculative.heads import check_draft_model
 from kvflow.runtime.speculative.pooled import DraftSeq, PooledDrafter
 
 __all__ = ["EagleDrafter"]

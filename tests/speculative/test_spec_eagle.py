@@ -13,10 +13,9 @@ import pytest
 import torch
 
 from kvflow.runtime.config import EngineConfig, ModelConfig
-from kvflow.runtime.models import resolve_model_path
+from kvflow.runtime.models import check_draft_model, resolve_model_path
 from kvflow.runtime.sampling import SamplingParams
 from kvflow.runtime.scheduler import Req
-from kvflow.runtime.speculative import check_draft_model
 from kvflow.runtime.wire import GenerateRequest
 
 PROMPTS = [[(5 * i + j % (3 + i)) % 90 for j in range(3 + 9 * i)] for i in range(4)]

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kvflow.runtime.config import EngineConfig, ModelConfig
-from kvflow.runtime.models import EAGLE_HEADS, resolve_model_path
+from kvflow.runtime.models.paths import resolve_model_path
+from kvflow.runtime.models.registry import EAGLE_HEADS
 
 __all__ = ["FeatureSpec", "check_draft_model", "target_features"]
 
