@@ -11,7 +11,9 @@ token.
 
 ``gpu`` (for the accelerator machine): Llama-3.1-8B shapes with random weights in bf16,
 one stream. Rows: the plain decode step; a STANDALONE draft from the same config with
-fewer layers; and a labelled *forced* mode where the drafter proposes the target's own
+fewer layers; an EAGLE head (one layer, random weights) of the same shapes, as it drafts
+and with every draft kept (forced, below), and an EAGLE-3 head with every draft kept; and
+a labelled *forced* mode where the drafter proposes the target's own
 greedy continuation for the first ``a - 1`` drafts and a wrong token after them, so each
 verify step keeps ``a`` tokens (a = 1..4; the measured accept length is printed beside it,
 since bf16 extend and decode numerics may differ on a rare token). ``--device cpu --model
@@ -207,6 +209,13 @@ def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
     raw = json.loads(Path(model).read_text())
     folder = Path(tempfile.mkdtemp())
     (folder / "config.json").write_text(json.dumps({**raw, "num_hidden_layers": args.draft_layers}))
+    # an EAGLE-1/2 head of the same shapes, no weights file: random like the target
+    head = Path(tempfile.mkdtemp())
+    head_raw = {**raw, "num_hidden_layers": 1, "architectures": ["LlamaForCausalLMEagle"]}
+    (head / "config.json").write_text(json.dumps(head_raw))
+    head3 = Path(tempfile.mkdtemp())  # EAGLE-3: the target's vocabulary, default layers
+    head3_raw = {**head_raw, "architectures": ["LlamaForCausalLMEagle3"]}
+    (head3 / "config.json").write_text(json.dumps(head3_raw))
     settings = {
         "load_format": "dummy",
         "skip_tokenizer_init": True,
@@ -264,6 +273,50 @@ def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
                  "tok_s": rate, "steps": steps, "measured_accept_length": worker.accept_length,
                  "ms_per_step": 1e3 * (args.output_len - 1) / rate / max(steps, 1),
                  "same_tokens_as_plain": ids == reference})  # fmt: skip
+    del standalone, worker
+    gc.collect()
+
+    eagle = Engine(
+        model,
+        **settings,
+        speculative_algorithm="EAGLE",
+        speculative_draft_model_path=str(head),
+        speculative_num_steps=k - 1,
+    )
+    worker = eagle.scheduler.spec
+    assert worker is not None
+    rate, steps, ids = _decode_rate(eagle, prompt, args.output_len)
+    rows.append({"mode": "EAGLE, 1-layer head (random weights)",
+                 "tok_s": rate, "steps": steps, "measured_accept_length": worker.accept_length,
+                 "ms_per_step": 1e3 * (args.output_len - 1) / rate / max(steps, 1),
+                 "same_tokens_as_plain": ids == reference})  # fmt: skip
+    # the head drafts (its catch-up over k kept tokens and k - 2 more forwards), then the
+    # verify step keeps all k: what EAGLE's steps cost at accept length k
+    worker._accept = forced_accept(worker, k)  # type: ignore[method-assign]
+    before = (worker.verified_reqs, worker.emitted_tokens)
+    rate, steps, ids = _decode_rate(eagle, prompt, args.output_len)
+    measured = (worker.emitted_tokens - before[1]) / max(worker.verified_reqs - before[0], 1)
+    rows.append({"mode": f"EAGLE head drafting, forced accept length {k}",
+                 "tok_s": rate, "steps": steps, "measured_accept_length": measured,
+                 "ms_per_step": 1e3 * (args.output_len - 1) / rate / max(steps, 1)})  # fmt: skip
+    del eagle, worker
+    gc.collect()
+
+    eagle3 = Engine(
+        model,
+        **settings,
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=str(head3),
+        speculative_num_steps=k - 1,
+    )
+    worker = eagle3.scheduler.spec
+    assert worker is not None
+    worker._accept = forced_accept(worker, k)  # type: ignore[method-assign]
+    rate, steps, ids = _decode_rate(eagle3, prompt, args.output_len)
+    measured = worker.emitted_tokens / max(worker.verified_reqs, 1)
+    rows.append({"mode": f"EAGLE3 head drafting, forced accept length {k}",
+                 "tok_s": rate, "steps": steps, "measured_accept_length": measured,
+                 "ms_per_step": 1e3 * (args.output_len - 1) / rate / max(steps, 1)})  # fmt: skip
     return {
         "mode": "gpu",
         "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,

@@ -106,6 +106,12 @@ class ModelConfig:
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
     rope_local_base_freq: float | None = None
+    # EAGLE-3 draft heads: the head's own vocabulary (None: the target's, through the
+    # target's LM head), whether its fc has a bias, and the target layers whose outputs it
+    # reads (eagle_config.eagle_aux_hidden_state_layer_ids; None: SGLang's default)
+    draft_vocab_size: int | None = None
+    fc_bias: bool = False
+    eagle_aux_layer_ids: tuple[int, ...] | None = None
 
     @property
     def attention_scale(self) -> float:
@@ -207,6 +213,9 @@ class ModelConfig:
             final_logit_softcapping=raw.get("final_logit_softcapping"),
             rope_local_base_freq=float(local_base) if local_base else None,
             quantization_config=raw.get("quantization_config"),
+            draft_vocab_size=raw.get("draft_vocab_size"),
+            fc_bias=bool(raw.get("bias", False)),
+            eagle_aux_layer_ids=_eagle_aux_layers(raw),
         )
 
     @classmethod
@@ -225,6 +234,11 @@ class ModelConfig:
             merged = tuple(dict.fromkeys([*config.eos_token_ids, *extra]))
             config = dataclasses.replace(config, eos_token_ids=merged)
         return config
+
+
+def _eagle_aux_layers(raw: dict[str, Any]) -> tuple[int, ...] | None:
+    layer_ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    return None if layer_ids is None else tuple(int(i) for i in layer_ids)
 
 
 @dataclass(frozen=True)
@@ -317,7 +331,8 @@ class EngineConfig:
     lora_target_modules: tuple[str, ...] = ()
     # Speculative decoding (SGLang's names; kvflow.runtime.speculative): NGRAM drafts from
     # the request's own tokens, STANDALONE from a smaller model of the same tokenizer (its
-    # own KV pool); the target verifies the drafts in one forward. num_draft_tokens counts
+    # own KV pool), EAGLE / EAGLE3 from an EAGLE-1/2 / EAGLE-3 head over the target's
+    # hidden states (its own KV pool too); the target verifies the drafts in one forward. num_draft_tokens counts
     # the verified positions (the last real token plus num_draft_tokens - 1 drafts); 0:
     # num_steps + 1. num_steps 0: auto (3). eagle_topk 0: auto (1; only chains are built).
     # CUDA graphs are off with speculation (draft and verify steps run eagerly).

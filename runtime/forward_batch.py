@@ -38,6 +38,8 @@ class ForwardBatch:
     extend_logit_extras_cpu: list[int] = field(default_factory=list)
     # each request's LoRA adapter (None: the base model); empty without adapters
     lora_paths: list[str | None] = field(default_factory=list)
+    # an EAGLE head's input features, one row per new token (None for every other model)
+    input_hidden: torch.Tensor | None = None
     attn_metadata: Any = None  # filled by the attention backend's init_forward_metadata
 
     @property

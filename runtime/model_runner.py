@@ -19,7 +19,7 @@ from kvflow.runtime.layers.quantization import (
 )
 from kvflow.runtime.lora import LoraManager, LoraOptions
 from kvflow.runtime.mem import KVPool, ReqToTokenPool, TokenToKVPoolAllocator
-from kvflow.runtime.models import resolve_model_path
+from kvflow.runtime.models import resolve_model_path, target_features
 from kvflow.runtime.models.loader import load_model
 from kvflow.runtime.pooling import PoolingType, pooling_of
 from kvflow.runtime.sampling import Sampler
@@ -126,6 +126,9 @@ class ModelRunner:
             )
             self.lora = LoraManager(self.model, options, self.dtype, self.device)
         self.vocab_size = mc.vocab_size
+        self.features = target_features(config, mc)
+        if self.features is not None and self.features.layers:
+            self.model.capture_layers(self.features.layers)
         self.context_len = min(
             config.context_length or mc.max_position_embeddings, mc.max_position_embeddings
         )
@@ -141,6 +144,15 @@ class ModelRunner:
             self.device,
             self.model.kv_scales,
         )
+        # EAGLE: the hidden states of every token the target ran that its draft head reads,
+        # by KV slot (valid wherever the slot's KV is, cached prefixes too)
+        self.hidden_pool: torch.Tensor | None = None
+        if self.features is not None:
+            self.hidden_pool = torch.empty(
+                ((num_pages + 1) * self.page_size, self.features.width),
+                dtype=self.dtype,
+                device=self.device,
+            )
         if self.kv_pool.is_fp8 and self.model.kv_scales == KVScales.ones(mc.num_layers):
             logger.warning(
                 "FP8 KV cache without k_scale/v_scale in the checkpoint: scales default to "
@@ -180,8 +192,11 @@ class ModelRunner:
 
     def _num_kv_pages(self) -> int:
         mc, cfg = self.model_config, self.config
-        per_token = KVPool.bytes_per_token(
-            mc.num_layers, self.heads.num_kv_heads, mc.head_dim, self.kv_dtype
+        per_token = (
+            KVPool.bytes_per_token(
+                mc.num_layers, self.heads.num_kv_heads, mc.head_dim, self.kv_dtype
+            )
+            + self._feature_bytes()
         )
         if cfg.max_total_tokens:
             tokens = cfg.max_total_tokens
@@ -202,10 +217,17 @@ class ModelRunner:
             raise ValueError(f"KV cache would hold only {tokens} tokens; give it more memory")
         return tokens // self.page_size
 
+    def _feature_bytes(self) -> int:
+        """Bytes per KV slot of :attr:`hidden_pool` (0: no pool, not an EAGLE target)."""
+        return self.features.width * self.dtype.itemsize if self.features else 0
+
     def run_model(self, fb: ForwardBatch) -> torch.Tensor:
         """The model on a batch whose attention metadata is ready: last-position logits."""
         with self._adapters(fb):
             hidden = self.model(fb, self.attn)
+        if self.hidden_pool is not None:
+            aux, self.model.aux_hidden = self.model.aux_hidden, None  # (not held past the step)
+            self.hidden_pool[fb.out_cache_loc] = hidden if aux is None else aux
         return self.model.compute_logits(hidden if fb.is_decode else hidden[fb.logits_rows()])
 
     @torch.inference_mode()

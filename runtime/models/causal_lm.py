@@ -91,6 +91,9 @@ class CausalLM(nn.Module, ABC):
             if config.tie_word_embeddings
             else ParallelLMHead(config.hidden_size, config.vocab_size, tp=tp)
         )
+        # EAGLE-3: the layers whose inputs a forward keeps, concatenated, in aux_hidden
+        self._capture: frozenset[int] = frozenset()
+        self.aux_hidden: torch.Tensor | None = None
 
     @abstractmethod
     def build_layer(
@@ -160,11 +163,25 @@ class CausalLM(nn.Module, ABC):
         ]
         return [f"model.{hf}" for hf in merged or [name]]
 
+    def capture_layers(self, layers: Iterable[int]) -> None:
+        """From now on each forward also leaves the inputs of ``layers`` (the residual
+        stream before each), concatenated in layer order, in :attr:`aux_hidden` ``[N,
+        len(layers) * hidden]``: an EAGLE-3 head's features. Families that run their own
+        forward cannot."""
+        if type(self).forward is not CausalLM.forward:
+            raise ValueError(f"{type(self).__name__} cannot give EAGLE-3 its layers' states")
+        self._capture = frozenset(layers)
+
     def forward(self, fb: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         hidden = self.embed(fb.input_ids)
         residual = None
-        for layer in self.layers:
+        aux: list[torch.Tensor] = []
+        for layer_id, layer in enumerate(self.layers):
+            if layer_id in self._capture:
+                aux.append(hidden if residual is None else hidden + residual)
             hidden, residual = layer(fb.positions, hidden, residual, fb, attn)
+        if aux:
+            self.aux_hidden = torch.cat(aux, dim=-1)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 

@@ -12,7 +12,7 @@ from kvflow.runtime.utils import Registry
 if TYPE_CHECKING:
     from kvflow.runtime.models.causal_lm import CausalLM
 
-__all__ = ["MODELS", "ROPE_TYPES", "check_supported"]
+__all__ = ["EAGLE_HEADS", "MODELS", "ROPE_TYPES", "check_supported"]
 
 MODELS: Registry[CausalLM] = Registry("model architecture")
 for _arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"):
@@ -22,6 +22,12 @@ MODELS.register("MixtralForCausalLM", "kvflow.runtime.models.mixtral:MixtralForC
 MODELS.register("Qwen3MoeForCausalLM", "kvflow.runtime.models.qwen3_moe:Qwen3MoeForCausalLM")
 MODELS.register("Gemma2ForCausalLM", "kvflow.runtime.models.gemma2:Gemma2ForCausalLM")
 MODELS.register("Gemma3ForCausalLM", "kvflow.runtime.models.gemma3:Gemma3ForCausalLM")
+# EAGLE draft heads (algorithm -> architectures): loaded only as the
+# --speculative-draft-model-path of a target run with that --speculative-algorithm
+EAGLE_HEADS = {"EAGLE": ("LlamaForCausalLMEagle",), "EAGLE3": ("LlamaForCausalLMEagle3",)}
+MODELS.register("LlamaForCausalLMEagle", "kvflow.runtime.models.llama_eagle:LlamaEagleHead")
+MODELS.register("LlamaForCausalLMEagle3", "kvflow.runtime.models.llama_eagle3:LlamaEagle3Head")
+_HEAD_ARCHS = {arch for archs in EAGLE_HEADS.values() for arch in archs}
 
 # Gemma's MLP activation (transformers' hidden_activation), the only one its module builds
 GEMMA_ACTIVATIONS = ("gelu_pytorch_tanh",)
@@ -43,9 +49,16 @@ def check_supported(config: ModelConfig, context_length: int | None = None) -> N
     a Gemma 3 with attention soft-capping.
     Sliding attention windows are served, per layer (:meth:`ModelConfig.layer_window`), by
     every attention backend, and so is soft-capping of the attention scores."""
-    arch, supported = config.architecture, ", ".join(MODELS.choices())
+    arch = config.architecture
+    supported = ", ".join(a for a in MODELS.choices() if a not in _HEAD_ARCHS)
     if arch not in MODELS.choices():
         raise ValueError(f"model architecture {arch!r} is not supported; supported: {supported}")
+    if arch in _HEAD_ARCHS:
+        algorithm = next(a for a, archs in EAGLE_HEADS.items() if arch in archs)
+        raise ValueError(
+            f"{arch} is an EAGLE draft head, not a model to serve: serve its target with "
+            f"--speculative-algorithm {algorithm} --speculative-draft-model-path <this folder>"
+        )
     if config.rope_type not in ROPE_TYPES:
         raise ValueError(
             f"{arch} uses rope_type {config.rope_type!r}, which is not supported; "

@@ -62,13 +62,17 @@ ENGINE_FLAG_HELP: Mapping[str, str] = {
     "lora_target_modules": "projections adapters may target: q_proj k_proj v_proj o_proj "
     "gate_proj up_proj down_proj (qkv_proj, gate_up_proj, all); unset: those of --lora-paths",
     "speculative_algorithm": "speculative decoding: NGRAM (drafts from the request's own "
-    "prompt and output, no extra model) or STANDALONE (a smaller model of the same tokenizer, "
-    "--speculative-draft-model-path); unset: off. EAGLE is refused (not built); CUDA graphs "
-    "are off with speculation (docs/speculative.md)",
+    "prompt and output, no extra model), STANDALONE (a smaller model of the same tokenizer, "
+    "--speculative-draft-model-path), EAGLE or EAGLE3 (an EAGLE-1/2 or EAGLE-3 head over the "
+    "target's hidden states, --speculative-draft-model-path); unset: off. CUDA graphs are off "
+    "with speculation (docs/speculative.md)",
     "speculative_draft_model_path": "STANDALONE: the draft model's folder (or, with "
-    "--load-format dummy, a config); it must share the target's vocabulary",
-    "speculative_num_steps": "STANDALONE: draft forwards per step; 0: auto (3)",
-    "speculative_eagle_topk": "draft branches per step; only 1 (a chain) is built; 0: auto (1)",
+    "--load-format dummy, a config); it must share the target's vocabulary. EAGLE, EAGLE3: "
+    "the head's folder (LlamaForCausalLMEagle / LlamaForCausalLMEagle3, the target's hidden "
+    "and vocabulary sizes)",
+    "speculative_num_steps": "STANDALONE, EAGLE, EAGLE3: draft forwards per step; 0: auto (3)",
+    "speculative_eagle_topk": "draft branches per step; only 1 (a chain) is built, more is "
+    "refused; 0: auto (1)",
     "speculative_num_draft_tokens": "positions the target verifies per step: the last token "
     "plus up to N - 1 drafts; 0: auto (num_steps + 1)",
     "tp_size": "tensor parallelism: ranks (a process and a GPU each) that shard one copy "

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kvflow.runtime.config import ModelConfig
-from kvflow.runtime.models import check_supported, resolve_model_path
+from kvflow.runtime.models import check_draft_model, check_supported, resolve_model_path
 from kvflow.runtime.server.args import ServerArgs
 from kvflow.runtime.server.ipc import IpcPaths, make_ipc_paths
 from kvflow.runtime.server.lifeline import describe_exit, run_tied_to_parent
@@ -163,7 +163,9 @@ def launch_server(args: ServerArgs) -> int:
     model_path = resolve_model_path(engine.model_path, engine.load_format)
     args = dataclasses.replace(args, engine=dataclasses.replace(engine, model_path=str(model_path)))
     try:  # what the checkpoint and the parallel settings ask for, before any process starts
-        check_supported(ModelConfig.from_path(model_path), args.engine.context_length)
+        model_config = ModelConfig.from_path(model_path)
+        check_supported(model_config, args.engine.context_length)
+        check_draft_model(args.engine, model_config)
         check_parallel(args.engine, args.role, model_path)
     except ValueError as err:
         logger.error("start-up refused: %s", err)

@@ -2,8 +2,9 @@
 the verify step the scheduler runs in place of a decode step.
 
 NGRAM drafts from the request's own tokens; STANDALONE from a smaller model of the same
-tokenizer. EAGLE is not built (refused at start-up). The verify step that scores the drafts
-is the scheduler's (``kvflow.runtime.scheduler.verify``).
+tokenizer; EAGLE and EAGLE3 from a draft head over the target's hidden states. All draft
+chains (``--speculative-eagle-topk 1``; trees are refused at start-up). The verify step
+that scores the drafts is the scheduler's (``kvflow.runtime.scheduler.verify``).
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ __all__ = ["DRAFTERS", "Drafter", "check_speculative"]
 DRAFTERS: Registry[Drafter] = Registry("speculative algorithm")
 DRAFTERS.register("NGRAM", "kvflow.runtime.speculative.ngram:make_ngram_drafter")
 DRAFTERS.register("STANDALONE", "kvflow.runtime.speculative.standalone:StandaloneDrafter")
+DRAFTERS.register("EAGLE", "kvflow.runtime.speculative.eagle:EagleDrafter")
+DRAFTERS.register("EAGLE3", "kvflow.runtime.speculative.eagle:EagleDrafter")
 
-NOT_BUILT = {
-    "EAGLE": "EAGLE draft heads are not built in kvflow; use NGRAM or STANDALONE",
-    "EAGLE3": "EAGLE-3 draft heads are not built in kvflow; use NGRAM or STANDALONE",
-}
+# algorithms that draft with a model of their own (--speculative-draft-model-path)
+WITH_DRAFT_MODEL = ("EAGLE", "EAGLE3", "STANDALONE")
 
 
 def check_speculative(config: EngineConfig, role: str = "unified") -> None:
@@ -44,10 +45,10 @@ def check_speculative(config: EngineConfig, role: str = "unified") -> None:
             if value
         ]
         if given:
-            raise ValueError(f"{', '.join(given)}: add --speculative-algorithm NGRAM|STANDALONE")
+            raise ValueError(
+                f"{', '.join(given)}: add --speculative-algorithm EAGLE|EAGLE3|NGRAM|STANDALONE"
+            )
         return
-    if algorithm in NOT_BUILT:
-        raise ValueError(f"--speculative-algorithm {algorithm}: {NOT_BUILT[algorithm]}")
     if algorithm not in DRAFTERS.choices():
         raise ValueError(
             f"--speculative-algorithm {algorithm}: choose from {', '.join(DRAFTERS.choices())}"
@@ -59,6 +60,17 @@ def check_speculative(config: EngineConfig, role: str = "unified") -> None:
         (config.is_embedding, "--is-embedding"),
         (role == "prefill", "--role prefill (the decode side speculates)"),
     ]
+    if algorithm.startswith("EAGLE"):  # the head reads the target's states of every position
+        refusals += [
+            (
+                role == "decode",
+                f"{algorithm} and --role decode (the prefill sends no hidden states)",
+            ),
+            (
+                config.hicache_host_memory_gb > 0,
+                f"{algorithm} and --hicache-host-memory-gb (the host tier keeps no hidden states)",
+            ),
+        ]
     for refused, what in refusals:
         if refused:
             raise ValueError(f"speculative decoding is not built with {what}")
@@ -70,14 +82,14 @@ def check_speculative(config: EngineConfig, role: str = "unified") -> None:
         raise ValueError(
             "--speculative-num-steps must be >= 1 and --speculative-num-draft-tokens >= 2"
         )
-    if algorithm == "STANDALONE":
+    if algorithm in WITH_DRAFT_MODEL:
         if not config.speculative_draft_model_path:
             raise ValueError(
-                "--speculative-algorithm STANDALONE needs --speculative-draft-model-path"
+                f"--speculative-algorithm {algorithm} needs --speculative-draft-model-path"
             )
         if steps and draft_tokens and draft_tokens != steps + 1:
             raise ValueError(
-                "STANDALONE drafts a chain: --speculative-num-draft-tokens must be "
+                f"{algorithm} drafts a chain: --speculative-num-draft-tokens must be "
                 "--speculative-num-steps + 1"
             )
     elif config.speculative_draft_model_path:

@@ -1,5 +1,6 @@
 """Speculative decoding on CUDA (the triton attention backend, extend-style verify):
-greedy tokens equal the plain engine's (CUDA graphs on there) with NGRAM and STANDALONE on a
+greedy tokens equal the plain engine's (CUDA graphs on there) with NGRAM, STANDALONE and
+EAGLE / EAGLE3 (random heads; not yet run on a GPU when they were added) on a
 small random config in float32, and a STANDALONE draft of Llama-3.1-8B's shapes with fewer
 layers runs to the end and frees its memory.
 
@@ -74,6 +75,21 @@ def test_speculation_equals_plain_greedy_on_cuda(tmp_path):
     target.write_text(json.dumps(CONFIG))
     shallow = tmp_path / "shallow.json"
     shallow.write_text(json.dumps({**CONFIG, "num_hidden_layers": 1}))
+    head = tmp_path / "eagle-head.json"  # an EAGLE head of the target's shapes, random
+    head.write_text(
+        json.dumps({**CONFIG, "num_hidden_layers": 1, "architectures": ["LlamaForCausalLMEagle"]})
+    )
+    head3 = tmp_path / "eagle3-head.json"  # reads the inputs of target layers 1, 2 and 3
+    head3.write_text(
+        json.dumps(
+            {
+                **CONFIG,
+                "num_hidden_layers": 1,
+                "architectures": ["LlamaForCausalLMEagle3"],
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]},
+            }
+        )
+    )
     plain = Engine(str(target), dtype="float32", **SETTINGS)
     assert plain.runner.graph_runner is not None
     expected = _greedy(plain)
@@ -88,6 +104,16 @@ def test_speculation_equals_plain_greedy_on_cuda(tmp_path):
         "standalone-same": dict(
             speculative_algorithm="STANDALONE",
             speculative_draft_model_path=str(target),
+            speculative_num_steps=3,
+        ),
+        "eagle": dict(
+            speculative_algorithm="EAGLE",
+            speculative_draft_model_path=str(head),
+            speculative_num_steps=3,
+        ),
+        "eagle3": dict(
+            speculative_algorithm="EAGLE3",
+            speculative_draft_model_path=str(head3),
             speculative_num_steps=3,
         ),
     }

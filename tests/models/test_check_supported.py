@@ -7,7 +7,10 @@ from __future__ import annotations
 import pytest
 
 from kvflow.runtime.config import ModelConfig
-from kvflow.runtime.models import MODELS, ROPE_TYPES, check_supported
+from kvflow.runtime.models import EAGLE_HEADS, MODELS, ROPE_TYPES, check_supported
+
+HEADS = [arch for archs in EAGLE_HEADS.values() for arch in archs]
+SERVED = [arch for arch in MODELS.choices() if arch not in HEADS]
 
 BASE = {
     "architectures": ["LlamaForCausalLM"],
@@ -24,9 +27,15 @@ def _config(**raw: object) -> ModelConfig:
     return ModelConfig.from_dict({**BASE, **raw})
 
 
-@pytest.mark.parametrize("arch", MODELS.choices())
+@pytest.mark.parametrize("arch", SERVED)
 def test_registered_architectures_pass(arch):
     check_supported(_config(architectures=[arch]))
+
+
+@pytest.mark.parametrize("arch", HEADS)
+def test_draft_heads_are_not_served(arch):
+    with pytest.raises(ValueError, match="is an EAGLE draft head, not a model to serve"):
+        check_supported(_config(architectures=[arch]))
 
 
 def test_unknown_architecture_names_it_and_the_supported_ones():
@@ -35,7 +44,7 @@ def test_unknown_architecture_names_it_and_the_supported_ones():
     message = str(err.value)
     assert "\n" not in message
     assert "'GemmaForCausalLM'" in message
-    assert all(arch in message for arch in MODELS.choices())
+    assert all(arch in message for arch in SERVED)
 
 
 @pytest.mark.parametrize("rope_type", ["longrope", "dynamic"])

@@ -7,6 +7,8 @@ import pytest
 
 from kvflow.runtime.server.args import parse_args
 
+EAGLE_HEAD = ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "/head"]
+
 
 def test_ngram_and_standalone_parse() -> None:
     args = parse_args(["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "6"])
@@ -28,11 +30,65 @@ def test_ngram_and_standalone_parse() -> None:
     assert (resolved.speculative_num_steps, resolved.speculative_num_draft_tokens) == (2, 3)
 
 
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3"])
+def test_eagle_parses_with_sglangs_flags(algorithm) -> None:
+    args = parse_args(
+        [
+            "--speculative-algorithm",
+            algorithm,
+            "--speculative-draft-model-path",
+            "/head",
+            "--speculative-num-steps",
+            "5",
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            "6",
+        ]
+    )
+    resolved = args.engine.resolved()
+    assert resolved.speculative_algorithm == algorithm
+    assert (resolved.speculative_num_steps, resolved.speculative_num_draft_tokens) == (5, 6)
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--speculative-algorithm", "EAGLE"], "EAGLE draft heads are not built"),
-        (["--speculative-algorithm", "EAGLE3"], "EAGLE draft heads are not built"),
+        (["--speculative-algorithm", "EAGLE3"], "EAGLE3 needs --speculative-draft-model-path"),
+        (["--speculative-algorithm", "EAGLE4"], "kvflow drafts with EAGLE, EAGLE3, NGRAM"),
+        (["--speculative-algorithm", "EAGLE"], "EAGLE needs --speculative-draft-model-path"),
+        (
+            [
+                "--speculative-algorithm",
+                "EAGLE",
+                "--speculative-draft-model-path",
+                "/head",
+                "--speculative-eagle-topk",
+                "8",
+            ],
+            "only 1 (chain drafts) is built, no trees",
+        ),
+        (
+            [
+                "--speculative-algorithm",
+                "EAGLE",
+                "--speculative-draft-model-path",
+                "/head",
+                "--speculative-num-steps",
+                "3",
+                "--speculative-num-draft-tokens",
+                "8",
+            ],
+            "EAGLE drafts a chain",
+        ),
+        (
+            [*EAGLE_HEAD, "--role", "decode"],
+            "EAGLE and --role decode",
+        ),
+        (
+            [*EAGLE_HEAD, "--hicache-host-memory-gb", "4"],
+            "EAGLE and --hicache-host-memory-gb",
+        ),
         (["--speculative-algorithm", "NGRAM", "--tp-size", "2"], "not built with --tp-size > 1"),
         (["--speculative-algorithm", "NGRAM", "--dp-size", "2"], "not built with --dp-size > 1"),
         (

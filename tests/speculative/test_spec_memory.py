@@ -1,5 +1,5 @@
 """Speculation under aborts, retraction and sampling: no KV leaks (the target's pool and
-the STANDALONE draft's), greedy tokens unchanged under retraction, seeded sampling
+the STANDALONE, EAGLE and EAGLE3 drafts'), greedy tokens unchanged under retraction, seeded sampling
 reproducible."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from kvflow.runtime.wire import GenerateRequest
 PROMPTS = [[(3 * i + j % (2 + i)) % 90 for j in range(12 + 5 * i)] for i in range(4)]
 
 
-def _specs(tiny_models):
+def _specs(tiny_models, eagle_heads):
     return {
         "ngram": {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 4},
         "standalone": {
@@ -21,12 +21,23 @@ def _specs(tiny_models):
             "speculative_draft_model_path": tiny_models["target"],
             "speculative_num_steps": 3,
         },
+        "eagle": {
+            "speculative_algorithm": "EAGLE",
+            "speculative_draft_model_path": eagle_heads["random"],
+            "speculative_num_steps": 3,
+        },
+        "eagle3": {
+            "speculative_algorithm": "EAGLE3",
+            "speculative_draft_model_path": eagle_heads["eagle3"],
+            "speculative_num_steps": 3,
+        },
     }
 
 
-@pytest.mark.parametrize("algorithm", ["ngram", "standalone"])
-def test_abort_between_verify_steps_leaks_no_kv(tiny_models, tiny_engine, algorithm):
-    engine = tiny_engine(tiny_models["target"], page_size=4, **_specs(tiny_models)[algorithm])
+@pytest.mark.parametrize("algorithm", ["ngram", "standalone", "eagle", "eagle3"])
+def test_abort_between_verify_steps_leaks_no_kv(tiny_models, tiny_engine, eagle_heads, algorithm):
+    spec = _specs(tiny_models, eagle_heads)[algorithm]
+    engine = tiny_engine(tiny_models["target"], page_size=4, **spec)
     sched = engine.scheduler
     params = SamplingParams(temperature=0, max_new_tokens=60, ignore_eos=True)
     reqs = [
@@ -47,14 +58,17 @@ def test_abort_between_verify_steps_leaks_no_kv(tiny_models, tiny_engine, algori
     assert engine.is_memory_free()
 
 
-@pytest.mark.parametrize("algorithm", ["ngram", "standalone"])
-def test_retraction_keeps_greedy_tokens(tiny_models, tiny_engine, algorithm):
+@pytest.mark.parametrize("algorithm", ["ngram", "standalone", "eagle", "eagle3"])
+def test_retraction_keeps_greedy_tokens(tiny_models, tiny_engine, eagle_heads, algorithm):
     params = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
     plain = tiny_engine(tiny_models["target"], page_size=4)
     want = [r.output_ids for r in plain.generate(input_ids=PROMPTS, sampling_params=params)]
     # a pool that cannot hold every request's output at once: some are retracted
     small = tiny_engine(
-        tiny_models["target"], page_size=4, max_total_tokens=112, **_specs(tiny_models)[algorithm]
+        tiny_models["target"],
+        page_size=4,
+        max_total_tokens=112,
+        **_specs(tiny_models, eagle_heads)[algorithm],
     )
     got = small.generate(input_ids=PROMPTS, sampling_params=params)
     assert [r.output_ids for r in got] == want
@@ -62,8 +76,9 @@ def test_retraction_keeps_greedy_tokens(tiny_models, tiny_engine, algorithm):
     assert small.is_memory_free()
 
 
-def test_seeded_sampling_is_reproducible(tiny_models, tiny_engine):
-    engine = tiny_engine(tiny_models["target"], **_specs(tiny_models)["standalone"])
+@pytest.mark.parametrize("algorithm", ["standalone", "eagle"])
+def test_seeded_sampling_is_reproducible(tiny_models, tiny_engine, eagle_heads, algorithm):
+    engine = tiny_engine(tiny_models["target"], **_specs(tiny_models, eagle_heads)[algorithm])
     params = {"temperature": 0.8, "top_p": 0.9, "max_new_tokens": 20, "seed": 3, "ignore_eos": True}
     first = [r.output_ids for r in engine.generate(input_ids=PROMPTS, sampling_params=params)]
     again = [r.output_ids for r in engine.generate(input_ids=PROMPTS, sampling_params=params)]

@@ -36,8 +36,10 @@ def _two_sample_chi2(a: torch.Tensor, b: torch.Tensor) -> tuple[float, int]:
     return stat, int(keep.sum()) - 1
 
 
-@pytest.mark.parametrize("algorithm", ["NGRAM", "STANDALONE"])
-def test_sampled_tokens_follow_the_target_distribution(tmp_path, tiny_engine, algorithm):
+@pytest.mark.parametrize("algorithm", ["NGRAM", "STANDALONE", "EAGLE"])
+def test_sampled_tokens_follow_the_target_distribution(
+    tmp_path, tiny_engine, eagle_head_writer, algorithm
+):
     config = {
         "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -49,11 +51,14 @@ def test_sampled_tokens_follow_the_target_distribution(tmp_path, tiny_engine, al
     plain = _counts(tiny_engine(str(path), max_running_requests=256), prompt)
     # STANDALONE with the target's own weights drafts its argmax: often kept, so a rule
     # that kept drafts too often would pile up on it
-    drafter = (
-        {"speculative_draft_model_path": str(path), "speculative_num_steps": 3}
-        if algorithm == "STANDALONE"
-        else {"speculative_num_draft_tokens": 4}
-    )
+    drafter: dict[str, object] = {"speculative_num_draft_tokens": 4}
+    if algorithm == "STANDALONE":
+        drafter = {"speculative_draft_model_path": str(path), "speculative_num_steps": 3}
+    elif algorithm == "EAGLE":  # a random head on the small vocabulary: sometimes right
+        head = eagle_head_writer(
+            tmp_path / "head", num_attention_heads=4, vocab_size=VOCAB, max_position_embeddings=64
+        )
+        drafter = {"speculative_draft_model_path": head, "speculative_num_steps": 3}
     spec_engine = tiny_engine(
         str(path), max_running_requests=256, speculative_algorithm=algorithm, **drafter
     )
