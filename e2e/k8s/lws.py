@@ -26,7 +26,7 @@ from .log import say
 from .ports import free_ports
 from .process import Component
 
-__all__ = ["LWS_CRD_NAME", "LwsController"]
+__all__ = ["LWS_CRD_NAME", "LwsController", "webhook_configurations"]
 
 LWS_CRD_NAME = "leaderworkersets.leaderworkerset.x-k8s.io"
 _POD_SELECTOR = {
@@ -65,7 +65,7 @@ class LwsController:
         # NOTE: webhooks first: a LeaderWorkerSet or pod admitted before they are
         # registered would miss LWS's defaults, labels and env for good; until the
         # controller serves them, such requests fail (failurePolicy Fail) and are retried.
-        self._kube.apply(_webhook_configurations(webhook, self._pki.ca_crt.read_bytes()))
+        self._kube.apply(webhook_configurations(webhook, self._pki.ca_crt.read_bytes()))
         self._kube.kubectl("apply", "--server-side", "-f", str(self._binaries[LWS_CRD]))
         self._kube.wait_for(self._crd_established, 30, 0.2, "the LeaderWorkerSet CRD")
         component = Component(
@@ -120,7 +120,9 @@ def _config(webhook: int, health: int, certs: Path) -> dict[str, Any]:
     }
 
 
-def _webhook_configurations(port: int, ca_pem: bytes) -> list[dict[str, Any]]:
+def webhook_configurations(port: int, ca_pem: bytes) -> list[dict[str, Any]]:
+    """LWS's webhook configurations (its config/webhook/manifests.yaml) calling the
+    controller at `https://127.0.0.1:<port>`, trusting `ca_pem`; pod hooks only for LWS's."""
     bundle = base64.b64encode(ca_pem).decode()
 
     def hooks(table: tuple[tuple[str, str, str, str, list[str]], ...]) -> list[dict[str, Any]]:
