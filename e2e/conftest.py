@@ -14,6 +14,10 @@
   collection when a selected test needs them; `node_images` imports them into the real
   node's containerd under the operator's default image names. Without the build tools
   they skip, except in CI (`CI=true`), where the setup provides them: there they fail.
+- `lws` (session): LeaderWorkerSet's controller, CRD and webhooks in the same cluster
+  (`e2e.k8s.lws`); its binary is built from the Go module proxy after collection when a
+  selected test needs it (cached beside the other binaries), and a failed build fails
+  those tests.
 - `--no-cluster` skips every test marked `cluster`; tests that use `kube` or `real_node`
   (both built on `control_plane`) get the marker automatically. By default (and in CI)
   they run.
@@ -41,7 +45,8 @@ from e2e.k8s import (
     Kube,
     resolve_binaries,
 )
-from e2e.k8s.bins import NODE_BINARIES
+from e2e.k8s.bins import LWS_BINARIES, NODE_BINARIES
+from e2e.k8s.lws import LwsController
 from e2e.k8s.realnode import RealNode, missing_capability
 from e2e.k8s.realnode.imagebuild import BuiltImage, build_image, import_built
 from e2e.k8s.realnode.operator_image import ensure_operator_base, image_builder_missing
@@ -51,6 +56,7 @@ from . import images
 __all__: list[str] = []
 
 _RESOLUTION_ERROR = pytest.StashKey[BinaryResolutionError]()
+_LWS_ERROR = pytest.StashKey[BinaryResolutionError]()
 _BUILT = pytest.StashKey[dict[str, BuiltImage | Exception]]()
 _IMAGE_FIXTURES = ("built_images", "node_images")
 REPO = Path(__file__).resolve().parents[1]
@@ -90,6 +96,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         except BinaryResolutionError as err:
             # Fail the cluster tests (in the `kube` fixture), not the whole session.
             config.stash[_RESOLUTION_ERROR] = err
+        if any("lws" in names for names in fixtures):
+            try:  # a build of about 2 minutes on a cold cache, then cached
+                with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+                    resolve_binaries(LWS_BINARIES)
+            except BinaryResolutionError as err:  # fails the `lws` tests, in their fixture
+                config.stash[_LWS_ERROR] = err
         if node and any("operator_image" in names for names in fixtures):
             _prepare_operator_base(capture)
     if any(set(_IMAGE_FIXTURES) & names for names in fixtures):
@@ -154,6 +166,17 @@ def real_node(control_plane: ControlPlane) -> RealNode:
         pytest.skip(f"this machine cannot run a real node: {reason}")
     kubelet = resolve_binaries(NODE_BINARIES)["kubelet"]
     return control_plane.add_real_node(kubelet)
+
+
+@pytest.fixture(scope="session")
+def lws(request: pytest.FixtureRequest, control_plane: ControlPlane) -> LwsController:
+    """LeaderWorkerSet's controller (sigs.k8s.io/lws, pinned in `versions.py`, built from
+    the Go module proxy and cached) with its CRD and webhooks, in the session's cluster.
+    A machine that cannot build it fails these tests (no skip: CI has go)."""
+    error = request.config.stash.get(_LWS_ERROR, None)
+    if error is not None:
+        raise error
+    return control_plane.start_lws(resolve_binaries(LWS_BINARIES))
 
 
 @pytest.fixture(scope="session")

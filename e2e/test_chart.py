@@ -198,6 +198,11 @@ def test_examples_are_accepted_with_printer_columns(
     out = kube.kubectl("apply", "-n", kube_namespace, "-f", str(spec)).stdout
     assert "modeldeployment.kvflow.dev/llama-pd-tp" in out
     kube.kubectl("delete", "md", "llama-pd-tp", "-n", kube_namespace)
+    # One copy over two nodes of 8 GPUs (a LeaderWorkerSet once the operator renders it).
+    spec = REPO / "tests" / "operator" / "specs" / "unified-nodes.yaml"
+    out = kube.kubectl("apply", "-n", kube_namespace, "-f", str(spec)).stdout
+    assert "modeldeployment.kvflow.dev/llama-nodes" in out
+    kube.kubectl("delete", "md", "llama-nodes", "-n", kube_namespace)
 
 
 BASE = yaml.safe_load((REPO / "examples" / "unified-embedded.yaml").read_text())
@@ -320,6 +325,40 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
             }
         },
         "host-network roles bind their ports on the node",
+    ),
+    (
+        "prefill over several nodes",
+        {
+            "spec": {
+                "mode": "disaggregated",
+                "unified": None,
+                "prefill": {"nodesPerReplica": 2},
+                "decode": {},
+            }
+        },
+        "spec.prefill.nodesPerReplica: Forbidden",
+    ),
+    (
+        "tensor-parallel size over nodes other than every GPU of the group",
+        {"spec": {"unified": {"gpus": 4, "nodesPerReplica": 2, "tensorParallelSize": 4}}},
+        "spec.unified.tensorParallelSize",
+    ),
+    (
+        "autoscaling over several nodes",
+        {
+            "spec": {
+                "unified": {
+                    "nodesPerReplica": 2,
+                    "autoscaling": {"enabled": True, "targets": {"queuePerReplica": 4}},
+                }
+            }
+        },
+        "spec.unified.autoscaling: Forbidden",
+    ),
+    (
+        "name too long for a LeaderWorkerSet",
+        {"metadata": {"name": "m" * 39}, "spec": {"unified": {"nodesPerReplica": 2}}},
+        "metadata.name must be at most 38 characters",
     ),
     (
         "Mooncake master without a Mooncake store",

@@ -104,3 +104,30 @@ def test_wait_for_returns_the_value_and_chains_the_last_error(tmp_path: Path) ->
     with pytest.raises(TimeoutError, match="the thing") as timed_out:
         kube.wait_for(broken, timeout=0.05, interval=0.01, what="the thing")
     assert isinstance(timed_out.value.__cause__, LookupError)
+
+
+def test_lws_pins_its_files_and_its_webhooks_see_only_lws_pods(tmp_path: Path) -> None:
+    from e2e.k8s.bins import LWS_BINARIES
+    from e2e.k8s.certs import make_serving_cert
+    from e2e.k8s.lws import webhook_configurations
+
+    assert {PINNED.of(name) for name in LWS_BINARIES} == {PINNED.lws}
+    pki = make_pki(tmp_path / "pki", "10.96.0.1")
+    certs = make_serving_cert(pki, "lws-webhook", tmp_path / "certs")
+    subprocess.run(
+        ["openssl", "verify", "-CAfile", pki.ca_crt, certs / "tls.crt"],
+        check=True,
+        capture_output=True,
+    )
+    hooks = [h for c in webhook_configurations(9443, b"pem") for h in c["webhooks"]]
+    assert {h["name"] for h in hooks} == {
+        "mleaderworkerset.kb.io",
+        "mpod.kb.io",
+        "vleaderworkerset.kb.io",
+        "vpod.kb.io",
+    }
+    for hook in hooks:
+        assert hook["clientConfig"]["url"].startswith("https://127.0.0.1:9443/")
+        # a pod without LWS's label never waits on the controller
+        pods = hook["rules"][0]["resources"] == ["pods"]
+        assert ("objectSelector" in hook) == pods

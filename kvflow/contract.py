@@ -21,6 +21,7 @@ __all__ = [
     "BOOTSTRAP_TIMEOUT_ENV",
     "DEFAULT_API_PORT",
     "DEFAULT_BOOTSTRAP_PORT",
+    "DIST_INIT_PORT",
     "HEALTH_GENERATE_PATH",
     "HEALTH_PATH",
     "HICACHE_ENGINE_FIELDS",
@@ -61,6 +62,9 @@ __all__ = [
 # Ports. The API port carries the OpenAI endpoint, /health and /metrics.
 DEFAULT_API_PORT = 8000
 DEFAULT_BOOTSTRAP_PORT = 8998  # prefill pods: KV-transfer bootstrap endpoint
+# A group over several nodes (--nnodes): where node 0's rank 0 meets the other nodes' ranks
+# (--dist-init-addr's port; the collectives then pick their own ports, gloo/NCCL).
+DIST_INIT_PORT = 29500
 OPERATOR_HEALTH_PORT = 8080
 OPERATOR_METRICS_PORT = 8081  # the operator's Prometheus /metrics (autoscaler series)
 # KV transfer engine (Mooncake) listening ports, RPC and TCP data, of prefill/decode pods and
@@ -231,6 +235,9 @@ SERVE_RUNTIME_FLAGS: Mapping[str, str] = {
     "KV_TRANSPORTS, e.g. mooncake)",
     "--tp-size": "GPUs that shard one copy of the model (tensor parallelism)",
     "--dp-size": "data-parallel copies of the model in one server (each on --tp-size GPUs)",
+    "--nnodes": "nodes (pods) one tensor-parallel group spans",
+    "--node-rank": "this pod's node number, 0 .. --nnodes - 1 (0 serves HTTP)",
+    "--dist-init-addr": "HOST:PORT where the group's ranks meet (node 0's)",
     "--enable-lora": "serve LoRA adapters (loaded while serving; docs/lora.md)",
     "--max-loras-per-batch": "LoRA device slots: distinct adapters one batch runs",
     "--max-lora-rank": "the largest LoRA rank accepted",
@@ -289,6 +296,11 @@ class ServeOptions:
     kv_transfer_backend: str | None = None  # prefill/decode only
     tp_size: int | None = None  # None (or 1): not rendered, the runtime's default of 1
     dp_size: int | None = None
+    # one group over several pods: every pod runs the same command but its node rank (a
+    # "$(VAR)" the kubelet expands), all meeting at node 0's dist_init_addr
+    nnodes: int | None = None  # None (or 1): not rendered
+    node_rank: str | None = None
+    dist_init_addr: str | None = None
     hicache: HiCacheOptions | None = None
     lora: LoraOptions | None = None
     max_running_requests: int | None = None
@@ -312,6 +324,9 @@ def serve_argv(opts: ServeOptions) -> list[str]:
         "--disaggregation-transfer-backend": opts.kv_transfer_backend,
         "--tp-size": opts.tp_size if opts.tp_size != 1 else None,
         "--dp-size": opts.dp_size if opts.dp_size != 1 else None,
+        "--nnodes": opts.nnodes if opts.nnodes != 1 else None,
+        "--node-rank": opts.node_rank,
+        "--dist-init-addr": opts.dist_init_addr,
     }
     hicache = opts.hicache.argv() if opts.hicache is not None else []
     lora = opts.lora.argv() if opts.lora is not None else []

@@ -12,5 +12,5 @@ cluster: $(STAMP) ## start a local Kubernetes control plane with fake GPU nodes 
 	$(PY_REPO_MODULE) e2e.k8s up $(if $(REAL_NODE),--real-node) $(CLUSTER_ARGS)
 
 .PHONY: cluster-bins
-cluster-bins: $(STAMP) ## fetch or build the pinned Kubernetes binaries (etcd, apiserver, ..., kwok, kubectl, helm, kubelet) into the cache
+cluster-bins: $(STAMP) ## fetch or build the pinned Kubernetes binaries (etcd, apiserver, ..., kwok, kubectl, helm, kubelet, LeaderWorkerSet) into the cache
 	$(PY_REPO_MODULE) e2e.k8s build

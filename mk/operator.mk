@@ -35,7 +35,7 @@ operator-golden: $(STAMP) ## regenerate tests/operator/golden/*.yaml after an in
 
 .PHONY: operator-cluster-test
 operator-cluster-test: $(STAMP) ## chart, operator and autoscaler tests against a local control plane (prints apply-to-Ready and scaling times)
-	$(PY) -P -m pytest -q -rP e2e/test_chart.py e2e/test_operator.py e2e/test_autoscaler.py $(PYTEST_ARGS)
+	$(PY) -P -m pytest -q -rP e2e/test_chart.py e2e/test_operator.py e2e/test_operator_lws.py e2e/test_autoscaler.py $(PYTEST_ARGS)
 
 .PHONY: operator-lint
 operator-lint: $(STAMP) ## ruff and mypy on the operator and its tests

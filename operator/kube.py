@@ -21,7 +21,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from . import names
+from . import lwsapi, names
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -38,6 +38,7 @@ PLURALS: Mapping[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("apps/v1", "Deployment"): "deployments",
+    (lwsapi.API_VERSION, lwsapi.KIND): lwsapi.PLURAL,  # only where LWS's CRD is installed
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     (names.API_VERSION, names.KIND): names.PLURAL,
@@ -174,6 +175,17 @@ class Cluster:
         """Every node (cluster-scoped; read for the resources they advertise)."""
         result = self._request("get", "/api/v1/nodes", "list Node")
         return list(result.get("items") or [])
+
+    def serves(self, api_version: str, kind: str) -> bool:
+        """Whether the API server serves ``kind`` at ``api_version`` (its CRD is installed)."""
+        prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        try:
+            found = self._request("get", prefix, f"discover {api_version}")
+        except ApiFailure as failure:
+            if failure.status == 404:
+                return False
+            raise
+        return any(r.get("kind") == kind for r in found.get("resources") or ())
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         """Delete one object (background propagation); already gone is fine."""

@@ -29,6 +29,11 @@ LABEL_PART_OF = "app.kubernetes.io/part-of"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_DEPLOYMENT = f"{GROUP}/deployment"
 LABEL_ROLE = contract.ROLE_LABEL
+# Pods of a role over several nodes: "leader" (node rank 0, serves HTTP) or "worker" (ranks
+# only); Services and the router's discovery select leaders. Other pods do not carry it.
+LABEL_NODE = f"{GROUP}/node"
+NODE_LEADER = "leader"
+NODE_WORKER = "worker"
 
 # Annotations the operator writes on children.
 ANNOTATION_GENERATION = f"{GROUP}/generation"  # ModelDeployment generation a child renders

@@ -140,11 +140,20 @@ def _autoscaling(raw: Mapping[str, Any] | None) -> Autoscaling:
     )
 
 
-def _tensor_parallel_size(raw: Mapping[str, Any], gpus: int, path: str) -> int | None:
-    """``tensorParallelSize``, checked as the CRD does: it divides ``gpus`` (>= 1)."""
+def _tensor_parallel_size(raw: Mapping[str, Any], gpus: int, nodes: int, path: str) -> int | None:
+    """``tensorParallelSize``, checked as the CRD does: it divides ``gpus`` (>= 1), or over
+    several nodes equals ``gpus x nodesPerReplica`` (the runtime runs one group there)."""
     if raw.get("tensorParallelSize") is None:
         return None
     tp = int(raw["tensorParallelSize"])
+    if nodes > 1 and (gpus < 1 or tp != gpus * nodes):
+        raise SpecError(
+            f"{path}.tensorParallelSize",
+            f"{tp} must equal {path}.gpus x {path}.nodesPerReplica ({gpus} x {nodes}): a "
+            "group over several nodes runs one tensor-parallel copy (--dp-size 1)",
+        )
+    if nodes > 1:
+        return tp
     if tp < 1 or gpus < 1 or gpus % tp:
         raise SpecError(
             f"{path}.tensorParallelSize",
@@ -153,14 +162,37 @@ def _tensor_parallel_size(raw: Mapping[str, Any], gpus: int, path: str) -> int |
     return tp
 
 
+def _nodes_per_replica(raw: Mapping[str, Any], path: str) -> int:
+    """``nodesPerReplica``: >= 1; above 1 only where the runtime and the operator build it
+    (the unified role, no autoscaling: its signals and scaling read one pod per replica)."""
+    nodes = int(raw.get("nodesPerReplica", 1))
+    if nodes < 1:
+        raise SpecError(f"{path}.nodesPerReplica", f"{nodes} must be >= 1")
+    if nodes > 1 and path != "spec.unified":
+        raise SpecError(
+            f"{path}.nodesPerReplica",
+            "only the unified role spans nodes (the runtime's --nnodes is not built for "
+            "prefill/decode roles; docs/parallelism.md)",
+        )
+    if nodes > 1 and (raw.get("autoscaling") or {}).get("enabled"):
+        raise SpecError(
+            f"{path}.autoscaling.enabled",
+            "autoscaling is not built for a role over several nodes (nodesPerReplica > 1)",
+        )
+    return nodes
+
+
 def _worker(role: str, raw: Mapping[str, Any] | None) -> WorkerRole:
     raw = raw or {}
     gpus = int(raw.get("gpus", 0))
+    path = f"spec.{role}"
+    nodes = _nodes_per_replica(raw, path)
     return WorkerRole(
         role=role,
         replicas=int(raw.get("replicas", 1)),
         gpus=gpus,
-        tensor_parallel_size=_tensor_parallel_size(raw, gpus, f"spec.{role}"),
+        tensor_parallel_size=_tensor_parallel_size(raw, gpus, nodes, path),
+        nodes_per_replica=nodes,
         pods=_pods(raw, f"spec.{role}"),
         http_port=_port(raw, "http", contract.DEFAULT_API_PORT, f"spec.{role}"),
         max_running_requests=raw.get("maxRunningRequests"),
@@ -303,6 +335,8 @@ def _check_ports(md: ModelDeployment) -> None:
         ports = {f"spec.{worker.role}.ports.http": worker.http_port}
         if worker.role == "prefill":
             ports["spec.kvTransfer.bootstrapPort"] = md.kv_transfer.bootstrap_port
+        if worker.spans_nodes:  # the group's leader meets its workers there
+            ports[f"spec.{worker.role}.nodesPerReplica"] = contract.DIST_INIT_PORT
         host_network.append((worker.pods.host_network, ports))
     host_network.append(
         (md.router.pods.host_network, {"spec.router.ports.http": md.router.http_port})
@@ -349,6 +383,21 @@ def _check_parallelism(md: ModelDeployment) -> None:
             f"{sizes['decode']}: prefill and decode need the same tensor-parallel size (each "
             "prefill rank writes its KV heads into the decode rank of its number; "
             "docs/parallelism.md)",
+        )
+
+
+# A LeaderWorkerSet <name>-<role> names StatefulSets <name>-<role>-<group>, which must stay
+# within 52 characters (their pods' controller-revision-hash label adds 11).
+MAX_GROUPED_NAME = 38
+
+
+def _check_group_names(md: ModelDeployment) -> None:
+    """The CRD's cap on names of deployments with a role over several nodes."""
+    if any(w.spans_nodes for w in md.workers) and len(md.name) > MAX_GROUPED_NAME:
+        raise SpecError(
+            "metadata.name",
+            f"must be at most {MAX_GROUPED_NAME} characters with a role over several nodes "
+            "(its LeaderWorkerSet's StatefulSets <name>-<role>-<group> stay within 52)",
         )
 
 
@@ -414,5 +463,6 @@ def parse_model_deployment(body: Mapping[str, Any]) -> ModelDeployment:
         store.check()
     _check_ports(md)
     _check_parallelism(md)
+    _check_group_names(md)
     _check_lora(md)
     return md

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from kvflow import contract
 
-from . import names
+from . import lwsapi, names
 from .roles import RouterRuntime, WorkerRuntime
 from .spec import ModelDeployment, WorkerRole
 from .stores import shared_store
@@ -28,6 +28,16 @@ POD_IP = f"$({contract.POD_IP_ENV})"
 
 
 @dataclass(frozen=True)
+class NodePlacement:
+    """One tensor-parallel group over ``count`` pods: this pod's node rank and the leader's
+    meeting address (``$(VAR)`` references the kubelet expands, see :mod:`.lwsapi`)."""
+
+    count: int
+    rank: str
+    init_addr: str
+
+
+@dataclass(frozen=True)
 class WorkerPlacement:
     """Where one worker process listens and finds its files and the shared store."""
 
@@ -36,6 +46,7 @@ class WorkerPlacement:
     model_path: str  # "" means the embedded model
     bootstrap_port: int | None = None  # prefill role only
     storage_path: str = ""  # where the shared store is (StoreClient.storage_path)
+    nodes: NodePlacement | None = None  # None: the whole group in one pod
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,9 @@ def serve_options(runtime: WorkerRuntime, placement: WorkerPlacement) -> contrac
         kv_transfer_backend=runtime.kv_transfer_backend,
         tp_size=runtime.tp_size,
         dp_size=runtime.dp_size,
+        nnodes=placement.nodes.count if placement.nodes is not None else None,
+        node_rank=placement.nodes.rank if placement.nodes is not None else None,
+        dist_init_addr=placement.nodes.init_addr if placement.nodes is not None else None,
         hicache=hicache,
         lora=runtime.lora,
         max_running_requests=runtime.max_running_requests,
@@ -107,13 +121,27 @@ def cluster_worker_placement(
         model_path=model_path,
         bootstrap_port=md.kv_transfer.bootstrap_port if worker.role == "prefill" else None,
         storage_path=store.cluster_client().storage_path if store is not None else "",
+        nodes=cluster_node_placement(worker),
     )
 
 
+def cluster_node_placement(worker: WorkerRole) -> NodePlacement | None:
+    """A role over several nodes: each pod of a LeaderWorkerSet group is one node, its rank
+    the pod's index in the group, the meeting point its leader's DNS name."""
+    if not worker.spans_nodes:
+        return None
+    leader = f"$({lwsapi.LEADER_ADDRESS_ENV}):{contract.DIST_INIT_PORT}"
+    return NodePlacement(worker.nodes_per_replica, f"$({lwsapi.WORKER_INDEX_ENV})", leader)
+
+
 def router_selector(md: ModelDeployment) -> str:
-    """Label selector the router uses to discover this deployment's workers."""
+    """Label selector the router uses to discover this deployment's workers (of a role over
+    several nodes, the leaders: the other pods serve no HTTP)."""
     roles = ",".join(worker.role for worker in md.workers)
-    return f"{names.LABEL_DEPLOYMENT}={md.name},{names.LABEL_ROLE} in ({roles})"
+    selector = f"{names.LABEL_DEPLOYMENT}={md.name},{names.LABEL_ROLE} in ({roles})"
+    if any(worker.spans_nodes for worker in md.workers):
+        selector += f",{names.LABEL_NODE}!={names.NODE_WORKER}"
+    return selector
 
 
 def cluster_router_placement(md: ModelDeployment) -> RouterPlacement:

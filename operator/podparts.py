@@ -19,6 +19,7 @@ from .spec import PodSettings, SecretKeyRef
 RUN_AS_ID = 1000
 API_PORT_NAME = contract.API_PORT_NAME
 BOOTSTRAP_PORT_NAME = contract.BOOTSTRAP_PORT_NAME
+DIST_INIT_PORT_NAME = "dist-init"  # leader of a group over several nodes (--dist-init-addr)
 GPU_RESOURCE = "nvidia.com/gpu"
 # The pod's IP from its status: what a pod advertises to peers, and what a host-network
 # pod binds (the kubelet expands ``$(KVFLOW_POD_IP)`` in its command).

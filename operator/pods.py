@@ -25,6 +25,7 @@ from .placement import (
 from .podparts import (
     API_PORT_NAME,
     BOOTSTRAP_PORT_NAME,
+    DIST_INIT_PORT_NAME,
     POD_IP_FIELD,
     api_key_env,
     apply_pod_settings,
@@ -127,6 +128,8 @@ def worker_pod_template(
     if worker.role == "prefill":
         ports[BOOTSTRAP_PORT_NAME] = md.kv_transfer.bootstrap_port
         annotations[names.ANNOTATION_BOOTSTRAP_PORT] = str(md.kv_transfer.bootstrap_port)
+    if worker.spans_nodes:  # the group's leader listens there (leaderworkerset.py)
+        ports[DIST_INIT_PORT_NAME] = contract.DIST_INIT_PORT
     env: list[dict[str, Any]] = [
         POD_IP_FIELD,
         {"name": contract.MODEL_CACHE_ENV, "value": CACHE_DIR},

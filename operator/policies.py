@@ -3,7 +3,8 @@
 Ingress is opened narrowly: the router's API port to any client; a worker's API port only
 to the router (and to namespaces allowed to scrape metrics); the KV bootstrap port and the
 KV transfer port range only between prefill and decode pods of the same deployment (and
-between all workers when their shared store pools their memory); a shared store's own pods
+between all workers when their shared store pools their memory); every port between the
+pods of a role over several nodes (gloo/NCCL choose theirs); a shared store's own pods
 as the store says (:meth:`SharedStore.policies`). Egress is left open (model downloads, Kubernetes API for the router).
 """
 
@@ -82,13 +83,16 @@ def network_policies(md: ModelDeployment) -> list[dict[str, Any]]:
         selector = {"matchLabels": dict(md.network_policy.metrics_namespace_labels)}
         api_from.append({"namespaceSelector": selector})
     policies = [ingress_policy(md, names.ROUTER, [{"ports": api_port}])]
-    for role in worker_roles:
+    for worker in md.workers:
+        role = worker.role
         ingress: list[dict[str, Any]] = [{"from": api_from, "ports": api_port}]
         if role == "prefill":
             bootstrap = [{"protocol": "TCP", "port": BOOTSTRAP_PORT_NAME}]
             ingress.append({"from": [role_peers(md, "decode")], "ports": bootstrap + _kv_ports()})
         if role == "decode":
             ingress.append({"from": [role_peers(md, "prefill")], "ports": _kv_ports()})
+        if worker.spans_nodes:  # the ranks' collectives pick their own ports
+            ingress.append({"from": [role_peers(md, role)]})
         if store is not None and store.pools_worker_memory:
             ingress.append({"from": [role_peers(md, *worker_roles)], "ports": _kv_ports()})
         policies.append(ingress_policy(md, role, ingress))

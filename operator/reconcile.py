@@ -18,7 +18,7 @@ from typing import Any
 
 from kvflow import contract
 
-from . import names
+from . import lwsapi, names
 from .autoscale.scale import decided_sizes, without_autoscaling
 from .internal_key import internal_key_secret, new_internal_key
 from .kube import PERMANENT_FAILURES, ApiFailure, Cluster
@@ -27,12 +27,25 @@ from .lora_status import adapters_by_role, read_router_metrics
 from .parse import parse_model_deployment
 from .podstatus import PodReport
 from .rdma import RDMA_UNAVAILABLE, rdma_refusal, uses_rdma
-from .render import CHILD_KINDS, child_key, render_children
-from .spec import ModelDeployment, SpecError
+from .render import CHILD_KINDS, OPTIONAL_KINDS, child_key, render_children
+from .spec import ModelDeployment, SpecError, WorkerRole
 from .status import Failure, Observation, ServiceReport, WorkloadReport, compute_status
 from .stores import shared_store
 
 log = logging.getLogger(__name__)
+
+
+LWS_UNAVAILABLE = "LeaderWorkerSetUnavailable"
+
+
+def lws_refusal(worker: WorkerRole) -> str:
+    """Why a role over several nodes is not applied where LWS's CRD is not installed."""
+    return (
+        f"spec.{worker.role}.nodesPerReplica is {worker.nodes_per_replica}: a role over "
+        f"several nodes runs as a {lwsapi.KIND} ({lwsapi.API_VERSION}), which this cluster "
+        "does not serve; install LeaderWorkerSet (sigs.k8s.io/lws v0.7.0, docs/operator.md) "
+        "(the drift sweep applies the spec once it does)"
+    )
 
 
 def utc_now() -> str:
@@ -149,8 +162,12 @@ class Reconciler:
             return Outcome(0, 0, status, previous)
 
     def _refusal(self, md: ModelDeployment) -> Failure | None:
-        """What the cluster lacks for this spec (nothing is applied then): today an RDMA
-        device for ``kvTransfer.protocol: rdma``. Nodes are listed only for such specs."""
+        """What the cluster lacks for this spec (nothing is applied then): an RDMA device
+        for ``kvTransfer.protocol: rdma``, the LeaderWorkerSet API for a role over several
+        nodes. Nodes and API groups are read only for such specs."""
+        spanning = [w for w in md.workers if w.spans_nodes]
+        if spanning and not self._cluster.serves(lwsapi.API_VERSION, lwsapi.KIND):
+            return Failure(LWS_UNAVAILABLE, lws_refusal(spanning[0]), permanent=True)
         if not uses_rdma(md):
             return None
         message = rdma_refusal(md, self._cluster.list_nodes())
@@ -177,7 +194,12 @@ class Reconciler:
         selector = names.owned_selector(name)
         found: list[dict[str, Any]] = []
         for api_version, kind in CHILD_KINDS:
-            items = self._cluster.list_objects(api_version, kind, namespace, selector)
+            try:
+                items = self._cluster.list_objects(api_version, kind, namespace, selector)
+            except ApiFailure as failure:  # a kind whose CRD is not installed: none of it
+                if failure.status != 404 or (api_version, kind) not in OPTIONAL_KINDS:
+                    raise
+                continue
             # Objects already being deleted (a pruned claim held by its pvc-protection
             # finalizer, say) are neither desired state nor worth deleting again.
             found += [
@@ -219,6 +241,9 @@ class Reconciler:
                 generations.append(int(annotation))
             if child["kind"] == "Deployment":
                 report = WorkloadReport.from_deployment(child)
+                workloads[report.component] = report
+            elif child["kind"] == lwsapi.KIND:
+                report = WorkloadReport.from_leader_worker_set(child)
                 workloads[report.component] = report
             elif child["kind"] == "Service" and child["metadata"]["name"] == name:
                 endpoint = ServiceReport.from_service(child)
@@ -265,7 +290,9 @@ class Reconciler:
         return status
 
 
-PERMANENT_REASONS = frozenset({"InvalidSpec", RDMA_UNAVAILABLE, *PERMANENT_FAILURES.values()})
+PERMANENT_REASONS = frozenset(
+    {"InvalidSpec", RDMA_UNAVAILABLE, LWS_UNAVAILABLE, *PERMANENT_FAILURES.values()}
+)
 
 
 def _previous_failure(body: Mapping[str, Any]) -> Failure | None:

@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from . import lwsapi
 from .configmap import runtime_config_map
+from .leaderworkerset import worker_leader_worker_set
 from .policies import disruption_budgets, network_policies
 from .services import endpoint_service, headless_service
 from .sizes import DesiredSizes, desired_sizes
-from .spec import ModelDeployment
+from .spec import ModelDeployment, WorkerRole
 from .stores import shared_store
 from .workloads import router_access, router_deployment, worker_deployment
 
@@ -27,9 +29,20 @@ CHILD_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "PersistentVolumeClaim"),
     ("v1", "Service"),
     ("apps/v1", "Deployment"),
+    (lwsapi.API_VERSION, lwsapi.KIND),  # a role over several nodes; see OPTIONAL_KINDS
     ("policy/v1", "PodDisruptionBudget"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
 )
+
+# Kinds served only where their CRD is installed: listing them finds nothing elsewhere.
+OPTIONAL_KINDS: frozenset[tuple[str, str]] = frozenset({(lwsapi.API_VERSION, lwsapi.KIND)})
+
+
+def worker_workload(md: ModelDeployment, worker: WorkerRole, replicas: int) -> dict[str, Any]:
+    """A role's pods: a Deployment, or a LeaderWorkerSet when a replica spans nodes."""
+    if worker.spans_nodes:
+        return worker_leader_worker_set(md, worker, replicas)
+    return worker_deployment(md, worker, replicas)
 
 
 def render_children(md: ModelDeployment, sizes: DesiredSizes | None = None) -> list[dict[str, Any]]:
@@ -45,7 +58,7 @@ def render_children(md: ModelDeployment, sizes: DesiredSizes | None = None) -> l
     children.append(endpoint_service(md))
     children += [headless_service(md, worker) for worker in md.workers]
     children += store.workloads() if store is not None else []
-    children += [worker_deployment(md, worker, sizes[worker.role]) for worker in md.workers]
+    children += [worker_workload(md, worker, sizes[worker.role]) for worker in md.workers]
     children.append(router_deployment(md))
     children += disruption_budgets(md)
     children += network_policies(md)

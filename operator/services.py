@@ -32,7 +32,8 @@ def endpoint_service(md: ModelDeployment) -> dict[str, Any]:
 
 
 def headless_service(md: ModelDeployment, worker: WorkerRole) -> dict[str, Any]:
-    """Service ``<name>-<role>`` without a cluster IP: DNS lists the role's ready pods."""
+    """Service ``<name>-<role>`` without a cluster IP: DNS lists the role's ready pods (of a
+    role over several nodes, the groups' leaders: the other pods serve no HTTP)."""
     ports: list[dict[str, Any]] = [
         {
             "name": API_PORT_NAME,
@@ -51,13 +52,16 @@ def headless_service(md: ModelDeployment, worker: WorkerRole) -> dict[str, Any]:
                 "protocol": "TCP",
             }
         )
+    selector = names.selector_labels(md.name, worker.role)
+    if worker.spans_nodes:
+        selector[names.LABEL_NODE] = names.NODE_LEADER
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": names.object_meta(md, names.child_name(md.name, worker.role), worker.role),
         "spec": {
             "clusterIP": "None",
-            "selector": names.selector_labels(md.name, worker.role),
+            "selector": selector,
             "ports": ports,
         },
     }

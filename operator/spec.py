@@ -111,6 +111,9 @@ class WorkerRole:
     replicas: int = 1  # the user's number; rendered sizes are a sizes.DesiredSizes
     gpus: int = 0
     tensor_parallel_size: int | None = None  # None: every GPU shards one copy (tp = gpus)
+    # pods (one per node: SGLang's --nnodes) one replica spans; above 1 the role renders a
+    # LeaderWorkerSet whose groups run one tensor-parallel copy over all of their GPUs
+    nodes_per_replica: int = 1
     pods: PodSettings = field(default_factory=PodSettings)
     http_port: int = contract.DEFAULT_API_PORT  # API, /health and /metrics
     max_running_requests: int | None = None
@@ -118,14 +121,19 @@ class WorkerRole:
     autoscaling: Autoscaling = field(default_factory=Autoscaling)
 
     @property
+    def spans_nodes(self) -> bool:
+        """Whether one replica is a group of several pods (a LeaderWorkerSet's)."""
+        return self.nodes_per_replica > 1
+
+    @property
     def tp_size(self) -> int:
-        """GPUs per model copy (``--tp-size``); 1 without GPUs."""
-        return self.tensor_parallel_size or max(self.gpus, 1)
+        """Ranks per model copy (``--tp-size``): GPUs, or one rank per pod without GPUs."""
+        return self.tensor_parallel_size or max(self.gpus, 1) * self.nodes_per_replica
 
     @property
     def dp_size(self) -> int:
-        """Model copies per pod (``--dp-size``): every GPU of the pod is used."""
-        return max(self.gpus, 1) // self.tp_size
+        """Model copies per replica (``--dp-size``): every GPU of every pod is used."""
+        return max(self.gpus, 1) * self.nodes_per_replica // self.tp_size
 
 
 @dataclass(frozen=True)

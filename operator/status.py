@@ -41,7 +41,7 @@ MAX_PODS_NAMED = 3  # failing pods quoted in one condition message
 
 @dataclass(frozen=True)
 class WorkloadReport:
-    """What one child Deployment reports about itself."""
+    """What one child Deployment (or LeaderWorkerSet) reports about itself."""
 
     component: str
     desired: int
@@ -73,6 +73,32 @@ class WorkloadReport:
             observed_generation=int(status.get("observedGeneration") or 0),
             rollout_complete=progressing.get("reason") == NEW_RS_AVAILABLE,
             failure=failure,
+        )
+
+    @classmethod
+    def from_leader_worker_set(cls, obj: Mapping[str, Any]) -> WorkloadReport:
+        """A LeaderWorkerSet's report, counted in groups (one replica is one group).
+
+        LWS v0.7 reports no observedGeneration (nor sets it in its conditions) and has no
+        progress deadline: its ``updatedReplicas`` (groups on the current templates) stands
+        for catching up, and nothing counts as Failed (a failing pod still shows through
+        the pods, see :mod:`.podstatus`).
+        """
+        meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+        conditions = {c["type"]: c for c in status.get("conditions") or ()}
+        generation = int(meta.get("generation") or 0)
+        updating = conditions.get("UpdateInProgress", {}).get("status") == "True"
+        available = conditions.get("Available", {}).get("status") == "True"
+        return cls(
+            component=str(meta["labels"][names.LABEL_ROLE]),
+            desired=int(spec.get("replicas", 1)),
+            ready=int(status.get("readyReplicas") or 0),
+            updated=int(status.get("updatedReplicas") or 0),
+            current=int(status.get("replicas") or 0),
+            generation=generation,
+            observed_generation=generation,
+            rollout_complete=available and not updating,
+            failure=None,
         )
 
     @property

@@ -12,7 +12,7 @@ from types import FrameType
 
 import yaml
 
-from .bins import BINARIES, NODE_BINARIES, BinaryResolutionError, resolve_binaries
+from .bins import BINARIES, LWS_BINARIES, NODE_BINARIES, BinaryResolutionError, resolve_binaries
 from .config import ControlPlaneConfig
 from .controlplane import ControlPlane
 from .env import K8sEnv
@@ -28,7 +28,7 @@ _REPO = Path(__file__).resolve().parents[2]
 
 
 def _build(_: argparse.Namespace) -> int:
-    names = (*BINARIES, *NODE_BINARIES)
+    names = (*BINARIES, *NODE_BINARIES, *LWS_BINARIES)
     bins = resolve_binaries(names)
     width = max(map(len, names))
     for name in names:

@@ -8,7 +8,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["FRONT_PROXY_CN", "Pki", "make_pki"]
+__all__ = ["FRONT_PROXY_CN", "Pki", "make_pki", "make_serving_cert"]
 
 # The only client the apiserver trusts to assert a user in request headers (the
 # aggregation layer's proxy identity).
@@ -102,6 +102,18 @@ def make_pki(directory: Path, service_ip: str) -> Pki:
     for key in directory.glob("*.key"):
         key.chmod(0o600)
     return Pki(directory)
+
+
+def make_serving_cert(pki: Pki, name: str, directory: Path) -> Path:
+    """A serving cert for a webhook on loopback (SAN IP 127.0.0.1), signed by `pki`'s CA,
+    as `directory/tls.crt` and `tls.key` (controller-runtime's names); returns `directory`."""
+    ssl = _OpenSSL(pki.dir)
+    ssl.signed(name, f"/CN={name}", "subjectAltName=IP:127.0.0.1", "serverAuth")
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(pki.dir / f"{name}.crt", directory / "tls.crt")
+    shutil.copyfile(pki.dir / f"{name}.key", directory / "tls.key")
+    (directory / "tls.key").chmod(0o600)
+    return directory
 
 
 _APISERVER_DNS = (

@@ -10,12 +10,13 @@ from types import TracebackType
 from typing import IO
 
 from .bins import Binaries
-from .certs import make_pki
+from .certs import Pki, make_pki
 from .client import Kube
 from .components import FAKE_NODE_ANNOTATION, control_plane_components
 from .config import ControlPlaneConfig, Ports
 from .kubeconfig import write_kubeconfig
 from .log import elapsed, say
+from .lws import LwsController
 from .nodes import fake_node, node_is_ready, write_kwok_config
 from .ports import free_ports
 from .process import Component, ComponentError
@@ -40,6 +41,7 @@ class ControlPlane:
         self.config = config
         self._started: list[Component] = []
         self._real_nodes: list[RealNode] = []
+        self._lws: list[LwsController] = []
         self._kube: Kube | None = None
         self._lock: IO[str] | None = None
 
@@ -86,6 +88,15 @@ class ControlPlane:
         self._real_nodes.append(node)
         return node
 
+    def start_lws(self, binaries: Binaries) -> LwsController:
+        """Install LeaderWorkerSet's CRD and run its controller and webhooks (`binaries`:
+        `bins.LWS_BINARIES`, resolved apart: only tests that use LWS build it); `stop()`
+        stops it first."""
+        pki = Pki(self.config.pki_dir)
+        lws = LwsController(binaries, self.kube, pki, self.config.state_dir / "lws").start()
+        self._lws.append(lws)
+        return lws
+
     def remove_real_node(self, node: RealNode) -> None:
         """Stop one real node (see `RealNode.stop`) while the control plane keeps running."""
         if node in self._real_nodes:
@@ -98,8 +109,12 @@ class ControlPlane:
             component.check_running()
         for node in self._real_nodes:
             node.check_running()
+        for lws in self._lws:
+            lws.check_running()
 
     def stop(self) -> None:
+        while self._lws:
+            self._lws.pop().stop()
         while self._real_nodes:
             self._real_nodes.pop().stop()
         while self._started:

