@@ -322,8 +322,8 @@ class EngineConfig:
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 160
     # LoRA (SGLang's names; kvflow.runtime.lora): adapters in PEFT's format, "NAME=PATH" or
-    # "PATH"; max_lora_rank 0 and no target modules: from the start-up adapters. CUDA graphs
-    # are off with LoRA (the adapter layout changes per step).
+    # "PATH"; max_lora_rank 0 and no target modules: from the start-up adapters. Decode CUDA
+    # graphs take each row's adapter slot as an input (kvflow.runtime.lora.graph).
     enable_lora: bool = False
     lora_paths: tuple[str, ...] = ()
     max_loras_per_batch: int = 8
@@ -380,7 +380,6 @@ class EngineConfig:
             disable_cuda_graph=(
                 self.disable_cuda_graph
                 or not on_cuda
-                or self.enable_lora
                 or self.speculative_algorithm is not None
             ),
             speculative_num_steps=spec_steps,

@@ -17,7 +17,7 @@ from kvflow.runtime.layers.quantization import (
     check_kv_cache_device,
     kv_cache_torch_dtype,
 )
-from kvflow.runtime.lora import LoraManager, LoraOptions
+from kvflow.runtime.lora import LoraGraphInputs, LoraManager, LoraOptions
 from kvflow.runtime.mem import KVPool, ReqToTokenPool, TokenToKVPoolAllocator
 from kvflow.runtime.models import resolve_model_path, target_features
 from kvflow.runtime.models.loader import load_model
@@ -181,7 +181,10 @@ class ModelRunner:
                     "CUDA graphs need the triton attention backend (or --disable-cuda-graph)"
                 )
             max_bs = min(config.cuda_graph_max_bs, config.max_running_requests)
-            self.graph_runner = CudaGraphRunner(self.run_model, self.attn, self.device, max_bs)
+            extra = [] if self.lora is None else [LoraGraphInputs(self.lora)]
+            self.graph_runner = CudaGraphRunner(
+                self.run_model, self.attn, self.device, max_bs, extra_inputs=extra
+            )
             self.graph_runner.capture()
         logger.info(
             "KV cache: %d tokens in pages of %d (%s)",

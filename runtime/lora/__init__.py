@@ -12,6 +12,7 @@ from kvflow.runtime.lora.targets import LORA_TARGETS, LoraTarget, resolve_target
 if TYPE_CHECKING:
     from kvflow.runtime.lora.adapter import LoraAdapter, LoraLimits, load_adapter
     from kvflow.runtime.lora.batch import LoraBatch
+    from kvflow.runtime.lora.graph import LoraGraphInputs
     from kvflow.runtime.lora.layers import LoraContext, LoraLinear
     from kvflow.runtime.lora.manager import LoraManager
 else:  # torch-free until a name is used (kvflow.lazy)
@@ -20,6 +21,7 @@ else:  # torch-free until a name is used (kvflow.lazy)
         {
             ".adapter": ("LoraAdapter", "LoraLimits", "load_adapter"),
             ".batch": ("LoraBatch",),
+            ".graph": ("LoraGraphInputs",),
             ".layers": ("LoraContext", "LoraLinear"),
             ".manager": ("LoraManager",),
         },
@@ -30,6 +32,7 @@ __all__ = [
     "LoraAdapter",
     "LoraBatch",
     "LoraContext",
+    "LoraGraphInputs",
     "LoraLimits",
     "LoraLinear",
     "LoraManager",

@@ -148,21 +148,29 @@ class LoraManager:
                 slot, target.shard, a.to(lora.a_slots), (b * adapter.scaling).to(lora.b_slots)
             )
 
-    @contextmanager
-    def active(self, fb: ForwardBatch) -> Iterator[None]:
-        """Run one forward with ``fb``'s adapters in device slots (loaded on a miss,
-        evicting the least recently used ones the batch does not need)."""
+    def assign_slots(self, fb: ForwardBatch) -> list[int] | None:
+        """Each request's device slot for ``fb`` (-1: the base model), its adapters loaded
+        into slots on a miss (evicting the least recently used ones the batch does not
+        need); None when no request names an adapter."""
         names = [n for n in fb.lora_paths if n is not None]
         if not names:
-            yield
-            return
+            return None
         for name in names:
             if name not in self.adapters:
                 raise ValueError(f"no LoRA adapter named {name!r} is loaded")
         plan = self.slots.plan(names)
         for name, slot in plan.loads:
             self._write(self.adapters[name], slot)
-        slots = [-1 if n is None else plan.slots[n] for n in fb.lora_paths]
+        return [-1 if n is None else plan.slots[n] for n in fb.lora_paths]
+
+    @contextmanager
+    def active(self, fb: ForwardBatch) -> Iterator[None]:
+        """Run one eager forward with ``fb``'s adapters in device slots
+        (:meth:`assign_slots`); decode CUDA graphs use :class:`~kvflow.runtime.lora.graph.LoraGraphInputs`."""
+        slots = self.assign_slots(fb)
+        if slots is None:
+            yield
+            return
         rows = [1] * fb.batch_size if fb.is_decode else fb.extend_seq_lens_cpu
         self.context.batch = LoraBatch.of(slots, rows, self.device)
         try:

@@ -108,8 +108,12 @@ def _hf_greedy(hf, state, batch) -> list[list[int]]:
     return out
 
 
-@pytest.mark.parametrize("max_loras_per_batch", [3, 1])
-def test_mixed_adapters_match_merged_weights_fp32(setup, max_loras_per_batch):
+@pytest.mark.parametrize(
+    ("max_loras_per_batch", "disable_cuda_graph"), [(3, False), (1, False), (3, True)]
+)
+def test_mixed_adapters_match_merged_weights_fp32(setup, max_loras_per_batch, disable_cuda_graph):
+    """Decode runs in CUDA graphs (each row's adapter slot a graph input) unless disabled;
+    with one slot, adapters are swapped between steps, under the graphs too."""
     from kvflow.runtime.engine import Engine
 
     root, hf, merged = setup
@@ -123,7 +127,9 @@ def test_mixed_adapters_match_merged_weights_fp32(setup, max_loras_per_batch):
         str(root / "base"), device="cuda", dtype="float32", skip_tokenizer_init=True,
         enable_lora=True, lora_paths=tuple(f"{n}={root / n}" for n in ADAPTERS),
         max_loras_per_batch=max_loras_per_batch, mem_fraction_static=0.3,
+        disable_cuda_graph=disable_cuda_graph,
     )  # fmt: skip
+    assert (engine.runner.graph_runner is None) == disable_cuda_graph
     results = engine.generate(input_ids=batch, sampling_params=GREEDY, lora_path=adapters)
     got = [r.output_ids for r in results]
     assert got == [want[name][i] for i, name in enumerate(adapters)]
