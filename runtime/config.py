@@ -377,11 +377,7 @@ class EngineConfig:
             chunked_prefill_size=chunk,
             mixed_chunk_size=mixed_chunk,
             attention_backend=backend,
-            disable_cuda_graph=(
-                self.disable_cuda_graph
-                or not on_cuda
-                or self.speculative_algorithm is not None
-            ),
+            disable_cuda_graph=(self.disable_cuda_graph or not on_cuda),
             speculative_num_steps=spec_steps,
             speculative_eagle_topk=spec_topk,
             speculative_num_draft_tokens=spec_draft_tokens,

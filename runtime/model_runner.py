@@ -180,7 +180,10 @@ class ModelRunner:
                 raise ValueError(
                     "CUDA graphs need the triton attention backend (or --disable-cuda-graph)"
                 )
-            max_bs = min(config.cuda_graph_max_bs, config.max_running_requests)
+            # rows: a verify step runs each request's speculative_num_draft_tokens tokens
+            # as decode rows (kvflow.runtime.speculative.batch.build_verify_batch)
+            rows_per_request = max(1, config.speculative_num_draft_tokens)
+            max_bs = min(config.cuda_graph_max_bs, config.max_running_requests * rows_per_request)
             extra = [] if self.lora is None else [LoraGraphInputs(self.lora)]
             self.graph_runner = CudaGraphRunner(
                 self.run_model, self.attn, self.device, max_bs, extra_inputs=extra

@@ -1,8 +1,8 @@
 """The verify step of speculative decoding: drafts from a :class:`Drafter`, scored by one forward of the target.
 
 Per request, the target runs its last token and its draft ``d_1..d_k`` at positions
-``kv_len .. kv_len + k`` (extend-style attention over the drafted positions, a logits row
-for each). The rows give the target's choice after every prefix of the draft; the
+``kv_len .. kv_len + k``, one decode row each (``build_verify_batch``: causal attention
+over the drafted positions, a logits row for each, in the decode CUDA graphs). The rows give the target's choice after every prefix of the draft; the
 acceptance rule keeps a prefix of the draft plus one target token. The caller appends the
 tokens it keeps (a stop may cut them short), sets ``kv_len`` past them and calls
 :meth:`SpecWorker.settle`, which frees the slots of the positions not kept::
@@ -32,7 +32,7 @@ from kvflow.runtime.speculative.accept import (
     accept_sampled,
     target_probs,
 )
-from kvflow.runtime.speculative.batch import build_token_batch
+from kvflow.runtime.speculative.batch import build_verify_batch
 
 __all__ = ["SpecWorker", "StepTokens", "make_spec_worker"]
 
@@ -106,13 +106,12 @@ class SpecWorker:
             self._taken[id(req)] = (taken, req.kv_len)
             slots += taken
         device = self.runner.device
-        fb = build_token_batch(
+        fb = build_verify_batch(
             [r.req_pool_idx for r in reqs],
             [r.kv_len for r in reqs],
             [[r.all_token_ids()[r.kv_len], *d] for r, d in zip(reqs, drafts, strict=True)],
             host_to_device(slots, device),
             device,
-            all_logits=True,
         )
         logits = self.runner.forward(fb)
         starts, at = [], 0

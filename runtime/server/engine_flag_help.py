@@ -64,8 +64,8 @@ ENGINE_FLAG_HELP: Mapping[str, str] = {
     "speculative_algorithm": "speculative decoding: NGRAM (drafts from the request's own "
     "prompt and output, no extra model), STANDALONE (a smaller model of the same tokenizer, "
     "--speculative-draft-model-path), EAGLE or EAGLE3 (an EAGLE-1/2 or EAGLE-3 head over the "
-    "target's hidden states, --speculative-draft-model-path); unset: off. CUDA graphs are off "
-    "with speculation (docs/speculative.md)",
+    "target's hidden states, --speculative-draft-model-path); unset: off. The verify step "
+    "replays the decode CUDA graphs; draft steps run eagerly (docs/speculative.md)",
     "speculative_draft_model_path": "STANDALONE: the draft model's folder (or, with "
     "--load-format dummy, a config); it must share the target's vocabulary. EAGLE, EAGLE3: "
     "the head's folder (LlamaForCausalLMEagle / LlamaForCausalLMEagle3, the target's hidden "

@@ -182,7 +182,7 @@ SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
     "--speculative-algorithm": Same(
         "EAGLE | EAGLE3 (Llama heads, chains) | NGRAM | STANDALONE; not with --tp-size > 1, "
         "--dp-size > 1, --enable-lora, --is-embedding or --role prefill (EAGLE, EAGLE3: nor "
-        "--role decode, --hicache-host-memory-gb); CUDA graphs off"
+        "--role decode, --hicache-host-memory-gb); verify in the decode CUDA graphs, drafts eager"
     ),
     "--speculative-draft-model-path": Same(
         "STANDALONE's draft model (the same vocabulary) or the EAGLE / EAGLE3 head "

@@ -8,7 +8,7 @@ import torch
 
 from kvflow.runtime.forward_batch import ForwardBatch, ForwardMode
 
-__all__ = ["build_token_batch"]
+__all__ = ["build_token_batch", "build_verify_batch"]
 
 
 def build_token_batch(
@@ -17,13 +17,11 @@ def build_token_batch(
     tokens: Sequence[Sequence[int]],
     out_cache_loc: torch.Tensor,
     device: str,
-    all_logits: bool,
 ) -> ForwardBatch:
     """An extend batch: request i (row ``rows[i]`` of its ``req_to_token``, with KV for
     positions ``0:prefix_lens[i]``) runs ``tokens[i]`` at the positions after them, writing
-    their KV to ``out_cache_loc`` (recorded in the rows already). ``all_logits``: the
-    forward returns a logits row for every token (a verify step), else for each last one.
-    """
+    their KV to ``out_cache_loc`` (recorded in the rows already); the forward returns each
+    request's last logits row (a draft step)."""
     input_ids: list[int] = []
     positions: list[int] = []
     for prefix_len, new in zip(prefix_lens, tokens, strict=True):
@@ -45,5 +43,45 @@ def build_token_batch(
         seq_lens_cpu=seq_lens,
         extend_prefix_lens_cpu=list(prefix_lens),
         extend_seq_lens_cpu=extend_lens,
-        extend_logit_extras_cpu=[n - 1 for n in extend_lens] if all_logits else [],
+    )
+
+
+def build_verify_batch(
+    rows: Sequence[int],
+    prefix_lens: Sequence[int],
+    tokens: Sequence[Sequence[int]],
+    out_cache_loc: torch.Tensor,
+    device: str,
+) -> ForwardBatch:
+    """A verify step as a decode batch of one row per scored token: request i's token j
+    (at position ``prefix_lens[i] + j``, its KV written to its slot in ``out_cache_loc``,
+    recorded in the request's row already) attends to the ``prefix_lens[i] + j + 1``
+    positions up to and including its own.
+
+    A decode step stores every row's K/V before any row attends, so a row sees the drafted
+    tokens before it: the causal attention of an extend over the drafted positions. As a
+    decode batch it replays the decode CUDA graphs (padded to a captured row count) and
+    runs the decode kernels plain decoding runs. Rows come request by request, in token
+    order: one logits row per token.
+    """
+    input_ids: list[int] = []
+    positions: list[int] = []
+    pool_rows: list[int] = []
+    for row, prefix_len, new in zip(rows, prefix_lens, tokens, strict=True):
+        input_ids += new
+        positions += range(prefix_len, prefix_len + len(new))
+        pool_rows += [row] * len(new)
+    seq_lens = [p + 1 for p in positions]
+    ids, pos, pool, lens = (
+        torch.tensor(v, dtype=torch.int64, device=device)
+        for v in (input_ids, positions, pool_rows, seq_lens)
+    )
+    return ForwardBatch(
+        mode=ForwardMode.DECODE,
+        input_ids=ids,
+        positions=pos,
+        out_cache_loc=out_cache_loc,
+        req_pool_indices=pool,
+        seq_lens=lens,
+        seq_lens_cpu=seq_lens,
     )

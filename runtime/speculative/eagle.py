@@ -99,7 +99,6 @@ class EagleDrafter(PooledDrafter):
                 [feed[k] for k in group],
                 torch.tensor(slots, dtype=torch.int64, device=device),
                 device,
-                all_logits=False,
             )
             fb.input_hidden = features
             hidden = self.runner.forward_hidden(fb)[fb.logits_rows()]

@@ -81,7 +81,6 @@ class StandaloneDrafter(PooledDrafter):
                 [feed[k] for k in group],
                 torch.tensor(slots, dtype=torch.int64, device=self.runner.device),
                 self.runner.device,
-                all_logits=False,
             )
             next_ids = self.runner.forward(fb).argmax(dim=-1).tolist()
             for k, token in zip(group, next_ids, strict=True):
