@@ -3,12 +3,35 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
 from kvflow.runtime.forward_batch import ForwardBatch, ForwardMode
 
 __all__ = ["build_token_batch", "build_verify_batch"]
+
+
+class _Tokens(NamedTuple):
+    """Every request's new tokens, flattened request by request: their ids and positions
+    (after each request's prefix), and which request each belongs to."""
+
+    input_ids: list[int]
+    positions: list[int]
+    owners: list[int]
+
+    @classmethod
+    def of(cls, prefix_lens: Sequence[int], tokens: Sequence[Sequence[int]]) -> _Tokens:
+        flat = cls([], [], [])
+        for i, (prefix_len, new) in enumerate(zip(prefix_lens, tokens, strict=True)):
+            flat.input_ids.extend(new)
+            flat.positions.extend(range(prefix_len, prefix_len + len(new)))
+            flat.owners.extend([i] * len(new))
+        return flat
+
+
+def _on(device: str, *rows: list[int]) -> list[torch.Tensor]:
+    return [torch.tensor(row, dtype=torch.int64, device=device) for row in rows]
 
 
 def build_token_batch(
@@ -22,17 +45,10 @@ def build_token_batch(
     positions ``0:prefix_lens[i]``) runs ``tokens[i]`` at the positions after them, writing
     their KV to ``out_cache_loc`` (recorded in the rows already); the forward returns each
     request's last logits row (a draft step)."""
-    input_ids: list[int] = []
-    positions: list[int] = []
-    for prefix_len, new in zip(prefix_lens, tokens, strict=True):
-        input_ids += new
-        positions += range(prefix_len, prefix_len + len(new))
+    flat = _Tokens.of(prefix_lens, tokens)
     extend_lens = [len(new) for new in tokens]
     seq_lens = [p + n for p, n in zip(prefix_lens, extend_lens, strict=True)]
-    ids, pos, pool, lens = (
-        torch.tensor(v, dtype=torch.int64, device=device)
-        for v in (input_ids, positions, list(rows), seq_lens)
-    )
+    ids, pos, pool, lens = _on(device, flat.input_ids, flat.positions, list(rows), seq_lens)
     return ForwardBatch(
         mode=ForwardMode.EXTEND,
         input_ids=ids,
@@ -64,18 +80,10 @@ def build_verify_batch(
     runs the decode kernels plain decoding runs. Rows come request by request, in token
     order: one logits row per token.
     """
-    input_ids: list[int] = []
-    positions: list[int] = []
-    pool_rows: list[int] = []
-    for row, prefix_len, new in zip(rows, prefix_lens, tokens, strict=True):
-        input_ids += new
-        positions += range(prefix_len, prefix_len + len(new))
-        pool_rows += [row] * len(new)
-    seq_lens = [p + 1 for p in positions]
-    ids, pos, pool, lens = (
-        torch.tensor(v, dtype=torch.int64, device=device)
-        for v in (input_ids, positions, pool_rows, seq_lens)
-    )
+    flat = _Tokens.of(prefix_lens, tokens)
+    seq_lens = [p + 1 for p in flat.positions]
+    pool_rows = [rows[i] for i in flat.owners]
+    ids, pos, pool, lens = _on(device, flat.input_ids, flat.positions, pool_rows, seq_lens)
     return ForwardBatch(
         mode=ForwardMode.DECODE,
         input_ids=ids,
