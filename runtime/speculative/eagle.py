@@ -27,7 +27,6 @@ from kvflow.runtime.core import Req
 from kvflow.runtime.model_runner import ModelRunner
 from kvflow.runtime.models import check_draft_model
 from kvflow.runtime.models.llama_eagle import LlamaEagleHead
-from kvflow.runtime.speculative.batch import build_token_batch
 from kvflow.runtime.speculative.pooled import DraftSeq, PooledDrafter
 
 __all__ = ["EagleDrafter"]
@@ -83,23 +82,12 @@ class EagleDrafter(PooledDrafter):
         active = self._start(reqs, max_drafts)
         if not active:
             return drafts
-        device = self.runner.device
         feed = [req.all_token_ids()[seq.kv_len + 1 : req.seq_len] for _, req, seq in active]
         starts = [seq.kv_len for _, _, seq in active]
         features = torch.cat([self._features(req, seq) for _, req, seq in active])
         group = list(range(len(active)))
         while group:
-            slots: list[int] = []
-            for k in group:
-                seq, offset = active[k][2], starts[k] - active[k][2].kv_len
-                slots += seq.slots[offset : offset + len(feed[k])]
-            fb = build_token_batch(
-                [active[k][2].row for k in group],
-                [starts[k] for k in group],
-                [feed[k] for k in group],
-                torch.tensor(slots, dtype=torch.int64, device=device),
-                device,
-            )
+            fb = self._group_batch(active, group, starts, feed)
             fb.input_hidden = features
             hidden = self.runner.forward_hidden(fb)[fb.logits_rows()]
             next_ids = self.head.draft_ids(hidden).tolist()

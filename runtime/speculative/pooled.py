@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 import torch
 
 from kvflow.runtime.core import Req
+from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.model_runner import ModelRunner
 from kvflow.runtime.speculative.base import Drafter
+from kvflow.runtime.speculative.batch import build_token_batch
 
 __all__ = ["DraftSeq", "PooledDrafter"]
 
@@ -70,6 +72,29 @@ class PooledDrafter(Drafter):
             seq.seq_len, seq.num_drafts = req.seq_len, limit
             active.append((i, req, seq))
         return active
+
+    def _group_batch(
+        self,
+        active: Sequence[tuple[int, Req, DraftSeq]],
+        group: Sequence[int],
+        starts: Sequence[int],
+        feed: Sequence[Sequence[int]],
+    ) -> ForwardBatch:
+        """The draft forward of the requests ``active[k]`` for ``k`` in ``group``: each runs
+        ``feed[k]`` from position ``starts[k]`` on, into this step's slots for them."""
+        slots: list[int] = []
+        for k in group:
+            seq = active[k][2]
+            offset = starts[k] - seq.kv_len
+            slots += seq.slots[offset : offset + len(feed[k])]
+        device = self.runner.device
+        return build_token_batch(
+            [active[k][2].row for k in group],
+            [starts[k] for k in group],
+            [feed[k] for k in group],
+            torch.tensor(slots, dtype=torch.int64, device=device),
+            device,
+        )
 
     def _seq(self, req: Req) -> DraftSeq | None:
         if self._reqs.get(id(req), req) is not req:  # another request at a reused address

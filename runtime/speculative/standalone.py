@@ -21,7 +21,6 @@ import torch
 from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.core import Req
 from kvflow.runtime.model_runner import ModelRunner
-from kvflow.runtime.speculative.batch import build_token_batch
 from kvflow.runtime.speculative.pooled import DraftSeq, PooledDrafter
 
 __all__ = ["StandaloneDrafter"]
@@ -71,17 +70,7 @@ class StandaloneDrafter(PooledDrafter):
             group = [k for k, new in enumerate(feed) if new]
             if not group:
                 return drafts
-            slots: list[int] = []
-            for k in group:
-                seq, offset = active[k][2], starts[k] - active[k][2].kv_len
-                slots += seq.slots[offset : offset + len(feed[k])]
-            fb = build_token_batch(
-                [active[k][2].row for k in group],
-                [starts[k] for k in group],
-                [feed[k] for k in group],
-                torch.tensor(slots, dtype=torch.int64, device=self.runner.device),
-                self.runner.device,
-            )
+            fb = self._group_batch(active, group, starts, feed)
             next_ids = self.runner.forward(fb).argmax(dim=-1).tolist()
             for k, token in zip(group, next_ids, strict=True):
                 i, _, seq = active[k]
