@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     )
     from kvflow.kernels.fp8_gemv import fp8_gemv, fp8_gemv_ref
     from kvflow.kernels.fused_moe import (
+        MOE_SMALL_BATCH_MAX_PAIRS,
         ExpertScales,
         fused_moe,
         fused_moe_ref,
@@ -83,7 +84,13 @@ else:  # torch-free until a name is used (kvflow.lazy)
                 "w8a8_block_fp8_matmul_ref",
             ),
             ".fp8_gemv": ("fp8_gemv", "fp8_gemv_ref"),
-            ".fused_moe": ("ExpertScales", "fused_moe", "fused_moe_ref", "moe_align_block_size"),
+            ".fused_moe": (
+                "MOE_SMALL_BATCH_MAX_PAIRS",
+                "ExpertScales",
+                "fused_moe",
+                "fused_moe_ref",
+                "moe_align_block_size",
+            ),
             ".gemv": ("gemv", "gemv_ref"),
             ".kv_quant": (
                 "FP8_KV_DTYPES",
@@ -109,6 +116,7 @@ __all__ = [
     "FP8_KV_DTYPES",
     "FP8_MAX",
     "MAX_KV_SPLITS",
+    "MOE_SMALL_BATCH_MAX_PAIRS",
     "ExpertScales",
     "build_cos_sin_cache",
     "decode_attention_fwd",
