@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         fused_moe_ref,
         moe_align_block_size,
     )
+    from kvflow.kernels.fused_moe_small import SmallBatchConfig, fused_moe_small_batch
     from kvflow.kernels.gemv import gemv, gemv_ref
     from kvflow.kernels.kv_quant import (
         FP8_KV_DTYPES,
@@ -91,6 +92,7 @@ else:  # torch-free until a name is used (kvflow.lazy)
                 "fused_moe_ref",
                 "moe_align_block_size",
             ),
+            ".fused_moe_small": ("SmallBatchConfig", "fused_moe_small_batch"),
             ".gemv": ("gemv", "gemv_ref"),
             ".kv_quant": (
                 "FP8_KV_DTYPES",
@@ -118,6 +120,7 @@ __all__ = [
     "MAX_KV_SPLITS",
     "MOE_SMALL_BATCH_MAX_PAIRS",
     "ExpertScales",
+    "SmallBatchConfig",
     "build_cos_sin_cache",
     "decode_attention_fwd",
     "decode_attention_ref",
@@ -134,6 +137,7 @@ __all__ = [
     "fp8_rowwise_mm_ref",
     "fused_moe",
     "fused_moe_ref",
+    "fused_moe_small_batch",
     "gemv",
     "gemv_ref",
     "is_fp8",

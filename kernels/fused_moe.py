@@ -40,7 +40,7 @@ __all__ = [
 
 # NOTE: (token, expert) pairs up to which fused_moe skips the sort (Qwen3-MoE's top 8:
 # batch 8). Each pair then reads its expert's weights whole, where the grouped path reads
-# each routed expert once; not tuned on a GPU yet (bench_models.py times both paths).
+# each routed expert once; not tuned on a GPU yet (benchmarks/bench_experts.py times both).
 MOE_SMALL_BATCH_MAX_PAIRS = 64
 
 

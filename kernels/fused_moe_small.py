@@ -145,7 +145,7 @@ class SmallBatchConfig(NamedTuple):
 # NOTE: not swept on a GPU yet. gemv.py's H100 sweep found 2 rows x 1024 columns (2,048
 # elements a step, 4 warps) best for one token; these keep about that tile per program
 # (gate/up: 4 rows x 512; down: top-8 x 2 rows x 256 = 4,096) with the pair axis giving
-# the parallelism. bench_models.py's bench_experts times a few alternatives at batch 1.
+# the parallelism. benchmarks/bench_experts.py times a few alternatives at batch 1.
 DEFAULT_CONFIG = SmallBatchConfig()
 
 
