@@ -105,11 +105,15 @@ def test_fused_moe_interpret(dtype, tokens):
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("tokens", "top_k"), [(1, 2), (2, 2), (7, 2), (2, 3)])
-def test_small_batch_path_interpret(dtype, tokens, top_k):
-    """The no-sort path, forced; top_k 3 pads the down kernel's pair axis to 4."""
+@pytest.mark.parametrize(
+    ("tokens", "top_k", "hidden", "inter"),
+    [(1, 2, 64, 48), (2, 2, 64, 48), (7, 2, 64, 48), (2, 3, 60, 40)],
+)
+def test_small_batch_path_interpret(dtype, tokens, top_k, hidden, inter):
+    """The no-sort path, forced; top_k 3 pads the down kernel's pair axis to 4, and 60 x 40
+    leaves partial blocks of rows and of columns in both launches."""
     device = device_for("interpret")
-    _check(device, tokens, 8, top_k, hidden=64, inter=48, dtype=dtype, small_batch=True)
+    _check(device, tokens, 8, top_k, hidden, inter, dtype, small_batch=True)
 
 
 @pytest.mark.interpret
