@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvflow.kernels._launch import next_power_of_2
+from kvflow.kernels._launch import is_interpreted, next_power_of_2
 
 if TYPE_CHECKING:
     from kvflow.kernels.fused_moe import ExpertScales
@@ -147,6 +147,9 @@ class SmallBatchConfig(NamedTuple):
 # (gate/up: 4 rows x 512; down: top-8 x 2 rows x 256 = 4,096) with the pair axis giving
 # the parallelism. benchmarks/bench_experts.py times a few alternatives at batch 1.
 DEFAULT_CONFIG = SmallBatchConfig()
+# NOTE: Triton's CPU interpreter pays per program, so its tests run taller tiles (the masks
+# and several blocks of rows are still exercised at the tests' shapes).
+INTERPRETER_CONFIG = SmallBatchConfig(gate_up_n=16, down_n=8)
 
 
 def _scale_args(scales: ExpertScales | None, fallback: torch.Tensor, block_k: int):
@@ -168,11 +171,14 @@ def fused_moe_small_batch(
     topk_ids: torch.Tensor,
     w13_scales: ExpertScales | None = None,
     w2_scales: ExpertScales | None = None,
-    config: SmallBatchConfig = DEFAULT_CONFIG,
+    config: SmallBatchConfig | None = None,
 ) -> torch.Tensor:
     """:func:`kvflow.kernels.fused_moe`'s contract (inputs already checked there), one
     program per pair and block of output columns. Every pair reads its expert's weights,
-    so it pays where pairs rarely share an expert (decode)."""
+    so it pays where pairs rarely share an expert (decode). ``config``: the tiles (None:
+    :data:`DEFAULT_CONFIG`)."""
+    if config is None:
+        config = INTERPRETER_CONFIG if is_interpreted(_gate_up_kernel) else DEFAULT_CONFIG
     tokens, hidden_size = hidden.shape
     inter = w13.shape[1] // 2
     top_k = topk_ids.shape[1]
