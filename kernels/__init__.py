@@ -35,11 +35,13 @@ if TYPE_CHECKING:
     )
     from kvflow.kernels.fp8_gemv import fp8_gemv, fp8_gemv_ref
     from kvflow.kernels.fused_moe import (
+        MOE_SMALL_BATCH_MAX_PAIRS,
         ExpertScales,
         fused_moe,
         fused_moe_ref,
         moe_align_block_size,
     )
+    from kvflow.kernels.fused_moe_small import SmallBatchConfig, fused_moe_small_batch
     from kvflow.kernels.gemv import gemv, gemv_ref
     from kvflow.kernels.kv_quant import (
         FP8_KV_DTYPES,
@@ -83,7 +85,14 @@ else:  # torch-free until a name is used (kvflow.lazy)
                 "w8a8_block_fp8_matmul_ref",
             ),
             ".fp8_gemv": ("fp8_gemv", "fp8_gemv_ref"),
-            ".fused_moe": ("ExpertScales", "fused_moe", "fused_moe_ref", "moe_align_block_size"),
+            ".fused_moe": (
+                "MOE_SMALL_BATCH_MAX_PAIRS",
+                "ExpertScales",
+                "fused_moe",
+                "fused_moe_ref",
+                "moe_align_block_size",
+            ),
+            ".fused_moe_small": ("SmallBatchConfig", "fused_moe_small_batch"),
             ".gemv": ("gemv", "gemv_ref"),
             ".kv_quant": (
                 "FP8_KV_DTYPES",
@@ -109,7 +118,9 @@ __all__ = [
     "FP8_KV_DTYPES",
     "FP8_MAX",
     "MAX_KV_SPLITS",
+    "MOE_SMALL_BATCH_MAX_PAIRS",
     "ExpertScales",
+    "SmallBatchConfig",
     "build_cos_sin_cache",
     "decode_attention_fwd",
     "decode_attention_ref",
@@ -126,6 +137,7 @@ __all__ = [
     "fp8_rowwise_mm_ref",
     "fused_moe",
     "fused_moe_ref",
+    "fused_moe_small_batch",
     "gemv",
     "gemv_ref",
     "is_fp8",

@@ -9,8 +9,10 @@ expert's weight. Two launches do a layer::
     hidden [T, H] --gather rows, x w13[e].T--> [T * top_k, 2I] --silu_and_mul--> [T * top_k, I]
         --x w2[e].T, times the pair's routing weight--> [T * top_k, H] --sum over k--> [T, H]
 
-Nothing here reads a device value on the host, so a CUDA graph captures it whatever the
-routing of the captured batch. Weights are ``[E, N, K]`` (rows contiguous, as the model
+Up to :data:`MOE_SMALL_BATCH_MAX_PAIRS` pairs (decode) skip the sort: ``fused_moe_small.py``
+runs each pair as a matrix-vector product over its expert's rows (the choice made on the
+host from shapes). Nothing here reads a device value on the host, so a CUDA graph captures
+either path whatever the routing of the captured batch. Weights are ``[E, N, K]`` (rows contiguous, as the model
 stacks them: ``w13`` ``[E, 2I, H]``, ``w2`` ``[E, H, I]``), in the activations' dtype or
 FP8 with a scale per row or per block (:class:`ExpertScales`): FP8 weights are read as
 bytes and converted in the kernel, activations stay in their dtype (W8A16).
@@ -25,8 +27,21 @@ import triton
 import triton.language as tl
 
 from kvflow.kernels._launch import dot_precision, is_interpreted
+from kvflow.kernels.fused_moe_small import fused_moe_small_batch
 
-__all__ = ["AlignedPairs", "ExpertScales", "fused_moe", "fused_moe_ref", "moe_align_block_size"]
+__all__ = [
+    "MOE_SMALL_BATCH_MAX_PAIRS",
+    "AlignedPairs",
+    "ExpertScales",
+    "fused_moe",
+    "fused_moe_ref",
+    "moe_align_block_size",
+]
+
+# NOTE: (token, expert) pairs up to which fused_moe skips the sort (Qwen3-MoE's top 8:
+# batch 8). Each pair then reads its expert's weights whole, where the grouped path reads
+# each routed expert once; not tuned on a GPU yet (benchmarks/bench_experts.py times both).
+MOE_SMALL_BATCH_MAX_PAIRS = 64
 
 
 class AlignedPairs(NamedTuple):
@@ -210,13 +225,15 @@ def fused_moe(
     topk_ids: torch.Tensor,
     w13_scales: ExpertScales | None = None,
     w2_scales: ExpertScales | None = None,
+    small_batch: bool | None = None,
 ) -> torch.Tensor:
     """``sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(hidden[t])``, the expert being
     ``w2[e] @ silu_and_mul(w13[e] @ x)``: ``hidden`` ``[T, H]`` -> ``[T, H]`` in its dtype.
     ``w13`` ``[E, 2I, H]`` (gate rows, then up), ``w2`` ``[E, H, I]``, both contiguous,
     in ``hidden``'s dtype or FP8 (``float8_e4m3fn``) with their :class:`ExpertScales`
     (W8A16: the weights are converted to ``hidden``'s dtype in the kernel, exactly, and
-    the scales applied to float32 sums)."""
+    the scales applied to float32 sums). ``small_batch`` picks the path (None: the
+    small-batch one up to :data:`MOE_SMALL_BATCH_MAX_PAIRS` pairs, else the grouped one)."""
     from kvflow.kernels.activation import silu_and_mul
 
     _check_scales("w13", w13, w13_scales)
@@ -228,6 +245,8 @@ def fused_moe(
     num_pairs = tokens * top_k
     if num_pairs == 0:
         return torch.zeros_like(hidden)
+    if small_batch if small_batch is not None else num_pairs <= MOE_SMALL_BATCH_MAX_PAIRS:
+        return fused_moe_small_batch(hidden, w13, w2, topk_weights, topk_ids, w13_scales, w2_scales)
     block_m = _block_m(num_pairs, num_experts)
     aligned = moe_align_block_size(topk_ids, block_m, num_experts)
     gate_up = torch.empty((num_pairs, two_inter), dtype=hidden.dtype, device=hidden.device)

@@ -2,7 +2,8 @@
 weights (``moe.py``) so that the experts' methods (``quantization/``) can run it.
 
 On CUDA the experts run as :func:`kvflow.kernels.fused_moe` (pairs sorted by expert, two
-grouped GEMMs in Triton, capturable in a CUDA graph); on CPU as :func:`fused_experts_ref`
+grouped GEMMs in Triton; at decode a GEMV per pair instead, no sort; either capturable in a
+CUDA graph); on CPU as :func:`fused_experts_ref`
 (tokens grouped by expert, one gate-up and down matmul per expert that has any).
 """
 
