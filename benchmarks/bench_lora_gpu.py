@@ -93,6 +93,8 @@ def main() -> None:
             rate = decode_rate(engine, bs, adapters)
             rows.append({"run": label, "batch": bs, "output_tok_s": rate})
             print(label, bs, f"{rate:.1f} tok/s", flush=True)
+            if args.json_out:  # after every run: a call cut short keeps what it measured
+                args.json_out.write_text(json.dumps({**results, "rows": rows}, indent=1))
         del engine
         gc.collect()
         torch.cuda.empty_cache()
