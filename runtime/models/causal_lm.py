@@ -189,6 +189,10 @@ class CausalLM(nn.Module, ABC):
         """``[tokens, hidden]`` -> float32 ``[tokens, vocab]``."""
         if self.lm_head is not None:
             local = self.lm_head(hidden)
+        elif not isinstance(self.embed_tokens, VocabParallelEmbedding):
+            # the embedding is read from the head's blocks (GGUF): no float weight
+            assert self.packed_head is not None, "compute_logits before loading"
+            local = self.packed_head.matmul(hidden)
         else:
             local = matmul_weight(hidden, self.embed_tokens.weight, self.packed_head)
         return gather_logits(local, self.tp, self.config.vocab_size).float()
