@@ -38,7 +38,16 @@ import torch
 from kvflow.kernels.cpu.build import function
 from kvflow.kernels.cpu.gemm import PANEL, gemm_ref
 
-__all__ = ["BLOCK_TYPES", "QuantPacked", "dequantize", "pack", "qgemm", "qgemm_ref", "supports"]
+__all__ = [
+    "BLOCK_TYPES",
+    "QuantPacked",
+    "dequantize",
+    "dequantize_rows",
+    "pack",
+    "qgemm",
+    "qgemm_ref",
+    "supports",
+]
 
 BLOCK = 32  # k per GGUF block of the served types
 # GGUF block type name -> (bytes per block, the C layout of its portable panels)
@@ -162,6 +171,23 @@ def dequantize(raw: torch.Tensor, block_type: str) -> torch.Tensor:
 
     kind = GGMLQuantizationType[block_type]
     return torch.from_numpy(gguf_dequantize(raw.numpy(), kind).copy())
+
+
+def dequantize_rows(weight: QuantPacked, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Rows ``ids`` (int64, any shape) of a Q8_0 weight in its panels, ``[*ids.shape, k]``
+    in ``dtype``: each value ``d * q`` in float32 as :func:`dequantize` computes it, then
+    rounded once, so bit for bit the rows of ``dequantize(raw).to(dtype)``. An embedding
+    lookup on the blocks a tied head holds; gathers only the requested rows' bytes."""
+    if weight.layout != BLOCK_TYPES["Q8_0"][1] or weight.block_type != "Q8_0":
+        raise ValueError(f"rows are read from Q8_0 panels only, not {weight.block_type}")
+    flat = ids.reshape(-1)
+    panel, column = flat // PANEL, flat % PANEL
+    blocks = weight.panels  # [P, K / 32, 544]: d[16] fp16, then q[32][16] int8
+    scales = blocks[..., : 2 * PANEL].view(torch.float16)  # [P, B, 16]
+    quants = blocks[..., 2 * PANEL :].view(torch.int8).unflatten(-1, (BLOCK, PANEL))
+    d = scales[panel, :, column].float()  # [T, B]
+    q = quants[panel, :, :, column].float()  # [T, B, 32]
+    return (q * d[..., None]).to(dtype).view(*ids.shape, weight.k)
 
 
 def qgemm_ref(x: torch.Tensor, raw: torch.Tensor, block_type: str) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import mmap
+
 import torch
 
 __all__ = ["ReqToTokenPool"]
@@ -17,7 +19,17 @@ class ReqToTokenPool:
     def __init__(self, size: int, max_context_len: int, device: str) -> None:
         self.size = size
         self.max_context_len = max_context_len
-        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
+        if torch.device(device).type == "cpu":
+            # NOTE: as the CPU KV pool (kv_pool.py): an anonymous mapping, whose pages the
+            # kernel hands out zeroed when first written, so an idle server does not hold
+            # the whole table (256 rows of the context length: 8 MB for SmolLM2)
+            self._mapping = mmap.mmap(-1, size * max_context_len * 4)
+            table = torch.frombuffer(self._mapping, dtype=torch.int32)
+            self.req_to_token = table.view(size, max_context_len)
+        else:
+            self.req_to_token = torch.zeros(
+                (size, max_context_len), dtype=torch.int32, device=device
+            )
         self._free_slots = list(range(size - 1, -1, -1))
 
     def available_size(self) -> int:

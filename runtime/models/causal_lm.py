@@ -80,7 +80,11 @@ class CausalLM(nn.Module, ABC):
         rotary = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
         )
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        # a VocabParallelEmbedding, or a module without the float table (GGUF: read from the
+        # tied head's blocks, runtime/layers/quantization/gguf.py)
+        self.embed_tokens: nn.Module = VocabParallelEmbedding(
+            config.vocab_size, config.hidden_size, tp
+        )
         self.layers = nn.ModuleList(
             self.build_layer(i, rotary, linear_method, tp) for i in range(config.num_layers)
         )
@@ -187,10 +191,14 @@ class CausalLM(nn.Module, ABC):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[tokens, hidden]`` -> float32 ``[tokens, vocab]``."""
+        embed = self.embed_tokens
         if self.lm_head is not None:
             local = self.lm_head(hidden)
-        else:
-            local = matmul_weight(hidden, self.embed_tokens.weight, self.packed_head)
+        elif isinstance(embed, VocabParallelEmbedding):
+            local = matmul_weight(hidden, embed.weight, self.packed_head)
+        else:  # the embedding is read from the head's blocks (GGUF): no float weight
+            assert self.packed_head is not None, "compute_logits before loading"
+            local = self.packed_head.matmul(hidden)
         return gather_logits(local, self.tp, self.config.vocab_size).float()
 
     def process_weights_after_loading(self, tied_head: CpuMatmul | None = None) -> None:
@@ -200,8 +208,11 @@ class CausalLM(nn.Module, ABC):
         for module in self.modules():
             if isinstance(module, (LinearBase, ExpertWeights)):
                 module.process_weights_after_loading()
+        embed = self.embed_tokens
         if self.lm_head is None:
-            self.packed_head = tied_head or pack_weight(self.embed_tokens.weight)
+            if tied_head is None and isinstance(embed, VocabParallelEmbedding):
+                tied_head = pack_weight(embed.weight)
+            self.packed_head = tied_head
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

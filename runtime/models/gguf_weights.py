@@ -2,8 +2,9 @@
 Hugging Face names :meth:`CausalLM.load_weights` takes.
 
 A projection whose layer runs the GGUF linear method gets the file's rows of blocks as they
-are (uint8); every other tensor (norms, the token embedding, an untied head) is
-dequantized by the ``gguf`` package into float32. llama.cpp's converter permutes the rows
+are (uint8); every other tensor (norms, an untied head, a token embedding that is not a
+tied Q8_0 head's: see :func:`gguf_head`) is dequantized by the ``gguf`` package into
+float32. llama.cpp's converter permutes the rows
 of ``q_proj`` and ``k_proj`` (its rotary pairs neighbouring lanes, Hugging Face's halves);
 the rows are put back as transformers' GGUF loader puts them back
 (``LlamaTensorProcessor._reverse_permute_weights``), which on whole rows of blocks is the
@@ -19,7 +20,7 @@ import torch
 
 from kvflow.kernels.cpu import qgemm
 from kvflow.runtime.layers.quantization import GgufSource
-from kvflow.runtime.layers.quantization.gguf import QuantHead
+from kvflow.runtime.layers.quantization.gguf import QuantEmbedding, QuantHead
 from kvflow.runtime.layers.quantization.gguf_file import gguf_name, read_tensor
 from kvflow.runtime.models.causal_lm import CausalLM
 
@@ -62,11 +63,17 @@ def gguf_weights(model: CausalLM, source: GgufSource) -> Iterator[tuple[str, tor
 
 def gguf_head(model: CausalLM, source: GgufSource, dtype: torch.dtype) -> QuantHead | None:
     """A tied head in the token embedding's GGUF blocks, where the kernels serve its type
-    (None: untied, or another type, which stays the dequantized embedding)."""
+    (None: untied, or another type, which stays the dequantized embedding). Where rows can
+    be read from those blocks (Q8_0), ``model.embed_tokens`` becomes a
+    :class:`QuantEmbedding` on them: called before the model's tensors are allocated, the
+    float embedding never is."""
     if model.lm_head is not None:
         return None
     block_type, data = read_tensor(source.path, _gguf_name(source, "model.embed_tokens"))
     if not qgemm.supports(block_type, model.config.hidden_size):
         return None
     raw = torch.from_numpy(np.array(data))
-    return QuantHead(qgemm.pack(raw, block_type, dtype))
+    head = QuantHead(qgemm.pack(raw, block_type, dtype))
+    if QuantEmbedding.reads(head) and model.tp is None:
+        model.embed_tokens = QuantEmbedding(head, dtype)
+    return head

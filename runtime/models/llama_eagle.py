@@ -68,7 +68,7 @@ class LlamaEagleHead(LlamaForCausalLM):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's LM head on the head's output (no final norm, as SGLang's)."""
         target = self._target[0]
-        return target.compute_logits(hidden.to(target.embed_tokens.weight.dtype))
+        return target.compute_logits(hidden.to(target.norm.weight.dtype))
 
     def draft_ids(self, hidden: torch.Tensor) -> torch.Tensor:
         """The draft token (a target id) after each row of the head's output."""

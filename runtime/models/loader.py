@@ -113,20 +113,23 @@ def load_model(
         model = model_cls(config, tp=tp)
         if quant is not None:
             model.quantize(quant)
+    head = None  # a tied head the weight format prepares itself
+    gguf = quant.gguf if quant is not None and load_format != "dummy" else None
+    if gguf is not None:
+        from kvflow.runtime.models import gguf_weights
+
+        # before allocating: the embedding may be read from the head's blocks
+        head = gguf_weights.gguf_head(model, gguf, dtype)
     _materialize(model, device, dtype)
     # Buffers built on meta (the RoPE tables: Gemma 3 has two) must be recomputed for real.
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
             with torch.device("cpu"):
                 module.cos_sin_cache = module.table().to(device)
-    head = None  # a tied head the weight format prepares itself
     if load_format == "dummy":
         _init_dummy(model, seed, device)
-    elif quant is not None and quant.gguf is not None:
-        from kvflow.runtime.models import gguf_weights
-
-        model.load_weights(gguf_weights.gguf_weights(model, quant.gguf))
-        head = gguf_weights.gguf_head(model, quant.gguf, dtype)  # the token embedding's blocks
+    elif gguf is not None:
+        model.load_weights(gguf_weights.gguf_weights(model, gguf))
     else:
         model.load_weights(_safetensors(path))
     model.process_weights_after_loading(head)

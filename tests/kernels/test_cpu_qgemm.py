@@ -35,6 +35,23 @@ def test_matches_reference(block_type, dtype, rows, n, k) -> None:
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("n", "k"), [(16, 32), (33, 96), (250, 576)])
+def test_rows_read_from_q8_0_panels_equal_the_dequantized_rows(dtype, n, k) -> None:
+    raw = _raw(n, k, "Q8_0", seed=n)
+    packed = qgemm.pack(raw, "Q8_0", torch.bfloat16 if dtype == torch.float16 else dtype)
+    ids = torch.tensor([[0, n - 1, n // 2], [n - 1, 0, min(16, n - 1)]])
+    dense = qgemm.dequantize(raw, "Q8_0").to(dtype)  # what the float embedding held
+    assert torch.equal(qgemm.dequantize_rows(packed, ids, dtype), dense[ids])
+    assert torch.equal(qgemm.dequantize_rows(packed, torch.arange(n), dtype), dense)
+
+
+def test_rows_are_read_from_q8_0_panels_only() -> None:
+    packed = qgemm.pack(_raw(16, 64, "Q4_1", 0), "Q4_1", torch.float32)
+    with pytest.raises(ValueError, match="Q8_0 panels only"):
+        qgemm.dequantize_rows(packed, torch.tensor([0]), torch.float32)
+
+
 def test_bfloat16_q4_1_takes_the_vdpbf16ps_layout_where_the_cpu_has_it() -> None:
     packed = qgemm.pack(_raw(16, 64, "Q4_1", 0), "Q4_1", torch.bfloat16)
     assert packed.panels.shape == (1, 2, 320)  # same bytes as GGUF's 16 x 2 blocks of 20

@@ -64,6 +64,10 @@ def test_float32_gguf_weights_match_transformers_on_every_prompt(
     engine = make_engine(quantization="gguf", device="cpu")
     head = engine.runner.model.packed_head
     assert type(head).__name__ == "QuantHead" and head.packed.block_type == "Q8_0"
+    model = engine.runner.model  # the embedding is read from the head's blocks: no float copy
+    assert type(model.embed_tokens).__name__ == "QuantEmbedding"
+    table = model.config.vocab_size * model.config.hidden_size
+    assert all(p.numel() < table for p in model.parameters() if p.is_floating_point())
     assert _greedy(engine, prompts) == hf_gguf_greedy
 
 

@@ -118,10 +118,28 @@ def test_projections_match_transformers_on_the_same_gguf(tiny, dtype) -> None:
         norm = mine.input_layernorm.weight.float()
         torch.testing.assert_close(norm, theirs.input_layernorm.weight, atol=tol, rtol=tol)
     embed = hf.model.embed_tokens.weight
-    torch.testing.assert_close(ours.embed_tokens.weight.float(), embed, atol=tol, rtol=tol)
+    # read from the tied head's Q8_0 blocks: bit for bit the dequantized embedding's rows
+    ids = torch.tensor([[0, 17, VOCAB - 1], [5, 5, 16]])
+    assert torch.equal(ours.embed_tokens(ids), embed.to(dtype)[ids])
     logits = ours.compute_logits(x.to(dtype))  # the tied head in Q8_0 blocks
     assert type(ours.packed_head).__name__ == "QuantHead"
     torch.testing.assert_close(logits, x @ embed.T, atol=tol, rtol=tol)
+
+
+def test_a_tied_q8_0_embedding_keeps_no_float_copy(tiny) -> None:
+    from kvflow.runtime.config import ModelConfig
+    from kvflow.runtime.layers.quantization.gguf import QuantEmbedding
+    from kvflow.runtime.models.loader import load_model
+
+    folder, _ = tiny
+    config = ModelConfig.from_path(folder)
+    ours = load_model(folder, config, "auto", torch.bfloat16, "cpu", 0, None, "gguf")
+    assert isinstance(ours.embed_tokens, QuantEmbedding)
+    floats = [p for p in ours.parameters() if p.is_floating_point()]
+    assert floats and all(p.numel() < VOCAB * HIDDEN for p in floats)
+    # the float path (no --quantization gguf) still holds it
+    dense = load_model(folder, config, "dummy", torch.bfloat16, "cpu", 0)
+    assert dense.embed_tokens.weight.shape == (VOCAB, HIDDEN)
 
 
 def _config(folder: Path) -> None:

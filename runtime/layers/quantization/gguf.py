@@ -12,7 +12,7 @@ from kvflow.kernels.cpu import qgemm
 from kvflow.runtime.layers.quantization.base import LinearLayer, LinearMethod
 from kvflow.runtime.layers.quantization.config import GgufScheme
 
-__all__ = ["GgufLinearMethod", "QuantHead"]
+__all__ = ["GgufLinearMethod", "QuantEmbedding", "QuantHead"]
 
 _PACKED = "gguf_packed"
 
@@ -29,6 +29,27 @@ class QuantHead:
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return _matmul(self.packed, x)
+
+
+class QuantEmbedding(nn.Module):
+    """The token embedding read from a tied :class:`QuantHead`'s Q8_0 panels: ``ids`` ->
+    ``[*ids.shape, hidden]`` in ``dtype``, the rows the dequantized float embedding held
+    (:func:`~kvflow.kernels.cpu.qgemm.dequantize_rows`), so that embedding is not kept.
+    No parameters: loading skips it."""
+
+    def __init__(self, head: QuantHead, dtype: torch.dtype) -> None:
+        super().__init__()
+        if not self.reads(head):
+            raise ValueError(f"no row reads from {head.packed.block_type} panels")
+        self.head, self.dtype = head, dtype
+
+    @staticmethod
+    def reads(head: QuantHead) -> bool:
+        """Whether rows can be read from ``head``'s panels (Q8_0)."""
+        return head.packed.block_type == "Q8_0"
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return qgemm.dequantize_rows(self.head.packed, ids, self.dtype)
 
 
 def _matmul(packed: qgemm.QuantPacked, x: torch.Tensor) -> torch.Tensor:
