@@ -30,6 +30,7 @@ from kvflow.runtime.layers import (
     gather_logits,
 )
 from kvflow.runtime.models.blocks import DecoderLayer
+from kvflow.runtime.models.causal_lm import CausalLM
 from kvflow.runtime.models.llama import LlamaForCausalLM
 from kvflow.runtime.models.llama_eagle import LlamaEagleHead
 
@@ -99,7 +100,7 @@ class LlamaEagle3Head(LlamaEagleHead):
             else ParallelLMHead(hidden, self.draft_vocab_size, tp=tp)
         )
         self.hot_token_id: torch.Tensor | None = None  # draft id -> target id
-        self._target = []
+        self._target: list[CausalLM] = []  # the target (not a submodule), as the EAGLE head
 
     def build_layer(
         self,
