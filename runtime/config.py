@@ -332,10 +332,11 @@ class EngineConfig:
     # Speculative decoding (SGLang's names; kvflow.runtime.speculative): NGRAM drafts from
     # the request's own tokens, STANDALONE from a smaller model of the same tokenizer (its
     # own KV pool), EAGLE / EAGLE3 from an EAGLE-1/2 / EAGLE-3 head over the target's
-    # hidden states (its own KV pool too); the target verifies the drafts in one forward. num_draft_tokens counts
-    # the verified positions (the last real token plus num_draft_tokens - 1 drafts); 0:
-    # num_steps + 1. num_steps 0: auto (3). eagle_topk 0: auto (1; only chains are built).
-    # CUDA graphs are off with speculation (draft and verify steps run eagerly).
+    # hidden states (its own KV pool too); the target verifies the drafts in one forward
+    # (decode rows, in the decode CUDA graphs; draft steps run eagerly). num_draft_tokens
+    # counts the verified positions (the last real token plus num_draft_tokens - 1
+    # drafts); 0: num_steps + 1. num_steps 0: auto (3). eagle_topk 0: auto (1; only chains
+    # are built).
     speculative_algorithm: str | None = None
     speculative_draft_model_path: str | None = None
     speculative_num_steps: int = 0

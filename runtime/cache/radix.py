@@ -226,8 +226,11 @@ class RadixCache(PrefixCache):
         req.reset_kv_state()
 
     def cache_unfinished_req(self, req: Req) -> None:
-        _, aligned = self._insert_req(req)
         own_start = len(req.prefix_indices)
+        kv, aligned = self._insert_req(req)
+        # NOTE: the tree owns kv[:aligned] from here on (its duplicates are freed already):
+        # should what follows raise, release_req must free only what lies past them
+        req.prefix_indices = kv[:aligned]
         match = self.match_prefix(req.all_token_ids()[:aligned], req.extra_key)
         # Point the request's row at the tree's slots (they differ where we freed duplicates).
         self.req_to_token.write(req.req_pool_idx, own_start, match.kv_indices[own_start:])

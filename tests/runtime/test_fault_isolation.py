@@ -3,6 +3,8 @@ request go on, and no KV memory is lost (issue: one request must never kill the 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kvflow.runtime.scheduler import Req
@@ -130,6 +132,51 @@ def test_a_request_failing_while_admitted_ends_alone_instead_of_blocking_the_que
     assert finished["late"].finish_reason.type == "abort"
     assert "injected load-back fault" in finished["late"].finish_reason.message
     assert finished["steady"].finish_reason.type in ("stop", "length")
+    assert sched.kv.is_fully_free()
+    result = engine.generate(PROMPT, {"temperature": 0, "max_new_tokens": 32})
+    assert result.text == "The capital of France is Paris."
+
+
+def test_a_failure_while_caching_a_chunk_frees_nothing_the_tree_owns(engine, monkeypatch):
+    """A chunked prefill caches each chunk in the radix tree (``cache_unfinished_req``);
+    an error after the chunk's insert ends the request, and the pages the tree took over
+    are not freed again with it (they were: "KV page freed twice" on later evictions)."""
+    sched = engine.scheduler
+    cache = sched.cache
+    # chunks of 32 tokens: the prompt is cached chunk by chunk
+    monkeypatch.setattr(sched, "config", dataclasses.replace(sched.config, chunked_prefill_size=32))
+    ids = engine.encode(PROMPT) * 8
+    real_unfinished, real_match = cache.cache_unfinished_req, cache.match_prefix
+    inside = {"now": False, "failed": 0}
+
+    def unfinished(req):
+        inside["now"] = True
+        try:
+            return real_unfinished(req)
+        finally:
+            inside["now"] = False
+
+    def match(token_ids, extra_key=None):
+        if inside["now"]:
+            inside["failed"] += 1
+            raise RuntimeError("injected fault after the chunk's insert")
+        return real_match(token_ids, extra_key)
+
+    monkeypatch.setattr(cache, "cache_unfinished_req", unfinished)
+    monkeypatch.setattr(cache, "match_prefix", match)
+    req = Req(
+        GenerateRequest(
+            rid="chunked", input_ids=ids, sampling=SamplingParams(temperature=0, max_new_tokens=4)
+        )
+    )
+    sched.add_request(req)
+    finished = _drain(sched)
+    monkeypatch.undo()
+    assert inside["failed"] == 1
+    assert finished["chunked"].finish_reason.type == "abort"
+    assert "injected fault" in finished["chunked"].finish_reason.message
+    assert sched.kv.is_fully_free()
+    cache.evict(cache.evictable_size())  # every cached page freed exactly once
     assert sched.kv.is_fully_free()
     result = engine.generate(PROMPT, {"temperature": 0, "max_new_tokens": 32})
     assert result.text == "The capital of France is Paris."
