@@ -71,8 +71,11 @@ def _env(pod: dict[str, Any]) -> dict[str, str]:
 def test_without_lws_the_role_is_refused_as_a_condition(
     kube: Kube, ns: str, operator: OperatorProcess
 ) -> None:
-    if kube.kubectl("get", "crd", LWS_CRD_NAME, check=False).returncode == 0:
-        pytest.skip("LeaderWorkerSet is already installed in this session's cluster")
+    installed = kube.kubectl("get", "crd", LWS_CRD_NAME, check=False).returncode == 0
+    assert not installed, (
+        "LeaderWorkerSet is installed in this session's cluster already: this test must run "
+        "before the `lws` fixture installs it (keep it first in this module)"
+    )
     kube.apply({**BODY, "metadata": {**BODY["metadata"], "namespace": ns}})
 
     def refused() -> dict[str, Any] | None:
