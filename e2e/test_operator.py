@@ -55,14 +55,20 @@ def wait_established(kube: Kube) -> None:
     kube.wait_for(established, 30, 0.2, "CRD Established")
 
 
-@pytest.fixture(scope="module")
-def ns(kube: Kube) -> Iterator[str]:
-    name = f"op-{uuid.uuid4().hex[:8]}"
+def crds_and_namespace(kube: Kube, prefix: str) -> Iterator[str]:
+    """The chart's CRDs applied (and established), then a fresh namespace ``prefix-<hex>``
+    for a module's tests, deleted after them."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
     wait_established(kube)
     kube.kubectl("create", "namespace", name)
     yield name
     kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def ns(kube: Kube) -> Iterator[str]:
+    yield from crds_and_namespace(kube, "op")
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ import pytest
 
 from e2e.k8s import Kube
 from e2e.operator_process import OperatorProcess, service_account_kubeconfig
-from e2e.test_operator import wait_established
+from e2e.test_operator import crds_and_namespace
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "server"))
@@ -62,12 +61,7 @@ def folders() -> Iterator[dict[str, Path]]:
 
 @pytest.fixture(scope="module")
 def ns(kube: Kube) -> Iterator[str]:
-    name = f"lora-{uuid.uuid4().hex[:8]}"
-    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    wait_established(kube)
-    kube.kubectl("create", "namespace", name)
-    yield name
-    kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    yield from crds_and_namespace(kube, "lora")
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ process, as in test_operator.py.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +19,7 @@ import pytest
 from e2e.k8s import Kube
 from e2e.k8s.lws import LWS_CRD_NAME, LwsController
 from e2e.operator_process import OperatorProcess
-from e2e.test_operator import REPO, condition, wait_body, wait_established, wait_ready
+from e2e.test_operator import condition, crds_and_namespace, wait_body, wait_ready
 from kvflow import contract
 from kvflow.operator.reconcile import LWS_UNAVAILABLE
 
@@ -38,12 +37,7 @@ BODY: dict[str, Any] = {
 
 @pytest.fixture(scope="module")
 def ns(kube: Kube) -> Iterator[str]:
-    name = f"lws-{uuid.uuid4().hex[:8]}"
-    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    wait_established(kube)
-    kube.kubectl("create", "namespace", name)
-    yield name
-    kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    yield from crds_and_namespace(kube, "lws")
 
 
 @pytest.fixture(scope="module")
