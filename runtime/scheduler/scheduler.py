@@ -345,6 +345,7 @@ class Scheduler:
 
         def match_len(req: Req) -> int:  # once per request per round (lpm orders by it too)
             if req.rid not in matched:
+                self._planning = req  # (lpm matches every waiting request before the loop)
                 matched[req.rid] = self.kv.match(req)
             return matched[req.rid]
 
