@@ -26,6 +26,14 @@ SMALL_CONFIGS = (  # SmallBatchConfig fields: gate_up_n, gate_up_k, down_n, down
     (4, 256, 4, 128, 4),
     (2, 512, 1, 512, 4),
     (4, 512, 4, 256, 8),
+    (1, 1024, 1, 512, 4),
+    (1, 2048, 1, 256, 4),
+    (1, 1024, 1, 256, 2),
+    (1, 1024, 2, 256, 4),
+    (1, 2048, 1, 512, 8),
+    (2, 1024, 1, 256, 8),
+    (1, 512, 1, 256, 4),
+    (1, 1024, 1, 128, 4),
 )
 
 
@@ -103,8 +111,8 @@ def bench_experts(
     model: str, batch_sizes=(1, 4, 8, 16, 32), iters: int = 200, fp8: bool = False
 ) -> list[dict]:
     """Rows per batch size: both fused paths (eager and in a graph, with ``fp8`` also on
-    FP8 weights with per-row and 128x128 block scales), the loop, and at batch 1 the small
-    path's tile configurations in a graph."""
+    FP8 weights with per-row and 128x128 block scales), the loop, and at each batch the small path serves,
+    its tile configurations in a graph."""
     from kvflow import kernels
     from kvflow.kernels import MOE_SMALL_BATCH_MAX_PAIRS
     from kvflow.runtime.config import DUMMY_CONFIGS, ModelConfig
@@ -152,8 +160,14 @@ def bench_experts(
             _paths(row, f"{name}_", routings, x, q13, q2, (s13, s2), distinct * expert_params)
             got = kernels.fused_moe(x, q13, q2, *topk, s13, s2, small_batch=True).float()
             row[f"{name}_small_max_abs_diff_vs_bf16_loop"] = float((got - want).abs().max())
-        if bs == 1:
-            row["small_configs_graph_us"] = _small_configs(routings, x, w13, w2)
+        if bs * top_k <= MOE_SMALL_BATCH_MAX_PAIRS:
+            times = _small_configs(routings, x, w13, w2)
+            row["small_configs_graph_us"] = times
+            row["small_configs_hbm_fraction"] = {
+                fields: distinct * expert_params * 2 / (t * 1e-6) / peak_bw()
+                for fields, t in times.items()
+                if isinstance(t, float)
+            }
         rows.append(row)
         print(f"experts batch {bs}:", {k: v for k, v in row.items() if "graph_us" in k})
     return rows
