@@ -40,6 +40,7 @@ __all__ = [
 ]
 
 _MIN_K_PER_SPLIT = 256  # a split's share of K: below this the partials cost more than it saves
+_MAX_SPLITS = 16  # the expand unrolls one load per partial
 
 
 @triton.jit
@@ -64,11 +65,9 @@ def _segment_gemm_kernel(
     pid_m = tl.program_id(0) // num_n_blocks
     pid_n = tl.program_id(0) % num_n_blocks
     if slot >= 0 and start + pid_m * BLOCK_M < end:
-        k_lo = split * K_PER_SPLIT
-        k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
         offs_m = start + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = k_lo + tl.arange(0, BLOCK_K)
+        offs_k = split * K_PER_SPLIT + tl.arange(0, BLOCK_K)
         mask_m = offs_m < end
         mask_n = offs_n < N
         x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
@@ -77,8 +76,8 @@ def _segment_gemm_kernel(
             + offs_k[:, None]
         )  # fmt: skip
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for start_k in range(k_lo, k_hi, BLOCK_K):
-            mask_k = start_k - k_lo + offs_k < k_hi
+        for step_k in range(0, K_PER_SPLIT, BLOCK_K):  # the same trip count in every split
+            mask_k = offs_k + step_k < K
             x_mask = mask_m[:, None] & mask_k[None, :]
             x = tl.load(x_ptrs, mask=x_mask, other=0.0)
             w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
@@ -125,7 +124,7 @@ def _num_splits(x: torch.Tensor, programs: int, k: int, block_k: int) -> int:
     if not x.is_cuda:
         return 1
     want = triton.cdiv(2 * multiprocessor_count(x.device.index or 0), programs)
-    return max(1, min(want, k // max(block_k, _MIN_K_PER_SPLIT)))
+    return max(1, min(want, _MAX_SPLITS, k // max(block_k, _MIN_K_PER_SPLIT)))
 
 
 def _launch(
@@ -158,6 +157,9 @@ def _launch(
         IN_SPLITS=in_splits, ACCUMULATE=accumulate, UPCAST_DOT=interpreted,
         PRECISION="ieee" if interpreted else dot_precision(weights.dtype),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        # NOTE: the expand's K is the rank (one or a few blocks): nothing to pipeline, and
+        # staging each partial's tile in shared memory would not fit
+        num_stages=1 if in_splits > 1 else 3,
     )  # fmt: skip
 
 
@@ -181,7 +183,7 @@ def lora_shrink_partials(
     if splits is None:
         programs = triton.cdiv(max_seg_len, block_m) * triton.cdiv(rank, block_n)
         splits = _num_splits(x, programs * seg_slots.shape[0], k, block_k)
-    splits = min(splits, triton.cdiv(k, block_k))
+    splits = min(splits, _MAX_SPLITS, triton.cdiv(k, block_k))
     if splits == 1:
         h = torch.zeros((x.shape[0], rank), dtype=x.dtype, device=x.device)
     else:
