@@ -49,9 +49,7 @@ class LoraBatch:
         x = x.reshape(-1, x.shape[-1]).contiguous()
         flat = out.view(-1, out.shape[-1])
         if x.is_cuda:
-            h = kernels.lora_shrink_partials(
-                x, a_slots, self.seg_indptr, self.seg_slots, self.max_seg_len
-            )
+            h = kernels.lora_shrink(x, a_slots, self.seg_indptr, self.seg_slots, self.max_seg_len)
             kernels.lora_expand(h, b_slots, flat, self.seg_indptr, self.seg_slots, self.max_seg_len)
         else:
             h = kernels.lora_shrink_ref(x, a_slots, self.seg_indptr, self.seg_slots)
