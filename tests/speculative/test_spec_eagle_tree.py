@@ -1,0 +1,278 @@
+"""EAGLE and EAGLE3 draft trees (``--speculative-eagle-topk`` > 1): greedy output equals
+plain greedy output token for token (random heads; a head that is always right, and one
+whose right guess is always the second child, so the accepted path leaves the tree's
+leading chain), the head's draft rows see their own branch only, and aborts, failures
+mid-step and retraction give every KV slot and spare row back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvflow.runtime.sampling import SamplingParams
+from kvflow.runtime.scheduler import Req
+from kvflow.runtime.speculative.tree import DraftTree
+from kvflow.runtime.wire import GenerateRequest
+
+PROMPTS = [[(5 * i + j % (3 + i)) % 90 for j in range(3 + 9 * i)] for i in range(4)]
+
+
+def _params(stop_token: int) -> list[dict]:
+    return [
+        {"temperature": 0, "max_new_tokens": 30, "ignore_eos": True},
+        {
+            "temperature": 0,
+            "max_new_tokens": 25,
+            "stop_token_ids": [stop_token],
+            "ignore_eos": True,
+        },
+        {"temperature": 0, "max_new_tokens": 17},  # EOS (95) ends it
+        {"temperature": 0, "max_new_tokens": 1, "ignore_eos": True},
+    ]
+
+
+def _tree(tiny_engine, target, head, algorithm="EAGLE", topk=2, steps=3, draft_tokens=6, **kw):
+    return tiny_engine(
+        target,
+        speculative_algorithm=algorithm,
+        speculative_draft_model_path=head,
+        speculative_eagle_topk=topk,
+        speculative_num_steps=steps,
+        speculative_num_draft_tokens=draft_tokens,
+        **kw,
+    )
+
+
+def _record_trees(engine) -> list[DraftTree]:
+    drafter = engine.scheduler.spec.drafter
+    trees: list[DraftTree] = []
+    propose = drafter.propose_trees
+
+    def spy(reqs, max_depths):
+        made = propose(reqs, max_depths)
+        for tree, depth in zip(made, max_depths, strict=True):
+            assert len(tree) <= engine.scheduler.spec.max_drafts
+            assert max(tree.depths(), default=0) <= depth
+        trees.extend(made)
+        return made
+
+    drafter.propose_trees = spy
+    return trees
+
+
+# (head fixture name, algorithm, topk, num_steps, num_draft_tokens)
+HEADS = [
+    ("random", "EAGLE", 2, 3, 6),
+    ("random", "EAGLE", 4, 3, 8),
+    ("eagle3", "EAGLE3", 2, 4, 7),
+    ("eagle3-full-vocab", "EAGLE3", 4, 2, 10),
+]
+
+
+def test_tree_drafts_equal_plain_greedy(tiny_models, tiny_engine, eagle_heads):
+    target = tiny_models["target"]
+    plain = tiny_engine(target)
+    probe = plain.generate(input_ids=PROMPTS[1], sampling_params=_params(0)[0])
+    stop_token = probe.output_ids[6]
+    params = _params(stop_token)
+    want = plain.generate(input_ids=PROMPTS, sampling_params=params)
+    cut = [(len(r.output_ids), r.finish_reason.type) for r in want]
+    assert cut[1] == (7, "stop") or cut[1][0] < 7
+    assert cut[2][1] == "stop" and cut[2][0] < 17 and cut[0] == (30, "length")
+    for name, algorithm, topk, steps, draft_tokens in HEADS:
+        engine = _tree(tiny_engine, target, eagle_heads[name], algorithm, topk, steps, draft_tokens)
+        trees = _record_trees(engine)
+        for _ in range(2):  # the second round starts from cached prefixes
+            got = engine.generate(input_ids=PROMPTS, sampling_params=params)
+            assert [r.output_ids for r in got] == [r.output_ids for r in want], name
+            assert [r.finish_reason for r in got] == [r.finish_reason for r in want], name
+        assert any(t.chain_len() < len(t) for t in trees), name  # branched trees were run
+        assert engine.scheduler.spec.drafted_tokens > 0
+        assert engine.is_memory_free(), name
+
+
+def _second_is_right(engine) -> None:
+    """Make the head's first choice wrong and its second right (the echo head's own first
+    choice), with scores that keep both subtrees in the tree."""
+    head = engine.scheduler.spec.drafter.head
+    draft_topk = head.draft_topk
+
+    def swapped(hidden, k):
+        _, ids = draft_topk(hidden, k)
+        ids = ids.clone()
+        ids[:, [0, 1]] = ids[:, [1, 0]]
+        probs = torch.linspace(0.55, 0.3, k).expand(ids.shape[0], k).clone()
+        return probs, ids
+
+    head.draft_topk = swapped
+
+
+@pytest.mark.parametrize(("topk", "second_right"), [(2, False), (4, False), (2, True), (4, True)])
+def test_a_head_that_is_right_keeps_whole_paths(echo_models, tiny_engine, topk, second_right):
+    target = echo_models["target"]
+    params = _params(-1)[:1] * 2 + [{"temperature": 0, "max_new_tokens": 9, "stop_token_ids": [2]}]
+    prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[3]]
+    plain = tiny_engine(target, load_format="auto")
+    want = plain.generate(input_ids=prompts, sampling_params=params)
+    engine = _tree(
+        tiny_engine, target, echo_models["head"], topk=topk, steps=3, draft_tokens=8,
+        load_format="auto",
+    )  # fmt: skip
+    worker = engine.scheduler.spec
+    off_chain = 0  # steps whose accepted path left the tree's leading chain
+    keep_path = worker._keep_path
+
+    def spy(req, tree, path):
+        nonlocal off_chain
+        off_chain += 1
+        keep_path(req, tree, path)
+
+    worker._keep_path = spy
+    if second_right:
+        _second_is_right(engine)
+    trees = _record_trees(engine)
+    got = engine.generate(input_ids=prompts, sampling_params=params)
+    assert [r.output_ids for r in got] == [r.output_ids for r in want]
+    assert [r.finish_reason for r in got] == [r.finish_reason for r in want]
+    assert any(t.chain_len() < len(t) for t in trees)
+    if second_right:  # the right path scores lower: the tree holds less of it
+        assert worker.accept_length > 1.5 and off_chain > 5
+    else:
+        assert worker.accept_length > 3.0 and off_chain == 0  # depth 3: 4 tokens a step
+    assert engine.is_memory_free()
+
+
+def test_head_rows_see_their_own_branch(echo_models, tiny_engine):
+    # each node's head row holds the request's head KV and its own path: the depth-d
+    # frontier node's row is read at the positions it ran, never a sibling's slot
+    engine = _tree(
+        tiny_engine, echo_models["target"], echo_models["head"], topk=2, steps=3,
+        draft_tokens=8, load_format="auto",
+    )  # fmt: skip
+    drafter = engine.scheduler.spec.drafter
+    runner = drafter.runner
+    forward_hidden = runner.forward_hidden
+    seen: list[tuple[list[int], list[list[int]]]] = []
+
+    def spy(fb):
+        if fb.input_ids.numel() == fb.req_pool_indices.numel() and all(
+            r >= runner.req_to_token.size for r in fb.req_pool_indices.tolist()
+        ):
+            table = runner.req_to_token.req_to_token
+            rows = [
+                table[r, :n].tolist()
+                for r, n in zip(fb.req_pool_indices.tolist(), fb.seq_lens_cpu, strict=True)
+            ]
+            seen.append((fb.out_cache_loc.tolist(), rows))
+        return forward_hidden(fb)
+
+    runner.forward_hidden = spy
+    params = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    engine.generate(input_ids=PROMPTS[:2], sampling_params=params)
+    assert seen
+    for own_slots, rows in seen:
+        for slot, row in zip(own_slots, rows, strict=True):
+            assert row[-1] == slot  # the node's own slot ends its row
+            others = set(own_slots) - {slot}
+            assert not others & set(row)  # no sibling of this step in its row
+    assert engine.is_memory_free()
+
+
+def _specs(tiny_models, eagle_heads) -> dict[str, dict]:
+    return {
+        "eagle": {
+            "speculative_algorithm": "EAGLE",
+            "speculative_draft_model_path": eagle_heads["random"],
+            "speculative_eagle_topk": 4,
+            "speculative_num_steps": 3,
+            "speculative_num_draft_tokens": 8,
+        },
+        "eagle3": {
+            "speculative_algorithm": "EAGLE3",
+            "speculative_draft_model_path": eagle_heads["eagle3"],
+            "speculative_eagle_topk": 2,
+            "speculative_num_steps": 3,
+            "speculative_num_draft_tokens": 6,
+        },
+    }
+
+
+def _reqs(prompts, params) -> list[Req]:
+    return [
+        Req(GenerateRequest(rid=f"r{i}", input_ids=ids, sampling=params))
+        for i, ids in enumerate(prompts)
+    ]
+
+
+@pytest.mark.parametrize("algorithm", ["eagle", "eagle3"])
+def test_abort_between_steps_leaks_nothing(tiny_models, tiny_engine, eagle_heads, algorithm):
+    engine = tiny_engine(tiny_models["target"], **_specs(tiny_models, eagle_heads)[algorithm])
+    sched = engine.scheduler
+    reqs = _reqs(PROMPTS, SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True))
+    for req in reqs:
+        sched.add_request(req)
+    steps = 0
+    while sched.has_work():
+        sched.step()
+        steps += 1
+        if steps == 3:
+            assert sched.abort_request("r1") is not None
+        if steps == 5:
+            assert sched.abort_request("r3") is not None
+    assert [r.finished_reason.type for r in reqs] == ["length", "abort", "length", "abort"]
+    assert engine.is_memory_free()
+
+
+@pytest.mark.parametrize("where", ["head-catch-up", "head-branch", "target"])
+def test_a_step_failing_mid_tree_leaks_nothing(tiny_models, tiny_engine, eagle_heads, where):
+    engine = tiny_engine(tiny_models["target"], **_specs(tiny_models, eagle_heads)["eagle"])
+    sched = engine.scheduler
+    sched.isolate_failures = True
+    runner = sched.spec.drafter.runner if where.startswith("head") else sched.runner
+    name = "forward_hidden" if where.startswith("head") else "forward"
+    forward = getattr(runner, name)
+    # the head runs 3 forwards a step (catch-up, depth 1, depth 2), the target 2 at first
+    fail_at = {"head-catch-up": 7, "head-branch": 8, "target": 4}[where]
+    calls = 0
+
+    def failing(fb):
+        nonlocal calls
+        calls += 1
+        if calls == fail_at:
+            raise RuntimeError("injected")
+        return forward(fb)
+
+    setattr(runner, name, failing)
+    reqs = _reqs(PROMPTS, SamplingParams(temperature=0, max_new_tokens=30, ignore_eos=True))
+    for req in reqs:
+        sched.add_request(req)
+    while sched.has_work():
+        sched.step()
+    assert calls == fail_at
+    assert all("injected" in r.finished_reason.message for r in reqs)
+    assert engine.is_memory_free()
+
+
+@pytest.mark.parametrize("algorithm", ["eagle", "eagle3"])
+def test_retraction_keeps_greedy_tokens(tiny_models, tiny_engine, eagle_heads, algorithm):
+    prompts = [[(3 * i + j % (2 + i)) % 90 for j in range(12 + 5 * i)] for i in range(4)]
+    params = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
+    plain = tiny_engine(tiny_models["target"])
+    want = [r.output_ids for r in plain.generate(input_ids=prompts, sampling_params=params)]
+    small = tiny_engine(
+        tiny_models["target"], max_total_tokens=112, **_specs(tiny_models, eagle_heads)[algorithm]
+    )
+    got = small.generate(input_ids=prompts, sampling_params=params)
+    assert [r.output_ids for r in got] == want
+    assert small.scheduler.num_retractions > 0
+    assert small.is_memory_free()
+
+
+def test_seeded_sampling_with_trees_is_reproducible(tiny_models, tiny_engine, eagle_heads):
+    engine = tiny_engine(tiny_models["target"], **_specs(tiny_models, eagle_heads)["eagle"])
+    params = {"temperature": 0.8, "top_p": 0.9, "max_new_tokens": 20, "seed": 3, "ignore_eos": True}
+    first = [r.output_ids for r in engine.generate(input_ids=PROMPTS, sampling_params=params)]
+    again = [r.output_ids for r in engine.generate(input_ids=PROMPTS, sampling_params=params)]
+    assert first == again and all(len(ids) == 20 for ids in first)
+    assert engine.scheduler.spec.drafted_tokens > 0
+    assert engine.is_memory_free()
