@@ -142,39 +142,39 @@ def test_a_head_that_is_right_keeps_whole_paths(echo_models, tiny_engine, topk, 
     assert engine.is_memory_free()
 
 
-def test_head_rows_see_their_own_branch(echo_models, tiny_engine):
-    # each node's head row holds the request's head KV and its own path: the depth-d
-    # frontier node's row is read at the positions it ran, never a sibling's slot
-    engine = _tree(
-        tiny_engine, echo_models["target"], echo_models["head"], topk=2, steps=3,
-        draft_tokens=8, load_format="auto",
-    )  # fmt: skip
-    drafter = engine.scheduler.spec.drafter
-    runner = drafter.runner
+def test_head_rows_see_their_own_branch(tiny_models, tiny_engine, eagle_heads):
+    # a depth-d node's head row holds the request's head KV, then its parent's path (the
+    # row of a node of the step before), then its own slot: nothing of a sibling's
+    engine = _tree(tiny_engine, tiny_models["target"], eagle_heads["random"], "EAGLE", 2, 4, 9)
+    runner = engine.scheduler.spec.drafter.runner
     forward_hidden = runner.forward_hidden
-    seen: list[tuple[list[int], list[list[int]]]] = []
+    steps: list[list[tuple[int, ...]]] = []  # per head forward of spare rows: node paths
 
     def spy(fb):
-        if fb.input_ids.numel() == fb.req_pool_indices.numel() and all(
-            r >= runner.req_to_token.size for r in fb.req_pool_indices.tolist()
-        ):
+        pool_rows = fb.req_pool_indices.tolist()
+        if any(r < runner.req_to_token.size for r in pool_rows):
+            steps.append([])  # a catch-up: a new draft step begins
+        else:
+            depth = len(steps[-1][0]) + 1 if steps[-1] else 1
             table = runner.req_to_token.req_to_token
-            rows = [
-                table[r, :n].tolist()
-                for r, n in zip(fb.req_pool_indices.tolist(), fb.seq_lens_cpu, strict=True)
-            ]
-            seen.append((fb.out_cache_loc.tolist(), rows))
+            made = []
+            for r, n, own in zip(
+                pool_rows, fb.seq_lens_cpu, fb.out_cache_loc.tolist(), strict=True
+            ):
+                row = tuple(table[r, :n].tolist())
+                path = row[n - depth :]
+                assert path[-1] == own  # its own slot ends its row
+                assert not set(row[: n - depth]) & set(path)  # the head KV, then the path
+                made.append(path)
+            if steps[-1]:
+                assert all(path[:-1] in steps[-1] for path in made)  # a parent's path
+            steps[-1] = made
         return forward_hidden(fb)
 
     runner.forward_hidden = spy
     params = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
-    engine.generate(input_ids=PROMPTS[:2], sampling_params=params)
-    assert seen
-    for own_slots, rows in seen:
-        for slot, row in zip(own_slots, rows, strict=True):
-            assert row[-1] == slot  # the node's own slot ends its row
-            others = set(own_slots) - {slot}
-            assert not others & set(row)  # no sibling of this step in its row
+    engine.generate(input_ids=PROMPTS[1:3], sampling_params=params)
+    assert sum(1 for made in steps if made and len(made[0]) == 3) > 2  # depth 3 was run
     assert engine.is_memory_free()
 
 
@@ -276,3 +276,66 @@ def test_seeded_sampling_with_trees_is_reproducible(tiny_models, tiny_engine, ea
     assert first == again and all(len(ids) == 20 for ids in first)
     assert engine.scheduler.spec.drafted_tokens > 0
     assert engine.is_memory_free()
+
+
+@pytest.mark.parametrize(("name", "algorithm"), [("random", "EAGLE"), ("eagle3", "EAGLE3")])
+def test_tree_branches_draft_what_the_chain_drafts(
+    tiny_models, tiny_engine, eagle_heads, name, algorithm
+):
+    # a tree's branch that follows the chain's drafts sees the same ancestors as the
+    # chain's forwards: its best child is the chain's next draft, scored by the product of
+    # the chain's own draft probabilities (a wrong ancestor or a sibling in the row would
+    # change the head's output, hence the score)
+    import kvflow.runtime.speculative.eagle_tree as eagle_tree
+
+    target, head = tiny_models["target"], eagle_heads[name]
+    prompts = [PROMPTS[1], PROMPTS[2], PROMPTS[3]]
+    chains: list[list[int]] = []
+    best_probs: list[list[float]] = []  # per chain forward: each request's argmax probability
+    engine = _tree(tiny_engine, target, head, algorithm, topk=1, steps=3, draft_tokens=4)
+    drafter = engine.scheduler.spec.drafter
+    propose, compute_logits = drafter.propose, drafter.head.compute_logits
+
+    def spy(reqs, max_drafts):
+        drafts = propose(reqs, max_drafts)
+        if not chains:
+            chains.extend(drafts)
+        return drafts
+
+    def logits_spy(hidden):
+        logits = compute_logits(hidden)
+        best_probs.append(torch.softmax(logits.float(), dim=-1).max(dim=-1).values.tolist())
+        return logits
+
+    drafter.propose, drafter.head.compute_logits = spy, logits_spy
+    params = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}  # 3 drafts at first
+    engine.generate(input_ids=prompts, sampling_params=params)
+    candidates: list[list] = []
+    select = eagle_tree.select_tree
+
+    def keep(cands, num_nodes):
+        candidates.append(list(cands))
+        return select(cands, num_nodes)
+
+    tree_engine = _tree(tiny_engine, target, head, algorithm, topk=3, steps=3, draft_tokens=9)
+    eagle_tree.select_tree = keep
+    try:
+        tree_engine.generate(input_ids=prompts, sampling_params=params)
+    finally:
+        eagle_tree.select_tree = select
+    checked = 0
+    for i, (chain, cands) in enumerate(zip(chains, candidates[: len(prompts)], strict=True)):
+        assert len(chain) == 3
+        follows, score = -1, 1.0  # the candidate whose path is the chain's prefix so far
+        for step, draft in enumerate(chain):
+            kids = [c for c, cand in enumerate(cands) if cand.parent == follows]
+            if not kids:
+                break  # that branch left the frontier: not expanded further
+            best = max(kids, key=lambda c: cands[c].score)
+            score *= best_probs[step][i]
+            assert cands[best].token == draft
+            assert cands[best].score == pytest.approx(score, rel=1e-4)
+            checked += 1
+            follows = best
+    assert checked >= 2 * len(prompts)
+    assert engine.is_memory_free() and tree_engine.is_memory_free()
