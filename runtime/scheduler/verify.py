@@ -10,6 +10,12 @@ tokens it keeps (a stop may cut them short), sets ``kv_len`` past them and calls
     positions:  kv_len   kv_len+1 .. kv_len+a   kv_len+a+1 .. kv_len+k
     inputs:     last     d_1      .. d_a        d_a+1      .. d_k
     KV:         kept     kept        kept       freed (whole pages past the new kv_len)
+
+A draft tree (``--speculative-eagle-topk`` > 1, page size 1) is verified the same way, one
+decode row per node at position ``kv_len + depth``, each node off the tree's leading chain
+through a spare row holding its ancestors (:func:`~kvflow.runtime.speculative.tree_rows.
+verify_rows`). Once a path is accepted the request's row is rewritten so that the path's
+slots follow the root's, and :meth:`SpecWorker.settle` frees the rest as above.
 """
 
 from __future__ import annotations
@@ -73,8 +79,9 @@ class SpecWorker:
         return self.emitted_tokens / self.verified_reqs if self.verified_reqs else 0.0
 
     def _limit(self, req: Req) -> int:
-        """Drafts worth verifying: none where the logits change per token (penalties, bias,
-        grammar, min_new_tokens), none past max_new_tokens or the context."""
+        """Drafts worth verifying (a tree: its depth): none where the logits change per
+        token (penalties, bias, grammar, min_new_tokens), none past max_new_tokens or the
+        context."""
         if needs_adjust(req):
             return 0
         remaining = req.sampling.max_new_tokens - len(req.output_ids) - 1
@@ -153,7 +160,10 @@ class SpecWorker:
         else:
             probs = target_probs(rows, req.sampling, self.runner.vocab_size)
             made = len(req.output_ids)
-            generator_at = lambda j: req.token_generator(made + j)  # noqa: E731
+
+            def generator_at(j: int) -> torch.Generator | None:
+                return req.token_generator(made + j)
+
             if chain:
                 tokens, accepted = accept_sampled(probs, tree.tokens, generator_at)
                 path = list(range(accepted))
