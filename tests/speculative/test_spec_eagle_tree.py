@@ -339,3 +339,13 @@ def test_tree_branches_draft_what_the_chain_drafts(
             follows = best
     assert checked >= 2 * len(prompts)
     assert engine.is_memory_free() and tree_engine.is_memory_free()
+
+
+def test_engines_refuse_what_trees_do_not_run(tiny_models, tiny_engine, eagle_heads):
+    target, head = tiny_models["target"], eagle_heads["random"]
+    with pytest.raises(ValueError, match="--speculative-eagle-topk 2 needs --page-size 1"):
+        _tree(tiny_engine, target, head, page_size=4)
+    with pytest.raises(ValueError, match="has 6 draft tokens to choose from"):
+        _tree(tiny_engine, target, head, steps=2, draft_tokens=8)
+    with pytest.raises(ValueError, match="only EAGLE and EAGLE3 draft trees"):
+        tiny_engine(target, speculative_algorithm="NGRAM", speculative_eagle_topk=2)
