@@ -33,25 +33,35 @@ class SpareRows:
     def __init__(self, pool: ReqToTokenPool) -> None:
         self.pool = pool
         self.taken: list[int] = []
+        self._copies: list[tuple[int, int]] = []  # (spare row, its base row) not yet copied
+        self._copy_len = 0
 
     def take(self, base_row: int, start: int, count: int) -> list[int] | None:
-        """``count`` rows holding ``base_row``'s slots of positions ``0:start`` (None,
-        nothing taken, when too few are spare)."""
+        """``count`` rows to hold ``base_row``'s slots of positions ``0:start`` (None,
+        nothing taken, when too few are spare). The copies are queued: the next
+        :meth:`write_paths` runs them all first, as one gather and scatter."""
         rows = self.pool.spare(count)
         if rows is None or not rows:
             return rows
         self.taken += rows
-        table = self.pool.req_to_token
-        index = torch.tensor(rows, dtype=torch.int64, device=table.device)
-        table[index, :start] = table[base_row, :start]
+        self._copies += [(row, base_row) for row in rows]
+        self._copy_len = max(self._copy_len, start)
         return rows
 
     def write_paths(
         self, rows: Sequence[int], starts: Sequence[int], paths: Sequence[Sequence[int]]
     ) -> None:
         """Row ``rows[i]`` holds slots ``paths[i]`` at positions ``starts[i]`` on (one
-        scatter for all of them)."""
+        scatter for all of them), after the queued copies of base rows."""
         table = self.pool.req_to_token
+        if self._copies:
+            # NOTE: every row copies the longest prefix queued: past its own ``start`` it
+            # gets its base row's later slots, which its path overwrites or which lie past
+            # its ``seq_len`` (never read); one copy for the batch instead of one per request
+            spare, base = zip(*self._copies, strict=True)
+            index = torch.tensor([spare, base], dtype=torch.int64, device=table.device)
+            table[index[0], : self._copy_len] = table[index[1], : self._copy_len]
+            self._copies, self._copy_len = [], 0
         row_len = table.shape[1]
         flat: list[int] = []
         slots: list[int] = []
