@@ -335,8 +335,9 @@ class EngineConfig:
     # hidden states (its own KV pool too); the target verifies the drafts in one forward
     # (decode rows, in the decode CUDA graphs; draft steps run eagerly). num_draft_tokens
     # counts the verified positions (the last real token plus num_draft_tokens - 1
-    # drafts); 0: num_steps + 1. num_steps 0: auto (3). eagle_topk 0: auto (1; only chains
-    # are built).
+    # drafts); 0: num_steps + 1. num_steps 0: auto (3). eagle_topk 0: auto (1: chains);
+    # EAGLE and EAGLE3 draft trees with eagle_topk > 1 (page_size 1; the target keeps
+    # spare req_to_token rows for the nodes, :attr:`spec_tree_rows`).
     speculative_algorithm: str | None = None
     speculative_draft_model_path: str | None = None
     speculative_num_steps: int = 0
@@ -354,13 +355,23 @@ class EngineConfig:
     # on a machine loaded well past its cores --cpu-threads 1 is still faster.
     cpu_threads: int = 0
 
+    @property
+    def spec_tree_rows(self) -> int:
+        """Spare ``req_to_token`` rows the target keeps for draft trees' nodes (one per
+        draft token of every running request; 0 without trees)."""
+        if self.speculative_algorithm is None or self.speculative_eagle_topk <= 1:
+            return 0
+        return self.max_running_requests * max(self.speculative_num_draft_tokens - 1, 0)
+
     def resolved(self) -> EngineConfig:
         """Resolve every "auto" value once, for the machine this runs on."""
         device = self.device
         if device == "auto":
             device = "cuda" if _cuda_available() else "cpu"
         on_cuda = device.startswith("cuda")
-        page_size = self.page_size or (16 if on_cuda else 1)
+        # a draft tree's rejected branches give back single slots: pages of one token
+        tree = self.speculative_algorithm is not None and self.speculative_eagle_topk > 1
+        page_size = self.page_size or (16 if on_cuda and not tree else 1)
         chunk = self.chunked_prefill_size or (8192 if on_cuda else 2048)
         mixed_chunk = self.mixed_chunk_size or (max(chunk, 1) if on_cuda else 96)
         # every rank of every data-parallel group is a process with its own threads

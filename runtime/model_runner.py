@@ -87,7 +87,11 @@ class ModelRunner:
     of pages on every rank, and the logits and sampled ids are the same on every rank.
     """
 
-    def __init__(self, config: EngineConfig, tp: TPGroup | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, tp: TPGroup | None = None, spare_rows: int | None = None
+    ) -> None:
+        """``spare_rows``: rows of ``req_to_token`` kept for draft trees (None: the target's,
+        ``config.spec_tree_rows``)."""
         assert config.device != "auto", "pass EngineConfig.resolved()"
         if (tp.size if tp else 1) != config.tp_size:
             raise ValueError(f"tp_size {config.tp_size} needs a group of that many ranks")
@@ -146,6 +150,14 @@ class ModelRunner:
             config.context_length or mc.max_position_embeddings, mc.max_position_embeddings
         )
         self.page_size = config.page_size
+        # NOTE: before the KV pool, which takes what memory is left (the spare rows of
+        # draft trees make the table max_running_requests x draft tokens rows longer)
+        self.req_to_token = ReqToTokenPool(
+            config.max_running_requests + _EXTRA_ROWS,
+            self.context_len + 1,
+            self.device,
+            config.spec_tree_rows if spare_rows is None else spare_rows,
+        )
         num_pages = self._num_kv_pages()
         self.allocator = TokenToKVPoolAllocator(num_pages, self.page_size, self.device)
         self.kv_pool = KVPool(
@@ -171,9 +183,6 @@ class ModelRunner:
                 "FP8 KV cache without k_scale/v_scale in the checkpoint: scales default to "
                 "1.0, which may cost accuracy where keys or values exceed the FP8 range"
             )
-        self.req_to_token = ReqToTokenPool(
-            config.max_running_requests + _EXTRA_ROWS, self.context_len + 1, self.device
-        )
         backend_cls = ATTENTION_BACKENDS.get(config.attention_backend)
         self.attn = backend_cls(
             self.kv_pool,

@@ -72,7 +72,19 @@ class LlamaEagleHead(LlamaForCausalLM):
 
     def draft_ids(self, hidden: torch.Tensor) -> torch.Tensor:
         """The draft token (a target id) after each row of the head's output."""
-        return self.compute_logits(hidden).argmax(dim=-1)
+        return self.target_ids(self.compute_logits(hidden).argmax(dim=-1))
+
+    def draft_topk(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's ``k`` likeliest tokens after each row of its output, best first:
+        their probabilities (softmax over the head's logits) and their target ids,
+        ``[R, k]`` each (a draft tree's step, as SGLang's ``fast_topk``)."""
+        probs = torch.softmax(self.compute_logits(hidden).float(), dim=-1)
+        top = probs.topk(k, dim=-1)
+        return top.values, self.target_ids(top.indices)
+
+    def target_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Target ids of ids in the head's vocabulary (the same here)."""
+        return ids
 
     def process_weights_after_loading(self, tied_head: object = None) -> None:
         for module in self.layers.modules():

@@ -130,8 +130,8 @@ class LlamaEagle3Head(LlamaEagleHead):
         assert self.draft_vocab_size is not None
         return gather_logits(self.lm_head(normed), self.tp, self.draft_vocab_size).float()
 
-    def draft_ids(self, hidden: torch.Tensor) -> torch.Tensor:
-        ids = self.compute_logits(hidden).argmax(dim=-1)
+    def target_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Through ``d2t`` (:attr:`hot_token_id`) when the head has its own vocabulary."""
         return ids if self.hot_token_id is None else self.hot_token_id[ids]
 
     def process_weights_after_loading(self, tied_head: object = None) -> None:

@@ -71,10 +71,13 @@ ENGINE_FLAG_HELP: Mapping[str, str] = {
     "the head's folder (LlamaForCausalLMEagle / LlamaForCausalLMEagle3, the target's hidden "
     "and vocabulary sizes)",
     "speculative_num_steps": "STANDALONE, EAGLE, EAGLE3: draft forwards per step; 0: auto (3)",
-    "speculative_eagle_topk": "draft branches per step; only 1 (a chain) is built, more is "
-    "refused; 0: auto (1)",
+    "speculative_eagle_topk": "draft branches per step: 1 drafts a chain; K > 1 (EAGLE, "
+    "EAGLE3 only) a tree, SGLang's rule: each step expands the K best of the K*K children "
+    "of its K frontier nodes, and the num-draft-tokens - 1 best candidates by cumulative "
+    "draft probability are verified in one forward; needs --page-size 1 (auto: 1); 0: auto (1)",
     "speculative_num_draft_tokens": "positions the target verifies per step: the last token "
-    "plus up to N - 1 drafts; 0: auto (num_steps + 1)",
+    "plus up to N - 1 drafts (a chain: num_steps + 1; a tree of top-K: at most "
+    "K + (num_steps - 1) * K * K + 1); 0: auto (num_steps + 1)",
     "tp_size": "tensor parallelism: ranks (a process and a GPU each) that shard one copy "
     "of the model; a prefill and its decodes run the same size (each rank sends its "
     "KV-head shard to the decode rank of its number)",

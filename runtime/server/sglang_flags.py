@@ -180,7 +180,7 @@ SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
         accepts=("triton",),
     ),
     "--speculative-algorithm": Same(
-        "EAGLE | EAGLE3 (Llama heads, chains) | NGRAM | STANDALONE; not with --tp-size > 1, "
+        "EAGLE | EAGLE3 (Llama heads, chains or trees) | NGRAM | STANDALONE; not with --tp-size > 1, "
         "--dp-size > 1, --enable-lora, --is-embedding or --role prefill (EAGLE, EAGLE3: nor "
         "--role decode, --hicache-host-memory-gb); verify in the decode CUDA graphs, drafts eager"
     ),
@@ -189,7 +189,9 @@ SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
         "(LlamaForCausalLMEagle / LlamaForCausalLMEagle3)"
     ),
     "--speculative-num-steps": Same("draft forwards per step (STANDALONE, EAGLE, EAGLE3)"),
-    "--speculative-eagle-topk": Same("1 only (chain drafts); > 1 (trees) is refused"),
+    "--speculative-eagle-topk": Same(
+        "1: chain drafts; > 1: EAGLE, EAGLE3 tree drafts (page size 1; sampled too)"
+    ),
     "--speculative-num-draft-tokens": Same("positions verified per step (last token + drafts)"),
     # HTTP server and API
     "--host": Same(),

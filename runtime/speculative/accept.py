@@ -8,9 +8,18 @@ from typing import NamedTuple
 import torch
 
 from kvflow.runtime.sampling import filtered_out
+from kvflow.runtime.speculative.tree import ROOT, DraftTree
 from kvflow.runtime.wire import SamplingParams
 
-__all__ = ["Verdict", "accept_greedy", "accept_sampled", "target_probs"]
+__all__ = [
+    "TreeVerdict",
+    "Verdict",
+    "accept_greedy",
+    "accept_sampled",
+    "accept_tree_greedy",
+    "accept_tree_sampled",
+    "target_probs",
+]
 
 
 class Verdict(NamedTuple):
@@ -84,3 +93,68 @@ def accept_sampled(
     last = probs[len(draft)]
     tokens.append(int(torch.multinomial(last, 1, generator=generator_at(len(draft)))[0]))
     return Verdict(tokens, len(draft))
+
+
+class TreeVerdict(NamedTuple):
+    """What a verify step of a draft tree emits for one request."""
+
+    tokens: list[int]  # the accepted path's drafts, then one token of the target's own
+    path: list[int]  # the accepted nodes, root's child first (len(tokens) - 1 of them)
+
+
+def accept_tree_greedy(target_ids: Sequence[int], tree: DraftTree) -> TreeVerdict:
+    """``target_ids[0]``: the target's argmax after the root; ``target_ids[1 + j]``: after
+    node j. From the root, the child whose token is the target's choice is taken while
+    there is one (children's tokens differ): the tokens plain greedy decoding emits."""
+    path: list[int] = []
+    node, choice = ROOT, target_ids[0]
+    while True:
+        match = [c for c in tree.children(node) if tree.tokens[c] == choice]
+        if not match:
+            return TreeVerdict([*(tree.tokens[j] for j in path), choice], path)
+        node = match[0]
+        path.append(node)
+        choice = target_ids[1 + node]
+
+
+def accept_tree_sampled(
+    probs: torch.Tensor,
+    tree: DraftTree,
+    generator_at: Callable[[int], torch.Generator | None],
+) -> TreeVerdict:
+    """SGLang's target-only tree rule (its thresholds at 1): at a node with children
+    ``c_1..c_m`` (distinct tokens), one draw ``u`` keeps ``c_i`` when ``u`` falls in
+    ``[sum_{l<i} p(c_l), sum_{l<=i} p(c_l))``; when none is kept, a token is drawn from
+    ``p`` without the children's tokens, renormalised; at a leaf, from ``p``. Each emitted
+    token is distributed exactly as the target's ``p`` (a chain: :func:`accept_sampled`
+    with point drafts, draw for draw).
+
+    ``probs``: ``[1 + len(tree), V]``, the root's row first, then node j's at ``1 + j``;
+    ``generator_at(j)``: the generator for the j-th emitted token.
+    """
+    path: list[int] = []
+    node = ROOT
+    while True:
+        generator = generator_at(len(path))
+        p = probs[1 + node]
+        children = tree.children(node)
+        if not children:
+            token = int(torch.multinomial(p, 1, generator=generator)[0])
+            return TreeVerdict([*(tree.tokens[j] for j in path), token], path)
+        u = float(torch.rand((), generator=generator, device=p.device))
+        total = 0.0
+        kept = None
+        for child in children:
+            total += float(p[tree.tokens[child]])
+            if u < total:
+                kept = child
+                break
+        if kept is None:
+            residual = p.clone()
+            residual[[tree.tokens[c] for c in children]] = 0
+            if float(residual.sum()) <= 0:  # the children hold all of p (rounding)
+                residual = p
+            token = int(torch.multinomial(residual, 1, generator=generator)[0])
+            return TreeVerdict([*(tree.tokens[j] for j in path), token], path)
+        node = kept
+        path.append(node)

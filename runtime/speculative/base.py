@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kvflow.runtime.core import Req
+    from kvflow.runtime.speculative.tree import DraftTree
 
-__all__ = ["Drafter"]
+__all__ = ["Drafter", "TreeDrafter"]
 
 
 class Drafter(ABC):
@@ -39,3 +40,14 @@ class Drafter(ABC):
     def is_memory_free(self) -> bool:
         """True when no request holds the drafter's memory (the leak check)."""
         return True
+
+
+class TreeDrafter(Drafter):
+    """A drafter of trees (``--speculative-eagle-topk`` > 1): the verify step calls
+    :meth:`propose_trees` instead of :meth:`propose`; :meth:`accepted` and :meth:`forget`
+    keep their meaning (``num_accepted``: nodes on the accepted path)."""
+
+    @abstractmethod
+    def propose_trees(self, reqs: Sequence[Req], max_depths: Sequence[int]) -> list[DraftTree]:
+        """A tree per request, at most ``max_depths[i]`` deep (empty for 0) and of at most
+        ``--speculative-num-draft-tokens - 1`` nodes."""

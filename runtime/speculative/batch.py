@@ -63,27 +63,26 @@ def build_token_batch(
 
 
 def build_verify_batch(
-    rows: Sequence[int],
-    prefix_lens: Sequence[int],
-    tokens: Sequence[Sequence[int]],
+    pool_rows: Sequence[int],
+    positions: Sequence[int],
+    input_ids: Sequence[int],
     out_cache_loc: torch.Tensor,
     device: str,
 ) -> ForwardBatch:
-    """A verify step as a decode batch of one row per scored token: request i's token j
-    (at position ``prefix_lens[i] + j``, its KV written to its slot in ``out_cache_loc``,
-    recorded in the request's row already) attends to the ``prefix_lens[i] + j + 1``
-    positions up to and including its own.
+    """A verify step as a decode batch of one row per scored token: token ``input_ids[r]``
+    at ``positions[r]`` (its KV written to ``out_cache_loc[r]``, recorded in row
+    ``pool_rows[r]`` of ``req_to_token`` already) attends to the ``positions[r] + 1``
+    positions of that row, up to and including its own.
 
     A decode step stores every row's K/V before any row attends, so a row sees the drafted
-    tokens before it: the causal attention of an extend over the drafted positions. As a
-    decode batch it replays the decode CUDA graphs (padded to a captured row count) and
-    runs the decode kernels plain decoding runs. Rows come request by request, in token
-    order: one logits row per token.
+    tokens its ``req_to_token`` row holds before it: a chain's tokens share the request's
+    row (the causal attention of an extend over the drafted positions), a tree node's row
+    holds its ancestors (:mod:`kvflow.runtime.speculative.tree_rows`). As a decode batch it
+    replays the decode CUDA graphs (padded to a captured row count) and runs the decode
+    kernels plain decoding runs. One logits row per token, in the order given.
     """
-    flat = _Tokens.of(prefix_lens, tokens)
-    seq_lens = [p + 1 for p in flat.positions]
-    pool_rows = [rows[i] for i in flat.owners]
-    ids, pos, pool, lens = _on(device, flat.input_ids, flat.positions, pool_rows, seq_lens)
+    seq_lens = [p + 1 for p in positions]
+    ids, pos, pool, lens = _on(device, list(input_ids), list(positions), list(pool_rows), seq_lens)
     return ForwardBatch(
         mode=ForwardMode.DECODE,
         input_ids=ids,

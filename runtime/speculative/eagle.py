@@ -57,10 +57,11 @@ class EagleDrafter(PooledDrafter):
     """Greedy chain drafts from an EAGLE or EAGLE-3 head (``config.
     speculative_draft_model_path``; the head's class comes from its checkpoint)."""
 
-    def __init__(self, config: EngineConfig, target: ModelRunner) -> None:
+    def __init__(self, config: EngineConfig, target: ModelRunner, spare_rows: int = 0) -> None:
+        """``spare_rows``: rows of the head's ``req_to_token`` kept for tree drafts."""
         if target.hidden_pool is None:
             raise ValueError("the target keeps no hidden states (not started for EAGLE)")
-        super().__init__(ModelRunner(_head_config(config, target)))
+        super().__init__(ModelRunner(_head_config(config, target), spare_rows=spare_rows))
         head = self.runner.model
         assert isinstance(head, LlamaEagleHead)
         head.share_target(target.model)

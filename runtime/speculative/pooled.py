@@ -148,4 +148,5 @@ class PooledDrafter(Drafter):
             not self._seqs
             and runner.allocator.available_size() == runner.allocator.size
             and runner.req_to_token.available_size() == runner.req_to_token.size
+            and runner.req_to_token.spare_available() == runner.req_to_token.spare_rows
         )

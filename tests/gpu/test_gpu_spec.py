@@ -1,6 +1,7 @@
 """Speculative decoding on CUDA (the triton attention backend, extend-style verify):
 greedy tokens equal the plain engine's (CUDA graphs on there) with NGRAM, STANDALONE and
-EAGLE / EAGLE3 (random heads; not yet run on a GPU when they were added) on a
+EAGLE / EAGLE3 (random heads; chains and trees, top-k 4 and 2: the trees not yet run on a
+GPU when they were added) on a
 small random config in float32, and a STANDALONE draft of Llama-3.1-8B's shapes with fewer
 layers runs to the end and frees its memory.
 
@@ -115,6 +116,20 @@ def test_speculation_equals_plain_greedy_on_cuda(tmp_path):
             speculative_algorithm="EAGLE3",
             speculative_draft_model_path=str(head3),
             speculative_num_steps=3,
+        ),
+        "eagle-tree": dict(  # page size auto: 1 under trees
+            speculative_algorithm="EAGLE",
+            speculative_draft_model_path=str(head),
+            speculative_num_steps=3,
+            speculative_eagle_topk=4,
+            speculative_num_draft_tokens=8,
+        ),
+        "eagle3-tree": dict(
+            speculative_algorithm="EAGLE3",
+            speculative_draft_model_path=str(head3),
+            speculative_num_steps=3,
+            speculative_eagle_topk=2,
+            speculative_num_draft_tokens=6,
         ),
     }
     for name, spec in variants.items():

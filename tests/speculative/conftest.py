@@ -154,3 +154,48 @@ def eagle_heads(tmp_path_factory) -> dict[str, str]:
         "eagle3": write_eagle3_head(root / "eagle3"),
         "eagle3-full-vocab": write_eagle3_head(root / "eagle3-full", draft_vocab_size=None),
     }
+
+
+def write_echo_target(folder: Path, seed: int = 1) -> str:
+    """A tiny Llama checkpoint whose attention and MLP add nothing (``o_proj`` and
+    ``down_proj`` zero, final norm of ones): its next token depends on the last token only,
+    ``argmax(lm_head(embed(t)))``, the token an :func:`write_echo_head` head drafts."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**TINY))
+    tensors = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    for name, value in tensors.items():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            value.zero_()
+    tensors["model.norm.weight"] = torch.ones(TINY["hidden_size"])
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(TINY))
+    return str(folder)
+
+
+def write_echo_head(folder: Path, sharpness: float = 2000.0) -> str:
+    """An EAGLE head that drafts what :func:`write_echo_target` emits: ``fc`` passes the
+    token's embedding (times ``sharpness``: a confident head) and the layer adds nothing,
+    so its logits are the target's LM head on the embedding (the target's final norm of
+    ones only rescales them): the first choice is always right."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = write_eagle_head(folder, identity=True)
+    tensors = load_file(str(folder / "model.safetensors"))
+    hidden = TINY["hidden_size"]
+    eye = torch.eye(hidden) * sharpness
+    tensors["fc.weight"] = torch.cat((eye, torch.zeros(hidden, hidden)), 1)
+    save_file(tensors, str(folder / "model.safetensors"))
+    return path
+
+
+@pytest.fixture(scope="session")
+def echo_models(tmp_path_factory) -> dict[str, str]:
+    """``target``: :func:`write_echo_target`; ``head``: :func:`write_echo_head`."""
+    root = tmp_path_factory.mktemp("echo")
+    return {"target": write_echo_target(root / "target"), "head": write_echo_head(root / "head")}

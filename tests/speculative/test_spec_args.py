@@ -51,6 +51,19 @@ def test_eagle_parses_with_sglangs_flags(algorithm) -> None:
     assert (resolved.speculative_num_steps, resolved.speculative_num_draft_tokens) == (5, 6)
 
 
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3"])
+def test_eagle_trees_parse_with_sglangs_flags(algorithm) -> None:
+    argv = ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", "/head"]
+    argv += ["--speculative-num-steps", "5", "--speculative-eagle-topk", "4"]
+    args = parse_args([*argv, "--speculative-num-draft-tokens", "8", "--device", "cuda"])
+    resolved = args.engine.resolved()
+    assert resolved.speculative_eagle_topk == 4 and resolved.speculative_num_draft_tokens == 8
+    assert resolved.page_size == 1  # auto: pages of one token under trees (16 on CUDA else)
+    assert resolved.spec_tree_rows == resolved.max_running_requests * 7
+    resolved = parse_args([*argv, "--page-size", "1"]).engine.resolved()
+    assert resolved.speculative_num_draft_tokens == 6  # auto: num_steps + 1
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -64,10 +77,25 @@ def test_eagle_parses_with_sglangs_flags(algorithm) -> None:
                 "--speculative-draft-model-path",
                 "/head",
                 "--speculative-eagle-topk",
+                "2",
+                "--page-size",
+                "4",
+            ],
+            "--speculative-eagle-topk 2 needs --page-size 1",
+        ),
+        (
+            [
+                *EAGLE_HEAD,
+                "--speculative-eagle-topk",
+                "2",
+                "--speculative-num-steps",
+                "2",
+                "--speculative-num-draft-tokens",
                 "8",
             ],
-            "only 1 (chain drafts) is built, no trees",
+            "a tree of 2 steps of top-2 has 6 draft tokens to choose from (at most 7)",
         ),
+        ([*EAGLE_HEAD, "--speculative-eagle-topk", "-1"], "--speculative-eagle-topk must be >= 1"),
         (
             [
                 "--speculative-algorithm",
@@ -105,7 +133,21 @@ def test_eagle_parses_with_sglangs_flags(algorithm) -> None:
         ),
         (["--speculative-algorithm", "NGRAM", "--role", "prefill"], "--role prefill"),
         (["--speculative-algorithm", "STANDALONE"], "needs --speculative-draft-model-path"),
-        (["--speculative-algorithm", "NGRAM", "--speculative-eagle-topk", "4"], "only 1"),
+        (
+            ["--speculative-algorithm", "NGRAM", "--speculative-eagle-topk", "4"],
+            "only EAGLE and EAGLE3 draft trees (NGRAM drafts chains: 1)",
+        ),
+        (
+            [
+                "--speculative-algorithm",
+                "STANDALONE",
+                "--speculative-draft-model-path",
+                "/m",
+                "--speculative-eagle-topk",
+                "2",
+            ],
+            "only EAGLE and EAGLE3 draft trees",
+        ),
         (
             ["--speculative-algorithm", "NGRAM", "--speculative-draft-model-path", "/m"],
             "NGRAM uses no draft model",

@@ -36,7 +36,7 @@ def _two_sample_chi2(a: torch.Tensor, b: torch.Tensor) -> tuple[float, int]:
     return stat, int(keep.sum()) - 1
 
 
-@pytest.mark.parametrize("algorithm", ["NGRAM", "STANDALONE", "EAGLE"])
+@pytest.mark.parametrize("algorithm", ["NGRAM", "STANDALONE", "EAGLE", "EAGLE-tree"])
 def test_sampled_tokens_follow_the_target_distribution(
     tmp_path, tiny_engine, eagle_head_writer, algorithm
 ):
@@ -54,13 +54,18 @@ def test_sampled_tokens_follow_the_target_distribution(
     drafter: dict[str, object] = {"speculative_num_draft_tokens": 4}
     if algorithm == "STANDALONE":
         drafter = {"speculative_draft_model_path": str(path), "speculative_num_steps": 3}
-    elif algorithm == "EAGLE":  # a random head on the small vocabulary: sometimes right
+    elif algorithm.startswith("EAGLE"):  # a random head on the small vocabulary: sometimes right
         head = eagle_head_writer(
             tmp_path / "head", num_attention_heads=4, vocab_size=VOCAB, max_position_embeddings=64
         )
         drafter = {"speculative_draft_model_path": head, "speculative_num_steps": 3}
+        if algorithm == "EAGLE-tree":  # the tree rule: several children of a node tried
+            drafter.update(speculative_eagle_topk=3, speculative_num_draft_tokens=8)
     spec_engine = tiny_engine(
-        str(path), max_running_requests=256, speculative_algorithm=algorithm, **drafter
+        str(path),
+        max_running_requests=256,
+        speculative_algorithm=algorithm.removesuffix("-tree"),
+        **drafter,
     )
     spec = _counts(spec_engine, prompt)
     worker = spec_engine.scheduler.spec
