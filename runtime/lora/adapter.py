@@ -55,7 +55,7 @@ class LoraAdapter:
 
 def _config(folder: Path) -> dict[str, Any]:
     file = folder / "adapter_config.json"
-    if not file.is_file():
+    if not file.exists() or file.is_dir():  # (a regular file, or a pipe streaming one)
         raise ValueError(f"LoRA adapter {folder}: no adapter_config.json (PEFT's format)")
     config: dict[str, Any] = json.loads(file.read_text())
     if config.get("peft_type", "LORA") != "LORA":
@@ -78,7 +78,7 @@ def _config(folder: Path) -> dict[str, Any]:
 
 def load_adapter(name: str, path: str, limits: LoraLimits) -> LoraAdapter:
     """Read and check an adapter; raises ValueError saying what is wrong with it."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     folder = Path(path).expanduser()
     if not folder.is_dir():
@@ -94,7 +94,7 @@ def load_adapter(name: str, path: str, limits: LoraLimits) -> LoraAdapter:
     if not file.is_file():
         raise ValueError(f"LoRA adapter {name!r}: no adapter_model.safetensors in {path}")
     raw = file.read_bytes()
-    tensors = load_file(str(file))
+    tensors = load(raw)  # (the bytes read once: they are also the adapter's key)
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for tensor_name, tensor in tensors.items():
         match = _TENSOR.search(tensor_name)

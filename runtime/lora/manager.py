@@ -111,11 +111,25 @@ class LoraManager:
     def load(self, name: str, path: str) -> LoraAdapter:
         """Read an adapter into host memory under ``name``; raises ValueError (a bad
         adapter, one this server cannot apply, or a name in use)."""
+        return self.add(self.read(name, path))
+
+    def read(self, name: str, path: str) -> LoraAdapter:
+        """Read and check an adapter without registering it: touches nothing the loop
+        uses, so it may run on another thread (:meth:`add` registers it afterwards)."""
         if name in self.adapters:
             raise ValueError(f"a LoRA adapter named {name!r} is loaded already; unload it first")
-        adapter = load_adapter(name, path, self.limits)
-        self.adapters[name] = adapter
-        logger.info("LoRA adapter %s loaded from %s (rank %d)", name, path, adapter.rank)
+        return load_adapter(name, path, self.limits)
+
+    def add(self, adapter: LoraAdapter) -> LoraAdapter:
+        """Register an adapter :meth:`read` returned; ValueError when its name is in use."""
+        if adapter.name in self.adapters:
+            raise ValueError(
+                f"a LoRA adapter named {adapter.name!r} is loaded already; unload it first"
+            )
+        self.adapters[adapter.name] = adapter
+        logger.info(
+            "LoRA adapter %s loaded from %s (rank %d)", adapter.name, adapter.path, adapter.rank
+        )
         return adapter
 
     def unload(self, name: str) -> None:

@@ -9,6 +9,7 @@ run the same schedule on them and send nothing.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import zmq
@@ -42,11 +43,14 @@ class SchedulerIO:
             self._to_detokenizer = Pusher(ctx, paths.to_detokenizer)
             self._to_tokenizer = Pusher(ctx, paths.to_tokenizer)
 
-    def receive(self, wait_ms: int) -> list[Any]:
+    def receive(self, wait_ms: int, local: Sequence[Any] = ()) -> list[Any]:
+        """This round's messages; ``local``: rank 0's own notes to put in the round after
+        what it received (no wait when there are some)."""
         messages: list[Any] = []
         if self.leader:
-            first = self._inbox.recv(timeout_ms=wait_ms)
+            first = self._inbox.recv(timeout_ms=0 if local else wait_ms)
             messages = ([first] if first is not None else []) + self._inbox.recv_all()
+            messages += local
         if self.tp is None:
             return messages
         assert self.lockstep is not None

@@ -25,6 +25,7 @@ from kvflow.runtime.models import resolve_model_path
 from kvflow.runtime.scheduler import ReqFactory, Scheduler, SchedulerPort
 from kvflow.runtime.server.args import ServerArgs
 from kvflow.runtime.server.ipc import IpcPaths
+from kvflow.runtime.server.lora_loads import AdapterLoads, LoraLoadReady
 from kvflow.runtime.server.parallel import RankPlace
 from kvflow.runtime.server.scheduler_io import SchedulerIO
 from kvflow.runtime.tokenizer import load_decoder, load_tokenizer, tokenizer_folder
@@ -123,6 +124,7 @@ class SchedulerLoop:
         )
         self.watchdog = Watchdog(args.watchdog_timeout)
         self._last_stats = 0.0
+        self.lora_loads = None if self.runner.lora is None else AdapterLoads(self.runner.lora)
 
     def ready_info(self) -> dict[str, Any]:
         mc = self.runner.model_config
@@ -154,7 +156,11 @@ class SchedulerLoop:
             )
             return [out] if out else []
         elif isinstance(message, ControlRequest):
-            self.io.send_tokenizer(self._control(message))
+            reply = self._control(message)
+            if reply is not None:  # (None: a load reading its files, answered once read)
+                self.io.send_tokenizer(reply)
+        elif isinstance(message, LoraLoadReady):
+            self.io.send_tokenizer(self._finish_load(message.request_id))
         return []
 
     def _add(self, message: GenerateRequest) -> list[TokenOutput]:
@@ -189,41 +195,34 @@ class SchedulerLoop:
             ]
         return []
 
-    def _control(self, message: ControlRequest) -> ControlReply:
+    def _control(self, message: ControlRequest) -> ControlReply | None:
         if message.kind == "flush_cache":
             return ControlReply(message.request_id, self.scheduler.flush_cache())
         if message.kind == "get_stats":
             return ControlReply(message.request_id, True, {"stats": self.stats()})
         if message.kind in ("load_lora_adapter", "unload_lora_adapter"):
             try:
-                self._lora_control(message.kind, message.payload)
+                self._lora_control(message)
             except ValueError as err:
                 return ControlReply(message.request_id, False, {"error": str(err)})
-            return ControlReply(message.request_id, True)
+            return (
+                None
+                if message.kind == "load_lora_adapter"
+                else ControlReply(message.request_id, True)
+            )
         return ControlReply(
             message.request_id, False, {"error": f"unknown control {message.kind!r}"}
         )
 
-    def _lora_control(self, kind: str, payload: dict[str, Any]) -> None:
-        """Load or unload an adapter between steps; an unload is refused while requests on
-        the adapter are in flight (ValueError says how many)."""
-        lora = self.runner.lora
-        if lora is None:
+    def _lora_control(self, message: ControlRequest) -> None:
+        """Start loading an adapter (its files are read off the loop: :mod:`lora_loads`)
+        or unload one; an unload is refused while requests on the adapter are in flight
+        (ValueError says how many)."""
+        if self.lora_loads is None:
             raise ValueError("LoRA adapters are not enabled on this server (--enable-lora)")
-        name = str(payload["lora_name"])
-        if kind == "load_lora_adapter":
-            # every rank reads the adapter (and keeps its part): one that fails fails the
-            # load on all of them, else the ranks would run different models
-            problem = None
-            try:
-                lora.load(name, str(payload["lora_path"]))
-            except ValueError as err:
-                problem = str(err)
-            problems = self.lockstep.gather(problem)
-            if any(problems):
-                if problem is None:
-                    lora.unload(name)
-                raise ValueError(next(p for p in problems if p))
+        name = str(message.payload["lora_name"])
+        if message.kind == "load_lora_adapter":
+            self.lora_loads.start(message.request_id, name, str(message.payload["lora_path"]))
             return
         in_flight = self.scheduler.requests_on_adapter(name)
         if in_flight:
@@ -231,7 +230,23 @@ class SchedulerLoop:
                 f"LoRA adapter {name!r} has {in_flight} requests in flight; unload it once "
                 "they finish"
             )
-        lora.unload(name)
+        self.lora_loads.manager.unload(name)
+
+    def _finish_load(self, request_id: str) -> ControlReply:
+        """Register a read adapter, on every rank or none: a rank whose read failed fails
+        the load on all of them, else the ranks would run different models."""
+        assert self.lora_loads is not None
+        read = self.lora_loads.finish(request_id)
+        problems = self.lockstep.gather(read if isinstance(read, str) else None)
+        problem = next((p for p in problems if p), None)
+        if problem is None and not isinstance(read, str):
+            try:
+                self.lora_loads.manager.add(read)
+            except ValueError as err:  # (the name was checked when the load started)
+                problem = str(err)
+        if problem is not None:
+            return ControlReply(request_id, False, {"error": problem})
+        return ControlReply(request_id, True)
 
     def stats(self) -> SchedulerStats:
         sched, alloc = self.scheduler, self.runner.allocator
@@ -277,9 +292,11 @@ class SchedulerLoop:
     def run_forever(self) -> None:
         self.watchdog.start()
         while True:
-            busy = self.scheduler.has_work() or self.role.busy()
+            loads = self.lora_loads
+            busy = self.scheduler.has_work() or self.role.busy() or bool(loads and loads.pending)
             wait_ms = 0 if self.scheduler.has_work() else (_ROLE_POLL_MS if busy else _IDLE_POLL_MS)
-            messages = self.io.receive(wait_ms)
+            read = loads.ready() if loads is not None and self.io.leader else []
+            messages = self.io.receive(wait_ms, read)
             outputs: list[TokenOutput] = []
             for message in messages:  # aborts of running requests end here too: the role sees them
                 outputs += self.role.observe(self._handle(message))

@@ -4,7 +4,9 @@ the OpenAI ``model`` field (``base:adapter`` or the adapter's name), /v1/models,
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -108,6 +110,42 @@ def test_load_and_unload_while_serving(server, checkpoints, tmp_path):
     unloaded = httpx.post(f"{server.url}/unload_lora_adapter", json={"lora_name": "b"}, timeout=60)
     assert unloaded.status_code == 200 and set(unloaded.json()["loaded_adapters"]) == {"a"}
     assert _generate(server, ids, "b").status_code == 400
+    server.wait_idle_and_free()
+
+
+def test_a_load_reading_its_files_does_not_stall_serving(server, checkpoints, tmp_path):
+    """The adapter's files are read off the scheduler's loop: while a load waits on its
+    adapter_config.json (a FIFO nobody writes yet), requests on other adapters finish;
+    once the file is written the load completes and the adapter serves."""
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    config = (checkpoints["b"] / "adapter_config.json").read_text()
+    (slow / "adapter_model.safetensors").symlink_to(checkpoints["b"] / "adapter_model.safetensors")
+    os.mkfifo(slow / "adapter_config.json")
+    body = {"lora_name": "slow", "lora_path": str(slow)}
+    with ThreadPoolExecutor(1) as pool:
+        load = pool.submit(httpx.post, f"{server.url}/load_lora_adapter", json=body, timeout=120)
+        try:
+            ids = prompts((7,))[0]
+            body = {"input_ids": ids, "sampling_params": GENERATE, "lora_path": "a"}
+            served = httpx.post(f"{server.url}/generate", json=body, timeout=30)
+            assert served.status_code == 200, served.text
+            assert not load.done()  # still reading
+        finally:  # (unblocks the reader whatever happened above)
+            with open(slow / "adapter_config.json", "w") as fifo:
+                fifo.write(config)
+        loaded = load.result(timeout=60)
+    assert loaded.status_code == 200, loaded.text
+    assert set(loaded.json()["loaded_adapters"]) == {"a", "slow"}
+    ids = prompts((9,))[0]
+    assert (
+        _generate(server, ids, "slow").json()["output_ids"]
+        == peft_greedy(checkpoints["base"], checkpoints["b"], [ids])[0]
+    )
+    unloaded = httpx.post(
+        f"{server.url}/unload_lora_adapter", json={"lora_name": "slow"}, timeout=60
+    )
+    assert unloaded.status_code == 200, unloaded.text
     server.wait_idle_and_free()
 
 
