@@ -103,14 +103,32 @@ class KVPool:
         device), and wait for it: a PD decode clears the slots it reserved for a prompt
         before the prefill may write them, so a slot the transfer did not write holds no
         other request's KV."""
-        for k_buf, v_buf in zip(self.k_buffer, self.v_buffer, strict=True):
-            # as bytes: index_fill_ has no float8 kernel on CPU; zero bits are 0.0 anyway
-            k_buf.view(torch.uint8).index_fill_(0, loc, 0)
-            v_buf.view(torch.uint8).index_fill_(0, loc, 0)
-        if loc.is_cuda:
-            # NOTE: the peer writes these slots over the network, outside any CUDA stream:
-            # the zeros must have landed before the decode claims the room.
-            torch.cuda.current_stream(loc.device).synchronize()
+        # as bytes: index_fill_ has no float8 kernel on CPU; zero bits are 0.0 anyway
+        buffers = [buf.view(torch.uint8) for buf in (*self.k_buffer, *self.v_buffer)]
+        if not loc.is_cuda:
+            # NOTE: one slice per run of consecutive slots: index_fill_ runs on the OpenMP
+            # pool, which stalls for milliseconds when another process keeps the cores busy
+            # (a PD prefill beside its decode), and a claim waits for these zeros
+            for begin, end in _runs(loc.tolist()):
+                for buf in buffers:
+                    buf[begin:end].zero_()
+            return
+        for buf in buffers:
+            buf.index_fill_(0, loc, 0)
+        # NOTE: the peer writes these slots over the network, outside any CUDA stream:
+        # the zeros must have landed before the decode claims the room.
+        torch.cuda.current_stream(loc.device).synchronize()
+
+
+def _runs(slots: list[int]) -> list[tuple[int, int]]:
+    """``slots`` as ``[begin, end)`` runs of consecutive slots, in order."""
+    runs: list[tuple[int, int]] = []
+    for slot in slots:
+        if runs and runs[-1][1] == slot:
+            runs[-1] = (runs[-1][0], slot + 1)
+        else:
+            runs.append((slot, slot + 1))
+    return runs
 
 
 def _size(dtype: torch.dtype) -> int:

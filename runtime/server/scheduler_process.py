@@ -111,7 +111,9 @@ class SchedulerLoop:
             # a rank whose step fails ends the server: its group can no longer agree
             isolate_failures=tp is None,
         )
-        self.role = make_role(args.role, SchedulerPort(self.scheduler), args.kv_transfer)
+        self.role = make_role(
+            args.role, SchedulerPort(self.scheduler), args.kv_transfer, self.io.wake
+        )
         self.reqs = ReqFactory(
             args.engine,
             self.runner.model_config,
@@ -277,19 +279,32 @@ class SchedulerLoop:
     def run_forever(self) -> None:
         self.watchdog.start()
         while True:
-            busy = self.scheduler.has_work() or self.role.busy()
-            wait_ms = 0 if self.scheduler.has_work() else (_ROLE_POLL_MS if busy else _IDLE_POLL_MS)
-            messages = self.io.receive(wait_ms)
-            outputs: list[TokenOutput] = []
-            for message in messages:  # aborts of running requests end here too: the role sees them
-                outputs += self.role.observe(self._handle(message))
-            outputs += self.role.poll()
-            if self.scheduler.has_work():
-                outputs += self.role.observe(self.scheduler.step())
-            self.watchdog.tick(self.scheduler.has_work())
-            if outputs:
-                self.io.send_detokenizer(TokenBatch(outputs))
-            self._publish_stats(force=bool(messages) and not self.scheduler.has_work())
+            self.run_once()
+
+    def run_once(self) -> None:
+        """One iteration: wait for messages (not while there is work; the role's
+        ``wake`` ends the wait), handle them, poll the role, step the scheduler."""
+        busy = self.scheduler.has_work() or self.role.busy()
+        wait_ms = 0 if self.scheduler.has_work() else (_ROLE_POLL_MS if busy else _IDLE_POLL_MS)
+        messages = self.io.receive(wait_ms)
+        outputs: list[TokenOutput] = []
+        for message in messages:  # aborts of running requests end here too: the role sees them
+            outputs += self.role.observe(self._handle(message))
+        outputs += self.role.poll()
+        if outputs and self.scheduler.has_work():
+            # NOTE: sent before the step: a PD decode's request that joined the batch just
+            # now carries the prefill's first token, which would otherwise wait a whole step
+            self._send(outputs)
+            outputs = []
+        if self.scheduler.has_work():
+            outputs += self.role.observe(self.scheduler.step())
+        self.watchdog.tick(self.scheduler.has_work())
+        self._send(outputs)
+        self._publish_stats(force=bool(messages) and not self.scheduler.has_work())
+
+    def _send(self, outputs: list[TokenOutput]) -> None:
+        if outputs:
+            self.io.send_detokenizer(TokenBatch(outputs))
 
 
 def run_scheduler_process(args: ServerArgs, paths: IpcPaths, place: RankPlace, ready: Any) -> None:

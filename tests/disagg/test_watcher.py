@@ -136,4 +136,5 @@ def test_a_claim_without_an_answer_is_withdrawn_before_its_slots_are_reused(layo
         outcome = _wait(room_watcher, 1, limit_s=5)["k"]
         status = [body for path, body, _ in fake.calls if path == "/rooms/status"]
     assert outcome.state == "failed" and "unreachable" in outcome.message
-    assert status and status[0] == {"rooms": [6], "cancel": [6]}
+    # the poll carries the cancel, and waits at the prefill (a timeout of 0.5 s: 100 ms)
+    assert status and status[0] == {"rooms": [6], "cancel": [6], "wait_ms": 100}
