@@ -105,30 +105,38 @@ class KVPool:
         other request's KV."""
         # as bytes: index_fill_ has no float8 kernel on CPU; zero bits are 0.0 anyway
         buffers = [buf.view(torch.uint8) for buf in (*self.k_buffer, *self.v_buffer)]
-        if not loc.is_cuda:
-            # NOTE: one slice per run of consecutive slots: index_fill_ runs on the OpenMP
+        runs = None if loc.is_cuda else _runs(loc)
+        if runs is not None:
+            # NOTE: a slice per run of consecutive slots: index_fill_ runs on the OpenMP
             # pool, which stalls for milliseconds when another process keeps the cores busy
-            # (a PD prefill beside its decode), and a claim waits for these zeros
-            for begin, end in _runs(loc.tolist()):
+            # (a PD prefill beside its decode), and the decode's claim waits for these zeros
+            for begin, end in runs:
                 for buf in buffers:
                     buf[begin:end].zero_()
             return
         for buf in buffers:
             buf.index_fill_(0, loc, 0)
-        # NOTE: the peer writes these slots over the network, outside any CUDA stream:
-        # the zeros must have landed before the decode claims the room.
-        torch.cuda.current_stream(loc.device).synchronize()
+        if loc.is_cuda:
+            # NOTE: the peer writes these slots over the network, outside any CUDA stream:
+            # the zeros must have landed before the decode claims the room.
+            torch.cuda.current_stream(loc.device).synchronize()
 
 
-def _runs(slots: list[int]) -> list[tuple[int, int]]:
-    """``slots`` as ``[begin, end)`` runs of consecutive slots, in order."""
-    runs: list[tuple[int, int]] = []
-    for slot in slots:
-        if runs and runs[-1][1] == slot:
-            runs[-1] = (runs[-1][0], slot + 1)
-        else:
-            runs.append((slot, slot + 1))
-    return runs
+_MAX_RUNS = 64  # more runs than this (scattered slots) are zeroed by one index_fill_
+
+
+def _runs(loc: torch.Tensor) -> list[tuple[int, int]] | None:
+    """``loc`` as ``[begin, end)`` runs of consecutive slots, in order; None if there are
+    more than :data:`_MAX_RUNS`."""
+    if loc.numel() == 0:
+        return []
+    cuts = torch.nonzero(loc[1:] != loc[:-1] + 1).flatten() + 1
+    if len(cuts) >= _MAX_RUNS:
+        return None
+    firsts = [0, *cuts.tolist()]
+    lasts = [cut - 1 for cut in firsts[1:]] + [loc.numel() - 1]
+    begins, ends = loc[firsts].tolist(), loc[lasts].tolist()
+    return [(begin, end + 1) for begin, end in zip(begins, ends, strict=True)]
 
 
 def _size(dtype: torch.dtype) -> int:
