@@ -3,6 +3,11 @@
     python benchmarks/bench_pd.py compare [--input-lens 256,1024,2048] [--concurrency 1,4]
     python benchmarks/bench_pd.py interference --target pd=URL --target unified=URL --model DIR
     python benchmarks/bench_pd.py report benchmarks/results/pd.json [--notes FILE]
+    python benchmarks/bench_pd.py short-ttft [--requests 40] [--input-len 32]
+
+``short-ttft`` (CPU, about a minute) measures PD's fixed cost per request: short prompts
+one at a time through both routers on a tiny dummy Llama, TTFT p50 PD vs unified and the
+ratio (issue 29: <= 1.5x). Prints one JSON object (and writes it with ``--out``).
 
 ``compare`` (CPU, ``make bench-pd``) starts a prefill, a decode and a unified ``kvflow
 serve`` with the same flags, ``kvflow router`` in PD mode in front of the pair and ``kvflow
@@ -39,6 +44,7 @@ import time
 from pathlib import Path
 
 from pd import CompareConfig, InterferenceConfig, render_markdown, run_compare, run_interference
+from pd.short_ttft import ShortTTFTConfig, run_short_ttft
 from serving import machine_info
 from serving.defaults import EMBEDDED_MODEL, int_list
 
@@ -86,6 +92,12 @@ def _parser() -> argparse.ArgumentParser:
         )
     inter.add_argument("--out", type=Path, default=Path("benchmarks/results/pd-interference.md"))
     inter.add_argument("--notes", type=Path)
+    short = commands.add_parser("short-ttft", help="CPU: PD's fixed TTFT cost, short prompts")
+    short.add_argument("--requests", type=int, default=ShortTTFTConfig.requests)
+    short.add_argument("--input-len", type=int, default=ShortTTFTConfig.input_len)
+    short.add_argument("--output-len", type=int, default=ShortTTFTConfig.output_len)
+    short.add_argument("--log-dir", type=Path, default=ShortTTFTConfig.log_dir)
+    short.add_argument("--out", type=Path, help="also write the JSON here")
     report = commands.add_parser("report", help="re-render markdown from the JSON")
     report.add_argument("json", type=Path)
     report.add_argument("--notes", type=Path)
@@ -105,6 +117,19 @@ def main() -> int:
     if args.command == "report":
         results = json.loads(args.json.read_text())
         _write(results, args.out or args.json.with_suffix(".md"), args.notes)
+        return 0
+    if args.command == "short-ttft":
+        short = ShortTTFTConfig(
+            input_len=args.input_len,
+            output_len=args.output_len,
+            requests=args.requests,
+            python=sys.executable,
+            log_dir=args.log_dir,
+        )
+        text = json.dumps({"command": "python " + shlex.join(sys.argv), **run_short_ttft(short)})
+        print(text)
+        if args.out:
+            args.out.write_text(text + "\n")
         return 0
     command = "python " + shlex.join(sys.argv)
     machine = {"nproc": str(os.cpu_count()), **machine_info()}

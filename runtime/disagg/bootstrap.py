@@ -8,7 +8,8 @@ Routes (JSON over HTTP; the decode's scheduler process is the only client, see
                                                           the transport cannot reach)
     POST /rooms          {"session", "claims": [{"room", "slots", "prompt_hash"}]}
                                                           -> {"refused": {room: why}}
-    POST /rooms/status   {"rooms": [...], "cancel": [...]} -> {"states": {room: {"state", ...}}}
+    POST /rooms/status   {"rooms": [...], "cancel": [...], "wait_ms"?}
+                                                          -> {"states": {room: {"state", ...}}}
 
 With a key (the deployment's internal credential, ``$KVFLOW_INTERNAL_KEY``) every route
 needs ``Authorization: Bearer <key>``; 401 otherwise. A body that is not what a route
@@ -16,7 +17,9 @@ takes is a 400, one over :data:`MAX_BODY_BYTES` a 413.
 
 A decode registers its transport session, KV layout and transport peer info (``peer``: what
 its transport tells writers, ``{"transport": "mooncake"}`` when absent) once, claims rooms as requests
-arrive, and polls their states in batches (see :mod:`kvflow.runtime.disagg.rooms`). Under
+arrive, and polls their states in batches (see :mod:`kvflow.runtime.disagg.rooms`); a poll
+with ``wait_ms`` (at most :data:`MAX_WAIT_MS`; absent: 0, as before) is answered once one of
+its rooms ends or a room arrives unclaimed, or after that long. Under
 tensor parallelism the registration names every rank's endpoint (``tp_size``, ``ranks``:
 :mod:`kvflow.runtime.disagg.ranks`); this endpoint runs on the prefill's rank 0 and checks
 each against its own rank's layout.
@@ -38,10 +41,11 @@ from kvflow.runtime.disagg.ranks import Endpoint, parse_registration, tp_size_pr
 from kvflow.runtime.disagg.rooms import Claim, Rooms
 from kvflow.runtime.disagg.transport.base import TransferError
 
-__all__ = ["MAX_BODY_BYTES", "BootstrapServer"]
+__all__ = ["MAX_BODY_BYTES", "MAX_WAIT_MS", "BootstrapServer"]
 logger = logging.getLogger("kvflow.bootstrap")
 
 MAX_BODY_BYTES = 64 << 20  # a request or an answer; a claim of a 128k-token prompt is ~1 MB
+MAX_WAIT_MS = 1000  # a status call's longest wait (well inside a client's call timeout)
 _ROOM_LIMIT = 1 << 64  # SGLang's rooms are unsigned 64-bit
 _HEX = re.compile(r"[0-9a-f]{1,128}")
 
@@ -80,9 +84,11 @@ class BootstrapServer:
         rooms: Rooms,
         key: str | None = None,
         on_register: Callable[[str, dict[str, Any]], None] | None = None,
+        on_claim: Callable[[], None] | None = None,
         rank_layouts: Sequence[KVLayout] = (),
     ) -> None:
         self.layout = layout
+        self.on_claim = on_claim  # a room was claimed: the prefill may send its KV now
         self.layouts = tuple(rank_layouts) or (layout,)
         self.on_register = on_register  # the transport's check of a decode's peer info
         self.rooms = rooms
@@ -92,6 +98,10 @@ class BootstrapServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            # the answer's headers and body are two writes: without this the body waits
+            # for the decode's ACK of the headers (Nagle), milliseconds on every poll
+            disable_nagle_algorithm = True
+
             def log_message(self, fmt: str, *args: Any) -> None:  # quiet: one line per poll
                 logger.debug(fmt, *args)
 
@@ -180,11 +190,14 @@ class BootstrapServer:
                 problem = self.rooms.claim(room, claim)
                 if problem:
                     refused[str(room)] = problem
+            if self.on_claim is not None and len(refused) < len(body["claims"]):
+                self.on_claim()
             return 200, {"refused": refused}
         if path == "/rooms/status":
             rooms = _ints(body.get("rooms", []), "rooms", _ROOM_LIMIT)
             cancel = _ints(body.get("cancel", []), "cancel", _ROOM_LIMIT)
-            states = self.rooms.status(rooms, cancel)
+            (wait_ms,) = _ints([body.get("wait_ms", 0)], "wait_ms", MAX_WAIT_MS + 1)
+            states = self.rooms.status(rooms, cancel, wait_ms / 1e3)
             return 200, {"states": {str(k): v for k, v in states.items()}}
         return 404, {"error": f"no bootstrap route {path}"}
 

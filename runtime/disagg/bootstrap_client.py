@@ -189,10 +189,17 @@ class BootstrapClient:
             for room, why in refused.items()
         }
 
-    def status(self, rooms: list[int], cancel: list[int]) -> dict[int, RoomReport]:
+    def status(
+        self, rooms: list[int], cancel: list[int], wait_ms: int = 0
+    ) -> dict[int, RoomReport]:
         """The reports of ``rooms`` the prefill gave (rooms it was not asked about are left
-        out), after cancelling ``cancel``."""
-        states = self._post("/rooms/status", {"rooms": rooms, "cancel": cancel}).get("states")
+        out), after cancelling ``cancel``; with ``wait_ms`` (keep it well under
+        ``timeout_s``), once one of them ended, or after that long (a prefill that does not
+        wait answers at once)."""
+        body: dict[str, Any] = {"rooms": rooms, "cancel": cancel}
+        if wait_ms > 0:
+            body["wait_ms"] = wait_ms
+        states = self._post("/rooms/status", body).get("states")
         asked = set(rooms)
         return {
             room: RoomReport.parse(raw)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from kvflow.runtime.config import EngineConfig
@@ -58,8 +59,13 @@ class DecodeRole(Role):
         """Every prompt's KV comes from the prefill: no prefix cache here."""
         return dataclasses.replace(config, disable_radix_cache=True)
 
-    def __init__(self, port: SchedulerPort, transfer: KVTransferOptions) -> None:
-        super().__init__(port)
+    def __init__(
+        self,
+        port: SchedulerPort,
+        transfer: KVTransferOptions,
+        wake: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(port, wake)
         self.lockstep = port.lockstep
         timeout_s = transfer.timeout_s
         self.transport = transport = transfer.transport()
@@ -81,6 +87,7 @@ class DecodeRole(Role):
                 key=transfer.internal_key,
                 peer_info=transport.peer_info(),
                 tp_ranks=tuple(ranks[1:]),
+                on_outcome=self.wake,  # the loop joins (or frees) the request at once
             )
         self.prealloc: list[Req] = []
         self.transferring: dict[str, Req] = {}

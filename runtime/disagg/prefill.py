@@ -59,8 +59,13 @@ class PrefillRole(Role):
     name = "prefill"
     parks_finished = True
 
-    def __init__(self, port: SchedulerPort, transfer: KVTransferOptions) -> None:
-        super().__init__(port)
+    def __init__(
+        self,
+        port: SchedulerPort,
+        transfer: KVTransferOptions,
+        wake: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(port, wake)
         self.lockstep = port.lockstep
         self.transport = transport = transfer.transport()
         self.layout = layout_of(port.kv_pool, port.model_config, port.page_size, port.kv_heads)
@@ -78,6 +83,7 @@ class PrefillRole(Role):
                 self.rooms,
                 key=transfer.internal_key,
                 on_register=transport.add_peer,
+                on_claim=self.wake,  # a parked request's KV goes out at once
                 rank_layouts=layouts if len(layouts) > 1 else (),
             )
             self.server.start()
@@ -129,7 +135,10 @@ class PrefillRole(Role):
         room's result and the decode answers them; this half answers an empty list, so a
         router that concatenates the halves' ``input_token_logprobs`` (SGLang's) gets each
         once."""
-        self.inflight += self.port.take_parked()
+        parked = self.port.take_parked()
+        if parked:  # its room's claim may be here already: poll without waiting
+            self.wake()
+        self.inflight += parked
         for out in outputs:
             if out.finish_reason is None:
                 continue
@@ -245,17 +254,17 @@ class PrefillRole(Role):
         if end <= begin or send.failed():
             return
         src = self.port.prompt_slots(req, end, begin)
-        send.writes.append(
-            self._sender.submit(
-                _plan_and_write,
-                functools.partial(self.transport.write_plan, after=self._kv_ready()),
-                send.session,
-                self.layout,
-                send.peer,
-                src,
-                send.slots[begin:end],
-            )
+        write = self._sender.submit(
+            _plan_and_write,
+            functools.partial(self.transport.write_plan, after=self._kv_ready()),
+            send.session,
+            self.layout,
+            send.peer,
+            src,
+            send.slots[begin:end],
         )
+        write.add_done_callback(lambda _: self.wake())  # the room may be done: collect it
+        send.writes.append(write)
         send.sent = end
 
     def _kv_ready(self) -> Any:

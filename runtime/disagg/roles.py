@@ -11,6 +11,7 @@ prefill samples only the first token).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 from kvflow.runtime.config import EngineConfig
@@ -41,13 +42,17 @@ class Role:
     scheduler's step; :meth:`observe` sees the outputs of the step and of handled messages
     (aborts) and returns what is sent on. :meth:`abort` ends a request the role holds
     outside the scheduler (None if it holds no such request). :meth:`busy` keeps the loop
-    from idling."""
+    from idling; ``wake`` (thread-safe) ends the loop's wait for messages at once, so
+    :meth:`poll` runs: a role calls it when what it waits on outside the loop happened (a
+    room's outcome, a claim, a write's end) instead of letting the loop find out one
+    poll interval later."""
 
     name: ClassVar[str] = "unified"
     parks_finished: ClassVar[bool] = False  # the scheduler keeps finished requests' KV
 
-    def __init__(self, port: SchedulerPort) -> None:
+    def __init__(self, port: SchedulerPort, wake: Callable[[], None] | None = None) -> None:
         self.port = port
+        self.wake: Callable[[], None] = wake or _stay
 
     @classmethod
     def engine_config(cls, config: EngineConfig) -> EngineConfig:
@@ -95,6 +100,10 @@ class Role:
         return RoleStats()
 
 
+def _stay() -> None:
+    """No loop to wake (a role built outside the scheduler process)."""
+
+
 UnifiedRole = Role
 
 # role -> its class (imported on use: the transports load native libraries)
@@ -104,11 +113,17 @@ ROLES.register("prefill", "kvflow.runtime.disagg.prefill:PrefillRole")
 ROLES.register("decode", "kvflow.runtime.disagg.decode:DecodeRole")
 
 
-def make_role(name: str, port: SchedulerPort, transfer: KVTransferOptions | None) -> Role:
-    """The role ``name`` around ``port``; prefill and decode need ``transfer``."""
+def make_role(
+    name: str,
+    port: SchedulerPort,
+    transfer: KVTransferOptions | None,
+    wake: Callable[[], None] | None = None,
+) -> Role:
+    """The role ``name`` around ``port``; prefill and decode need ``transfer``. ``wake``
+    ends the scheduler loop's wait for messages (see :class:`Role`)."""
     role_cls: Any = ROLES.get(name)
     if role_cls is UnifiedRole:
-        return role_cls(port)
+        return role_cls(port, wake)
     if transfer is None:
         raise ValueError(f"the {name} role needs KV transfer options")
-    return role_cls(port, transfer)
+    return role_cls(port, transfer, wake)

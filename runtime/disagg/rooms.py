@@ -11,7 +11,9 @@ the states below; the decode polls until a final state and the entry is then dro
     any state --cancel--> cancelled (after a transfer in flight has ended)
     waiting or ready for longer than the timeout (the bootstrap timeout) --> failed
 
-Thread-safe: the bootstrap HTTP server's threads and the scheduler loop share it.
+Thread-safe: the bootstrap HTTP server's threads and the scheduler loop share it. A
+status call may wait (``wait_s``) until one of its rooms ends, so the decode hears of it
+at once instead of at its next poll.
 """
 
 from __future__ import annotations
@@ -56,9 +58,23 @@ class Rooms:
         self.timeout_s = timeout_s
         self._rooms: dict[int, Room] = {}
         self._lock = threading.Lock()
+        # notified when a room ends or one arrives unclaimed (under _lock; see status)
+        self._changed = threading.Condition(self._lock)
 
     def _move(self, room: Room, state: str, message: str = "") -> None:
         room.state, room.message, room.since = state, message, time.monotonic()
+        if state in FINAL_STATES:
+            self._changed.notify_all()
+
+    def _settled(self, room_ids: list[int]) -> bool:
+        """Whether a waiting status call answers now: one of its rooms ended (or is
+        unknown), or a room waits for a claim (perhaps one its decode holds back while
+        this call waits)."""
+        for room_id in room_ids:
+            room = self._rooms.get(room_id)
+            if room is None or room.state in FINAL_STATES:
+                return True
+        return any(r.claim is None and r.state not in FINAL_STATES for r in self._rooms.values())
 
     # -- the decode's side (bootstrap server threads) -------------------------------------
     def claim(self, room_id: int, claim: Claim) -> str | None:
@@ -76,9 +92,13 @@ class Rooms:
             room.claim = claim
             return None
 
-    def status(self, room_ids: list[int], cancel: list[int]) -> dict[int, dict[str, Any]]:
+    def status(
+        self, room_ids: list[int], cancel: list[int], wait_s: float = 0.0
+    ) -> dict[int, dict[str, Any]]:
         """Cancel ``cancel``, then report every room of ``room_ids``; final states are
-        reported once and dropped."""
+        reported once and dropped. With ``wait_s``, first wait up to that long for one of
+        ``room_ids`` to end (or for a room to arrive unclaimed: its decode's claim may be
+        waiting for this call to return)."""
         with self._lock:
             for room_id in cancel:
                 room = self._rooms.get(room_id)
@@ -86,6 +106,8 @@ class Rooms:
                     room.cancelled = True
                     if room.state != "transferring":
                         self._move(room, "cancelled", "cancelled by the decode")
+            if wait_s > 0:
+                self._changed.wait_for(lambda: self._settled(room_ids), wait_s)
             out = {}
             for room_id in room_ids:
                 room = self._rooms.get(room_id)
@@ -104,6 +126,7 @@ class Rooms:
             room = self._rooms.get(room_id)
             if room is None:
                 self._rooms[room_id] = Room(room_id, "queued")
+                self._changed.notify_all()  # a status call waiting may hold back its claim
                 return None
             if room.state != "waiting":
                 return f"bootstrap room {room_id} is in use ({room.state})"
@@ -118,6 +141,7 @@ class Rooms:
             room = self._rooms.get(room_id)
             if room is None:
                 self._rooms[room_id] = Room(room_id, "failed", message=message)
+                self._changed.notify_all()
             elif room.state == "waiting":
                 self._move(room, "failed", message)
 

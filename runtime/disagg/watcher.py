@@ -15,6 +15,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from kvflow.runtime.disagg.bootstrap_client import BootstrapClient, BootstrapError, RoomReport
@@ -25,7 +26,8 @@ from kvflow.runtime.wire import Bootstrap
 
 __all__ = ["MAX_PEERS", "RoomWatcher"]
 logger = logging.getLogger("kvflow.decode")
-_POLL_S = 0.005
+_POLL_S = 0.005  # between polls that heard nothing at once (the prefill did not wait)
+_WAIT_MS = 100  # a poll waits at the prefill up to this long for one of its rooms to end
 _CALL_TIMEOUT_S = 2.0  # one bootstrap call (the rooms fail after the longer timeout_s)
 _IDLE_S = 10.0  # a link with nothing to watch ends after this
 MAX_PEERS = 64  # prefills watched at once
@@ -57,8 +59,10 @@ class RoomWatcher:
         max_peers: int = MAX_PEERS,
         peer_info: dict[str, Any] | None = None,
         tp_ranks: tuple[Endpoint, ...] = (),
+        on_outcome: Callable[[], None] | None = None,
     ) -> None:
         self.session = session
+        self.on_outcome = on_outcome  # called (from any thread) once an outcome is queued
         self.layout = layout
         self.peer_info = peer_info  # the transport's, sent with every registration
         self.tp_ranks = tp_ranks
@@ -104,10 +108,12 @@ class RoomWatcher:
 
     # -- the links' side -------------------------------------------------------------------
     def fail(self, key: str, message: str) -> None:
-        self._outbox.put((key, RoomReport("failed", {}, message)))
+        self.finish(key, RoomReport("failed", {}, message))
 
     def finish(self, key: str, outcome: RoomReport) -> None:
         self._outbox.put((key, outcome))
+        if self.on_outcome is not None:
+            self.on_outcome()
 
     def retire(self, link: _PeerLink) -> bool:
         """End an idle link unless work reached it meanwhile (then False)."""
@@ -125,9 +131,9 @@ class _PeerLink(threading.Thread):
         super().__init__(name=f"kvflow-rooms-{address}", daemon=True)
         self.watcher = watcher
         self.address = address
-        self.client = BootstrapClient(
-            address, min(_CALL_TIMEOUT_S, watcher.timeout_s), key=watcher.key
-        )
+        call_timeout_s = min(_CALL_TIMEOUT_S, watcher.timeout_s)
+        self.client = BootstrapClient(address, call_timeout_s, key=watcher.key)
+        self.wait_ms = min(_WAIT_MS, int(call_timeout_s * 1e3 / 4))  # well inside a call
         self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.watched: dict[int, str] = {}  # room -> the decode's key
         self.cancels: list[int] = []
@@ -137,9 +143,10 @@ class _PeerLink(threading.Thread):
 
     def run(self) -> None:
         idle_since = time.monotonic()
+        pause = 0.0  # before the next poll (see _poll)
         while True:
             try:
-                items = [self.inbox.get(timeout=_POLL_S if self.watched else 0.5)]
+                items = [self.inbox.get(timeout=max(pause, 1e-4) if self.watched else 0.5)]
                 while not self.inbox.empty():
                     items.append(self.inbox.get_nowait())
             except queue.Empty:
@@ -159,7 +166,7 @@ class _PeerLink(threading.Thread):
                             self.watcher.fail(p.key, f"claim at {self.address} failed: {err}")
             if self.watched:
                 try:
-                    self._poll()
+                    pause = self._poll()
                 except Exception as err:
                     logger.exception("polling rooms at %s failed", self.address)
                     for key in self.watched.values():
@@ -229,10 +236,17 @@ class _PeerLink(threading.Thread):
         self.cancels.append(room)
         self.withdrawn[room] = why
 
-    def _poll(self) -> None:
+    def _poll(self) -> float:
+        """Ask for the watched rooms' states, the prefill waiting until one ends (unless
+        claims are queued here: they go first); returns how long to pause before the next
+        poll: none after news or a wait, the rest of :data:`_POLL_S` after an answer that
+        came at once without news (a prefill that does not wait, or one with a room
+        waiting for its claim), so a peer is never asked in a busy loop."""
         cancels, self.cancels = self.cancels, []
+        wait_ms = self.wait_ms if self.inbox.empty() else 0
+        asked_at = time.monotonic()
         try:
-            reports = self.client.status(list(self.watched), cancels)
+            reports = self.client.status(list(self.watched), cancels, wait_ms)
         except BootstrapError as err:
             self.cancels = cancels + self.cancels
             if time.monotonic() - self.last_ok > self.watcher.timeout_s:
@@ -240,8 +254,13 @@ class _PeerLink(threading.Thread):
                     why = self.withdrawn.pop(room, f"{err} for {self.watcher.timeout_s:.0f} s")
                     self.watcher.fail(key, why)
                 self.watched.clear()
-            return
+            return _POLL_S
         self.last_ok = time.monotonic()
+        heard = any(r.state in FINAL_STATES or r.state == "unknown" for r in reports.values())
+        self._report(reports)
+        return 0.0 if heard else max(0.0, _POLL_S - (self.last_ok - asked_at))
+
+    def _report(self, reports: dict[int, RoomReport]) -> None:
         for room, report in reports.items():
             if report.state == "unknown":
                 report = RoomReport("failed", {}, "the prefill lost the room (restarted?)")

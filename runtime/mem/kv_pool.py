@@ -103,14 +103,40 @@ class KVPool:
         device), and wait for it: a PD decode clears the slots it reserved for a prompt
         before the prefill may write them, so a slot the transfer did not write holds no
         other request's KV."""
-        for k_buf, v_buf in zip(self.k_buffer, self.v_buffer, strict=True):
-            # as bytes: index_fill_ has no float8 kernel on CPU; zero bits are 0.0 anyway
-            k_buf.view(torch.uint8).index_fill_(0, loc, 0)
-            v_buf.view(torch.uint8).index_fill_(0, loc, 0)
+        # as bytes: index_fill_ has no float8 kernel on CPU; zero bits are 0.0 anyway
+        buffers = [buf.view(torch.uint8) for buf in (*self.k_buffer, *self.v_buffer)]
+        runs = None if loc.is_cuda else _runs(loc)
+        if runs is not None:
+            # NOTE: a slice per run of consecutive slots: index_fill_ runs on the OpenMP
+            # pool, which stalls for milliseconds when another process keeps the cores busy
+            # (a PD prefill beside its decode), and the decode's claim waits for these zeros
+            for begin, end in runs:
+                for buf in buffers:
+                    buf[begin:end].zero_()
+            return
+        for buf in buffers:
+            buf.index_fill_(0, loc, 0)
         if loc.is_cuda:
             # NOTE: the peer writes these slots over the network, outside any CUDA stream:
             # the zeros must have landed before the decode claims the room.
             torch.cuda.current_stream(loc.device).synchronize()
+
+
+_MAX_RUNS = 64  # more runs than this (scattered slots) are zeroed by one index_fill_
+
+
+def _runs(loc: torch.Tensor) -> list[tuple[int, int]] | None:
+    """``loc`` as ``[begin, end)`` runs of consecutive slots, in order; None if there are
+    more than :data:`_MAX_RUNS`."""
+    if loc.numel() == 0:
+        return []
+    cuts = torch.nonzero(loc[1:] != loc[:-1] + 1).flatten() + 1
+    if len(cuts) >= _MAX_RUNS:
+        return None
+    firsts = [0, *cuts.tolist()]
+    lasts = [cut - 1 for cut in firsts[1:]] + [loc.numel() - 1]
+    begins, ends = loc[firsts].tolist(), loc[lasts].tolist()
+    return [(begin, end + 1) for begin, end in zip(begins, ends, strict=True)]
 
 
 def _size(dtype: torch.dtype) -> int:

@@ -11,6 +11,7 @@ in the same round, so about as far along) before the ranks agree on the outcome.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -29,24 +30,24 @@ class LoraLoadReady:
 
 class AdapterLoads:
     """The loads in flight on one rank, by the control request's id. One read at a time
-    (a second waits behind the first), in the order asked."""
+    (a second waits behind the first), in the order asked; ``wake`` is called (from the
+    reading thread) when a read ends, to end the loop's wait for messages."""
 
-    def __init__(self, manager: LoraManager) -> None:
+    def __init__(self, manager: LoraManager, wake: Callable[[], None]) -> None:
         self.manager = manager
+        self.wake = wake
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="kvflow-lora-read")
         self._pending: dict[str, tuple[str, Future[LoraAdapter]]] = {}
         self._announced: set[str] = set()
-
-    @property
-    def pending(self) -> bool:
-        return bool(self._pending)
 
     def start(self, request_id: str, name: str, path: str) -> None:
         """Start reading adapter ``name``; ValueError at once for a name loaded or being
         loaded (the read's own errors come from :meth:`finish`)."""
         if name in self.manager.adapters or any(n == name for n, _ in self._pending.values()):
             raise ValueError(f"a LoRA adapter named {name!r} is loaded already; unload it first")
-        self._pending[request_id] = (name, self._executor.submit(self.manager.read, name, path))
+        future = self._executor.submit(self.manager.read, name, path)
+        future.add_done_callback(lambda _: self.wake())
+        self._pending[request_id] = (name, future)
 
     def ready(self) -> list[LoraLoadReady]:
         """Rank 0: the loads whose read has ended and that no round has carried yet."""

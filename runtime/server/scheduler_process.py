@@ -112,7 +112,9 @@ class SchedulerLoop:
             # a rank whose step fails ends the server: its group can no longer agree
             isolate_failures=tp is None,
         )
-        self.role = make_role(args.role, SchedulerPort(self.scheduler), args.kv_transfer)
+        self.role = make_role(
+            args.role, SchedulerPort(self.scheduler), args.kv_transfer, self.io.wake
+        )
         self.reqs = ReqFactory(
             args.engine,
             self.runner.model_config,
@@ -124,7 +126,9 @@ class SchedulerLoop:
         )
         self.watchdog = Watchdog(args.watchdog_timeout)
         self._last_stats = 0.0
-        self.lora_loads = None if self.runner.lora is None else AdapterLoads(self.runner.lora)
+        self.lora_loads = (
+            None if self.runner.lora is None else AdapterLoads(self.runner.lora, self.io.wake)
+        )
 
     def ready_info(self) -> dict[str, Any]:
         mc = self.runner.model_config
@@ -292,21 +296,34 @@ class SchedulerLoop:
     def run_forever(self) -> None:
         self.watchdog.start()
         while True:
-            loads = self.lora_loads
-            busy = self.scheduler.has_work() or self.role.busy() or bool(loads and loads.pending)
-            wait_ms = 0 if self.scheduler.has_work() else (_ROLE_POLL_MS if busy else _IDLE_POLL_MS)
-            read = loads.ready() if loads is not None and self.io.leader else []
-            messages = self.io.receive(wait_ms, read)
-            outputs: list[TokenOutput] = []
-            for message in messages:  # aborts of running requests end here too: the role sees them
-                outputs += self.role.observe(self._handle(message))
-            outputs += self.role.poll()
-            if self.scheduler.has_work():
-                outputs += self.role.observe(self.scheduler.step())
-            self.watchdog.tick(self.scheduler.has_work())
-            if outputs:
-                self.io.send_detokenizer(TokenBatch(outputs))
-            self._publish_stats(force=bool(messages) and not self.scheduler.has_work())
+            self.run_once()
+
+    def run_once(self) -> None:
+        """One iteration: wait for messages (not while there is work; the role's
+        ``wake`` ends the wait), handle them, poll the role, step the scheduler."""
+        busy = self.scheduler.has_work() or self.role.busy()
+        wait_ms = 0 if self.scheduler.has_work() else (_ROLE_POLL_MS if busy else _IDLE_POLL_MS)
+        # rank 0 adds the adapter loads whose files are read (each read wakes the wait)
+        loads = self.lora_loads
+        messages = self.io.receive(wait_ms, loads.ready() if loads and self.io.leader else [])
+        outputs: list[TokenOutput] = []
+        for message in messages:  # aborts of running requests end here too: the role sees them
+            outputs += self.role.observe(self._handle(message))
+        outputs += self.role.poll()
+        if outputs and self.scheduler.has_work():
+            # NOTE: sent before the step: a PD decode's request that joined the batch just
+            # now carries the prefill's first token, which would otherwise wait a whole step
+            self._send(outputs)
+            outputs = []
+        if self.scheduler.has_work():
+            outputs += self.role.observe(self.scheduler.step())
+        self.watchdog.tick(self.scheduler.has_work())
+        self._send(outputs)
+        self._publish_stats(force=bool(messages) and not self.scheduler.has_work())
+
+    def _send(self, outputs: list[TokenOutput]) -> None:
+        if outputs:
+            self.io.send_detokenizer(TokenBatch(outputs))
 
 
 def run_scheduler_process(args: ServerArgs, paths: IpcPaths, place: RankPlace, ready: Any) -> None:

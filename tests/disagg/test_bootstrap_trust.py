@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
 import time
 
 import pytest
@@ -90,6 +91,9 @@ def test_without_a_key_the_routes_stay_open(layout) -> None:
         ("/rooms/status", {"rooms": [True]}, "rooms must be"),
         ("/rooms/status", {"rooms": "7"}, "rooms must be"),
         ("/rooms/status", {"cancel": [1.5]}, "cancel must be"),
+        ("/rooms/status", {"rooms": [1], "wait_ms": 1001}, "wait_ms must be"),
+        ("/rooms/status", {"rooms": [1], "wait_ms": -1}, "wait_ms must be"),
+        ("/rooms/status", {"rooms": [1], "wait_ms": True}, "wait_ms must be"),
         ("/rooms", {"session": "s", "claims": [{"room": 1, "slots": [0]}]}, "prompt_hash"),
         (
             "/rooms",
@@ -234,3 +238,24 @@ def test_a_decode_on_another_transport_is_refused_at_registration(layout, peer, 
             assert set(server.sessions) == {"127.0.0.1:1", "127.0.0.1:2"}
         finally:
             server.stop()
+
+
+def test_a_claim_wakes_the_prefill_and_a_waiting_poll_hears_the_room_end(layout) -> None:
+    """The prefill's loop hears of a claim when it arrives (``on_claim``), and the decode's
+    poll that waits at the prefill is answered once the room ends, not at its next poll."""
+    claimed = threading.Event()
+    rooms = Rooms(timeout_s=5)
+    server = BootstrapServer("127.0.0.1", 0, layout, rooms, key=KEY, on_claim=claimed.set)
+    server.start()
+    try:
+        client = BootstrapClient(f"127.0.0.1:{server.port}", timeout_s=30, key=KEY)
+        client.register("127.0.0.1:1", layout)
+        assert client.claim("127.0.0.1:1", [(8, [0, 1], HASH)]) == {}
+        assert claimed.is_set()
+        rooms.arrive(8)
+        threading.Timer(0.2, rooms.finish, (8, "done", {"first_token": 1})).start()
+        # asked while the room is queued: the answer is its end (the prefill waited)
+        reports = client.status([8], cancel=[], wait_ms=1000)
+        assert reports[8] == RoomReport("done", {"first_token": 1}, "")
+    finally:
+        server.stop()

@@ -51,13 +51,22 @@ def test_every_rank_of_the_decode_must_hold_the_slots(peer) -> None:
     assert "outside its pool of 6" in str(_claim_problem(FRANCE, claim, (*peer, small)))
 
 
-def test_zero_slots_clears_k_and_v_of_every_layer_there_only() -> None:
-    pool = kv_pool(model_config(), num_slots=8)
+@pytest.mark.parametrize(
+    "slots",
+    [
+        [1, 2, 6],  # runs of consecutive slots (a slice each on CPU)
+        [9, 3, 4, 5],  # not in order
+        list(range(0, 200, 2)),  # scattered: more runs than a slice each is worth
+        [],
+    ],
+)
+def test_zero_slots_clears_k_and_v_of_every_layer_there_only(slots) -> None:
+    pool = kv_pool(model_config(), num_slots=200)
     for buffer in pool.k_buffer + pool.v_buffer:
         buffer.normal_()
     before = [b.clone() for b in pool.k_buffer + pool.v_buffer]
-    pool.zero_slots(torch.tensor([1, 2, 6]))
+    pool.zero_slots(torch.tensor(slots, dtype=torch.int64))
+    kept = [slot for slot in range(200) if slot not in slots]
     for old, new in zip(before, pool.k_buffer + pool.v_buffer, strict=True):
-        assert not new[[1, 2, 6]].any()
-        kept = [0, 3, 4, 5, 7]
+        assert not new[slots].any()
         assert torch.equal(new[kept], old[kept])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 from kvflow.runtime.disagg.rooms import Claim, Rooms
@@ -74,3 +75,47 @@ def test_a_refused_prefill_request_fails_its_room_at_once():
     rooms.refuse(8, "bootstrap room 8 is in use (queued)")
     assert rooms.claim(8, CLAIM) is None
     assert rooms.start_early(8) == CLAIM
+
+
+def _status_in_thread(rooms: Rooms, room_ids: list[int], wait_s: float):
+    """Start ``rooms.status(room_ids, [], wait_s)`` on a thread; the thread and its answer."""
+    answer: list[dict] = []
+    thread = threading.Thread(target=lambda: answer.append(rooms.status(room_ids, [], wait_s)))
+    thread.start()
+    time.sleep(0.2)  # inside its wait by now (if it ended sooner, the asserts say so)
+    return thread, answer
+
+
+def _claimed_and_queued(rooms: Rooms, room: int) -> None:
+    rooms.claim(room, CLAIM)
+    rooms.arrive(room)
+
+
+def test_a_waiting_status_call_answers_once_its_room_ends():
+    rooms = Rooms(timeout_s=5)
+    _claimed_and_queued(rooms, 4)
+    thread, answer = _status_in_thread(rooms, [4], wait_s=60)
+    assert not answer, "answered before the room ended"
+    rooms.finish(4, "done", {"first_token": 3})
+    thread.join(timeout=30)  # not the minute it may wait
+    assert answer == [{4: {"state": "done", "result": {"first_token": 3}, "message": ""}}]
+
+
+def test_a_waiting_status_call_answers_when_a_room_arrives_unclaimed():
+    """Its decode may hold that room's claim until the call returns: it must not wait."""
+    rooms = Rooms(timeout_s=5)
+    _claimed_and_queued(rooms, 5)
+    thread, answer = _status_in_thread(rooms, [5], wait_s=60)
+    rooms.arrive(6)  # no claim yet
+    thread.join(timeout=30)
+    assert answer and answer[0][5]["state"] == "queued"
+    # while it stays unclaimed, a status call does not wait at all
+    thread, answer = _status_in_thread(rooms, [5], wait_s=60)
+    thread.join(timeout=30)
+    assert answer and answer[0][5]["state"] == "queued"
+
+
+def test_a_status_call_waits_no_longer_than_asked():
+    rooms = Rooms(timeout_s=5)
+    _claimed_and_queued(rooms, 7)
+    assert rooms.status([7], [], wait_s=0.05)[7]["state"] == "queued"

@@ -4,6 +4,7 @@ peer answers ends as an outcome, never as a dead thread."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -136,4 +137,19 @@ def test_a_claim_without_an_answer_is_withdrawn_before_its_slots_are_reused(layo
         outcome = _wait(room_watcher, 1, limit_s=5)["k"]
         status = [body for path, body, _ in fake.calls if path == "/rooms/status"]
     assert outcome.state == "failed" and "unreachable" in outcome.message
-    assert status and status[0] == {"rooms": [6], "cancel": [6]}
+    # the poll carries the cancel, and waits at the prefill (a timeout of 0.5 s: 100 ms)
+    assert status and status[0] == {"rooms": [6], "cancel": [6], "wait_ms": 100}
+
+
+def test_an_outcome_wakes_the_decode_loop_and_polls_ask_the_prefill_to_wait(layout) -> None:
+    """The decode's scheduler loop hears of a room's end when the watcher does
+    (``on_outcome``), not at its next look; the watcher's polls let the prefill answer
+    when a room ends (``wait_ms``) instead of asking every few milliseconds."""
+    woken = threading.Event()
+    room_watcher = RoomWatcher("127.0.0.1:1", layout, timeout_s=1.0, on_outcome=woken.set)
+    with FakeBootstrap(done_with({"first_token": 5})) as fake:
+        room_watcher.claim("k", _at(fake, 3), [0], HASH)
+        assert woken.wait(timeout=30)
+        assert room_watcher.done() == [("k", RoomReport("done", {"first_token": 5}, ""))]
+        polls = [body for path, body, _ in fake.calls if path == "/rooms/status"]
+    assert polls == [{"rooms": [3], "cancel": [], "wait_ms": 100}]
