@@ -45,8 +45,10 @@ class _Recorder:
         self.ready = ready
 
     # io
-    def receive(self, wait_ms: int) -> list[object]:
-        return []
+    leader = True
+
+    def receive(self, wait_ms: int, local: list[object]) -> list[object]:
+        return list(local)
 
     def send_detokenizer(self, batch: TokenBatch) -> None:
         self.events += [f"send {out.rid} {out.new_token_ids}" for out in batch.outputs]
@@ -80,6 +82,7 @@ def _loop(recorder: _Recorder) -> SchedulerLoop:
     loop.io = loop.scheduler = loop.role = recorder  # type: ignore[assignment]
     loop.watchdog = SimpleNamespace(tick=lambda busy: None)  # type: ignore[assignment]
     loop._publish_stats = lambda force=False: None  # type: ignore[method-assign]
+    loop.lora_loads = None  # (no --enable-lora)
     return loop
 
 
