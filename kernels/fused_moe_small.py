@@ -142,11 +142,12 @@ class SmallBatchConfig(NamedTuple):
     num_warps: int = 4
 
 
-# NOTE: not swept on a GPU yet. gemv.py's H100 sweep found 2 rows x 1024 columns (2,048
-# elements a step, 4 warps) best for one token; these keep about that tile per program
-# (gate/up: 4 rows x 512; down: top-8 x 2 rows x 256 = 4,096) with the pair axis giving
-# the parallelism. benchmarks/bench_experts.py times a few alternatives at batch 1.
-DEFAULT_CONFIG = SmallBatchConfig()
+# NOTE: swept on an H200 (benchmarks/bench_experts.py, Qwen3-30B-A3B's experts in a CUDA
+# graph, 13 tile configurations): 1 row x 1024 columns for gate/up and top-8 x 1 row x 128
+# for down was fastest at every batch the path serves: 25.8 / 82.8 / 152 us at batch 1 / 4
+# / 8 (61% / 69% / 66% of HBM bandwidth), against 32.7 / 92.5 / 166 us for the unswept
+# 2 x 512 and 2 x 256 tiles (benchmarks/results/models.md).
+DEFAULT_CONFIG = SmallBatchConfig(gate_up_n=1, gate_up_k=1024, down_n=1, down_k=128)
 # NOTE: Triton's CPU interpreter pays per program, so its tests run taller tiles (the masks
 # and several blocks of rows are still exercised at the tests' shapes).
 INTERPRETER_CONFIG = SmallBatchConfig(gate_up_n=16, down_n=8)
