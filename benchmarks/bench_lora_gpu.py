@@ -56,9 +56,18 @@ def decode_rate(engine, bs: int, adapters: list[str | None], new_tokens: int = 1
     engine.generate(input_ids=prompts, sampling_params=params, lora_path=paths)
     torch.cuda.synchronize()
     start = time.perf_counter()
-    engine.generate(input_ids=prompts, sampling_params=params, lora_path=paths)
+    results = engine.generate(input_ids=prompts, sampling_params=params, lora_path=paths)
     torch.cuda.synchronize()
-    return bs * new_tokens / (time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    # NOTE: a request that failed (a kernel that does not launch) ends at once: without
+    # this check its run reported 30,000 tok/s
+    short = [r for r in results if len(r.output_ids) != new_tokens]
+    if short:
+        raise RuntimeError(
+            f"{len(short)} of {bs} requests ended short of {new_tokens} tokens: "
+            f"{short[0].finish_reason}"
+        )
+    return bs * new_tokens / seconds
 
 
 def time_us(fn, iters: int, cuda: bool) -> float:
