@@ -9,26 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+# the chain tests' prompt set: a stop token, EOS and max_tokens cut-offs
+from test_spec_eagle import PROMPTS, _params
+
 from kvflow.runtime.sampling import SamplingParams
 from kvflow.runtime.scheduler import Req
 from kvflow.runtime.speculative.tree import DraftTree
 from kvflow.runtime.wire import GenerateRequest
-
-PROMPTS = [[(5 * i + j % (3 + i)) % 90 for j in range(3 + 9 * i)] for i in range(4)]
-
-
-def _params(stop_token: int) -> list[dict]:
-    return [
-        {"temperature": 0, "max_new_tokens": 30, "ignore_eos": True},
-        {
-            "temperature": 0,
-            "max_new_tokens": 25,
-            "stop_token_ids": [stop_token],
-            "ignore_eos": True,
-        },
-        {"temperature": 0, "max_new_tokens": 17},  # EOS (95) ends it
-        {"temperature": 0, "max_new_tokens": 1, "ignore_eos": True},
-    ]
 
 
 def _tree(tiny_engine, target, head, algorithm="EAGLE", topk=2, steps=3, draft_tokens=6, **kw):
