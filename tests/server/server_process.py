@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -14,10 +15,31 @@ import httpx
 START_TIMEOUT_S = 240
 
 
+def _fixed_ports() -> range:
+    """Ports below the kernel's ephemeral range: a port a process takes with bind(0) (the
+    runtime's rendezvous stores, gloo, every outgoing connection) is never one of them, so
+    one picked here stays free until its server binds it."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return range(20000, max(low, 20001))
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port free a moment ago, outside the ephemeral range: a port from bind(0),
+    released and handed to a PD server at TP 2 that binds it after loading, was taken
+    meanwhile by some other bind(0) or connection ('address already in use' once in CI)."""
+    ports = _fixed_ports()
+    for _ in range(500):
+        port = random.choice(ports)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {ports.start}-{ports.stop - 1}")
 
 
 def processes_left(pids: list[int], timeout: float = 5.0) -> list[int]:
