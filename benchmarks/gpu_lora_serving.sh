@@ -2,7 +2,7 @@
 # One device-tool call on one GPU (issue 28): SGLang's LoRA serving bar. `kvflow serve` with
 # Llama-3.1-8B shapes (dummy weights) and --enable-lora, four random PEFT adapters resident
 # (a, c: rank 16; b, d: rank 64; all seven projections of every layer), driven by SGLang's
-# own `python -m sglang.bench_serving`: 400 prompts at 8 requests/s, 256 input and 256
+# own `python -P -m sglang.bench_serving`: 400 prompts at 8 requests/s, 256 input and 256
 # output tokens each (--random-range-ratio 1; dataset random-ids: SGLang's `random` reads
 # ShareGPT, which the GPU machine cannot download). Phases, one server:
 #

@@ -142,12 +142,14 @@ def _launch(
     seg_indptr: torch.Tensor,
     seg_slots: torch.Tensor,
     max_seg_len: int,
-    k_per_split: int,
+    k_per_split: int | None,
     accumulate: bool,
 ) -> None:
-    """``out`` is ``[splits, T, N]`` or ``[T, N]`` (one split of all of K)."""
+    """``out``: ``[splits, T, N]`` or ``[T, N]``; ``k_per_split`` None: one split of all K."""
     n, k = weights.shape[1], weights.shape[2]
     block_m, block_n, block_k = _blocks(max_seg_len, n, k)
+    if k_per_split is None:
+        k_per_split = triton.cdiv(k, block_k) * block_k
     grid = (
         triton.cdiv(max_seg_len, block_m) * triton.cdiv(n, block_n),
         seg_slots.shape[0],
@@ -215,18 +217,7 @@ def lora_expand(
     _check(h, b_weights, seg_indptr)
     if seg_slots.shape[0] == 0 or max_seg_len == 0:
         return out
-    k = b_weights.shape[2]
-    block_k = _blocks(max_seg_len, b_weights.shape[1], k)[2]
-    _launch(
-        h,
-        b_weights,
-        out,
-        seg_indptr,
-        seg_slots,
-        max_seg_len,
-        triton.cdiv(k, block_k) * block_k,
-        True,
-    )
+    _launch(h, b_weights, out, seg_indptr, seg_slots, max_seg_len, None, True)
     return out
 
 

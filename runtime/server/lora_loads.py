@@ -38,7 +38,6 @@ class AdapterLoads:
         self.wake = wake
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="kvflow-lora-read")
         self._pending: dict[str, tuple[str, Future[LoraAdapter]]] = {}
-        self._announced: set[str] = set()
 
     def start(self, request_id: str, name: str, path: str) -> None:
         """Start reading adapter ``name``; ValueError at once for a name loaded or being
@@ -50,20 +49,14 @@ class AdapterLoads:
         self._pending[request_id] = (name, future)
 
     def ready(self) -> list[LoraLoadReady]:
-        """Rank 0: the loads whose read has ended and that no round has carried yet."""
-        done = [
-            rid
-            for rid, (_, future) in self._pending.items()
-            if future.done() and rid not in self._announced
-        ]
-        self._announced.update(done)
-        return [LoraLoadReady(rid) for rid in done]
+        """Rank 0: the loads whose read has ended (the round that carries them finishes
+        them: :meth:`finish`)."""
+        return [LoraLoadReady(rid) for rid, (_, f) in self._pending.items() if f.done()]
 
     def finish(self, request_id: str) -> LoraAdapter | str:
         """This rank's read of load ``request_id`` (waiting for it to end): the adapter, or
         why it was refused. The load is no longer in flight afterwards."""
         _, future = self._pending.pop(request_id)
-        self._announced.discard(request_id)
         try:
             return future.result()
         except ValueError as err:

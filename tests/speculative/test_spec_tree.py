@@ -7,6 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+# the chain rule's statistical check: draws, chi-square bound, seeded generators
+from test_spec_accept import CHI2_4, DRAWS, _chi2, _generators
+
 from kvflow.runtime.mem import ReqToTokenPool
 from kvflow.runtime.speculative.accept import (
     accept_sampled,
@@ -15,21 +18,6 @@ from kvflow.runtime.speculative.accept import (
 )
 from kvflow.runtime.speculative.tree import Candidate, DraftTree, select_tree
 from kvflow.runtime.speculative.tree_rows import spare_rows
-
-DRAWS = 6000
-CHI2_4 = 18.47  # chi-square 0.999 quantile, 4 degrees of freedom
-
-
-def _chi2(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    expected = probs * counts.sum()
-    keep = expected > 0
-    assert counts[~keep].sum() == 0, "a token of probability 0 was drawn"
-    return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
-
-
-def _generators(seed: int):
-    generator = torch.Generator()
-    return lambda j: generator.manual_seed(seed * 1000 + j)
 
 
 def test_select_tree_keeps_the_best_scored_nodes_in_preorder():
