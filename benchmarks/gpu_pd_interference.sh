@@ -264,7 +264,7 @@ save()
 
 # 3. the steady stream, quiet then with long prompts; windows shortened to fit the deadline
 avail = DEADLINE - time.monotonic() - DRAIN_S - 5
-quiet_s = max(0.0, min(QUIET_S, 0.2 * avail))
+quiet_s = max(0.0, min(QUIET_S, avail if LOAD_S == 0 else 0.2 * avail))  # no long window: all
 load_s = max(0.0, min(LOAD_S, avail - quiet_s))
 res["windows_s"] = {"quiet": quiet_s, "long": load_s}
 print(PHASE, f"windows: quiet {quiet_s:.0f} s, long prompts {load_s:.0f} s", flush=True)
