@@ -16,6 +16,8 @@
 #   MODEL=llama-3.1-70b TP=4 bash benchmarks/gpu_http_run.sh http   # tensor parallel, 4 GPUs
 #   MODEL=llama-3.1-8b TP=2 bash benchmarks/gpu_http_run.sh http    # (run on 4 H200s:
 #       benchmarks/results/tp.md)
+#   EXTRA_FLAGS="--quantization fp8" STEPS=ci bash benchmarks/gpu_http_run.sh http
+#       more `kvflow serve` flags (split on spaces): FP8 weights, --kv-cache-dtype fp8_e4m3
 #   TESTS="tests/kernels/x.py ..." bash benchmarks/gpu_http_run.sh smoke
 #       those tests, then the server and a small bench_serving run (32 prompts, input <= 1024,
 #       output <= 128, CUDA graphs up to batch 32): checks the chain works
@@ -57,6 +59,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 cat "$OUT/env.txt"
 
 SERVER_FLAGS=(--max-running-requests 256 --cuda-graph-max-bs 256)
+read -r -a EXTRA <<< "${EXTRA_FLAGS:-}"  # more serve flags, e.g. --quantization fp8
 CI=(--num-prompts 500 --random-input-len 4096 --random-output-len 2048)
 ONLINE=(--num-prompts 100 --random-input-len 4096 --random-output-len 2048 --request-rate 1)
 CLIENT=(--backend sglang-oai)
@@ -84,7 +87,7 @@ esac
 PORT=30000
 TOK=.bench_http/tokenizer
 python3 -P -m kvflow serve --model-path "$MODEL" --tp-size "$TP" --load-format dummy \
-  --tokenizer-path "$TOK" --dtype bfloat16 "${SERVER_FLAGS[@]}" \
+  --tokenizer-path "$TOK" --dtype bfloat16 "${SERVER_FLAGS[@]}" ${EXTRA[@]+"${EXTRA[@]}"} \
   --host 127.0.0.1 --port $PORT > "$OUT/server.log" 2>&1 &
 SERVER=$!
 while [ "$(left)" -gt 0 ]; do
