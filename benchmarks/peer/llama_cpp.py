@@ -5,9 +5,17 @@
         llama_cpp_python-<version>.tar.gz     pip download --no-binary :all: --no-deps
         llama_cpp_python-<version>/vendor/llama.cpp/   the sources
         build/bin/llama-server                cmake -G Ninja (or make), Release, native CPU
+        build-noamx/bin/llama-server          the same without AMX instructions, where the CPU
+                                              lists AMX but using a tile faults (see below)
 
-Rebuilt only when ``build/bin/llama-server`` is missing. Missing build tools (cmake, g++,
-ninja) are installed with apt-get (root, or sudo).
+Rebuilt only when that binary is missing. Missing build tools (cmake, g++, ninja) are
+installed with apt-get (root, or sudo).
+
+Some virtual machines list ``amx_tile``/``amx_int8`` in ``/proc/cpuinfo`` while the first
+tile instruction raises SIGILL (the hypervisor does not enable the tile state). A native
+build then compiles ggml's AMX matmul in and ``llama-server`` dies on its first batch;
+:func:`amx_usable` runs a tile instruction in a child process first, and where it faults
+the build turns AMX off (``-mno-amx-*``), as a user on such a machine has to.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 __all__ = ["LLAMA_CPP_PYTHON_VERSION", "default_cache", "ensure_llama_server", "llama_server_argv"]
@@ -39,6 +48,45 @@ def default_cache(version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
     return root / f"llama.cpp-{version}"
 
 
+_AMX_PROBE = r"""
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+int main(void) {
+    unsigned char cfg[64] = {0};
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */)) return 2;
+    cfg[0] = 1;   /* palette 1 */
+    cfg[16] = 64; /* tile 0: 64 bytes a row */
+    cfg[48] = 1;  /* tile 0: 1 row */
+    _tile_loadconfig(cfg);
+    _tile_zero(0);
+    _tile_release();
+    return 0;
+}
+"""
+_NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def amx_usable() -> bool:
+    """Whether this machine runs AMX tile instructions (False where the CPU does not list
+    AMX, where the compiler cannot build the probe, or where the probe faults)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    if "amx_tile" not in flags:
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        source, probe = Path(tmp) / "probe.c", Path(tmp) / "probe"
+        source.write_text(_AMX_PROBE)
+        built = subprocess.run(
+            ["cc", "-O1", "-mamx-tile", str(source), "-o", str(probe)], capture_output=True
+        )
+        if built.returncode != 0:
+            return False
+        return subprocess.run([str(probe)], capture_output=True).returncode == 0
+
+
 def _install_tools() -> None:
     missing = [pkg for tool, pkg in _DEBIAN_TOOLS.items() if shutil.which(tool) is None]
     if not missing:
@@ -54,7 +102,9 @@ def ensure_llama_server(
 ) -> Path:
     """The ``llama-server`` binary, built on first use (several minutes on 2 cores)."""
     cache = cache or default_cache(version)
-    binary = cache / "build" / "bin" / "llama-server"
+    amx = amx_usable()
+    build = cache / ("build" if amx else "build-noamx")
+    binary = build / "bin" / "llama-server"
     if binary.is_file():
         return binary
     cache.mkdir(parents=True, exist_ok=True)
@@ -67,10 +117,11 @@ def ensure_llama_server(
     if not source.is_dir():
         with tarfile.open(sdist) as archive:
             archive.extractall(cache, filter="data")
-    build = cache / "build"
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    no_amx = () if amx else (f"-DCMAKE_C_FLAGS={_NO_AMX}", f"-DCMAKE_CXX_FLAGS={_NO_AMX}")
     subprocess.run(
-        ["cmake", "-S", str(source), "-B", str(build), *generator, *CMAKE_FLAGS], check=True
+        ["cmake", "-S", str(source), "-B", str(build), *generator, *CMAKE_FLAGS, *no_amx],
+        check=True,
     )
     jobs = jobs or os.cpu_count() or 1
     subprocess.run(

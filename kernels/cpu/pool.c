@@ -48,7 +48,7 @@ static struct {
     _Atomic int spin_ns;  /* how long a waiting thread spins before it sleeps */
     int started;          /* workers created (guarded by `lock`) */
     pthread_mutex_t lock;
-} pool = {.spin_ns = 50000, .lock = PTHREAD_MUTEX_INITIALIZER};
+} pool = {.spin_ns = 300000, .lock = PTHREAD_MUTEX_INITIALIZER};
 
 static inline uint32_t chunks_of(uint64_t w) { return (uint32_t)(w >> 16) & 0xFFFF; }
 static inline uint32_t next_of(uint64_t w) { return (uint32_t)w & 0xFFFF; }
