@@ -296,7 +296,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
         "--servers",
-        default="kvflow,llama-server",
+        default="kvflow,kvflow-gguf,llama-server",
         help=f"comma-separated, from llama-server, {', '.join(SERVERS)}",
     )
     parser.add_argument("--concurrencies", type=int_list, default=(1, 8, 32))

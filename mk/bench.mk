@@ -84,7 +84,7 @@ bench-spec: $(STAMP) ## speculative decoding: NGRAM vs none at one stream, quoti
 BENCH_CPU_PEER_ARGS ?=
 
 .PHONY: bench-cpu-peer
-bench-cpu-peer: $(STAMP) ## kvflow vs llama.cpp's llama-server on CPU, 1/8/32 clients (benchmarks/results/cpu-peer.md)
+bench-cpu-peer: $(STAMP) ## kvflow (defaults and --quantization gguf) vs llama.cpp's llama-server on CPU, 1/8/32 clients (benchmarks/results/cpu-peer.md)
 	$(PY) benchmarks/bench_cpu_peer.py --out benchmarks/results/cpu-peer.md $(BENCH_CPU_PEER_ARGS)
 
 # Start-up benchmark (benchmarks/bench_startup.py): `kvflow serve` to /health 200, rounds

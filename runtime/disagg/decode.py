@@ -31,9 +31,8 @@ from typing import Any
 
 from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.disagg.bootstrap_client import RoomReport
-from kvflow.runtime.disagg.layout import layout_of
 from kvflow.runtime.disagg.ranks import Endpoint
-from kvflow.runtime.disagg.roles import Role, RoleStats
+from kvflow.runtime.disagg.roles import KVRole, RoleStats
 from kvflow.runtime.disagg.transport import KVTransferOptions
 from kvflow.runtime.disagg.watcher import RoomWatcher
 from kvflow.runtime.scheduler import Req, SchedulerPort
@@ -48,7 +47,7 @@ def _grammar_ready(req: Req) -> bool:
     return req.grammar is None or req.grammar.ready
 
 
-class DecodeRole(Role):
+class DecodeRole(KVRole):
     """Owns the pre-allocation and transfer queues (SGLang's names), the requests whose KV
     arrived before their grammar compiled, and the slots quarantined after failures."""
 
@@ -65,14 +64,10 @@ class DecodeRole(Role):
         transfer: KVTransferOptions,
         wake: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__(port, wake)
-        self.lockstep = port.lockstep
+        super().__init__(port, transfer, wake)
         timeout_s = transfer.timeout_s
-        self.transport = transport = transfer.transport()
-        self.layout = layout_of(port.kv_pool, port.model_config, port.page_size, port.kv_heads)
+        transport = self.transport
         self.vocab_size = port.model_config.vocab_size
-        for buffer in (*port.kv_pool.k_buffer, *port.kv_pool.v_buffer):
-            transport.register_buffer(buffer)
         ranks = self.lockstep.gather(
             Endpoint(transport.session_id, self.layout, transport.peer_info())
         )

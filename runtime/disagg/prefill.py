@@ -29,10 +29,10 @@ from typing import Any, NamedTuple
 import torch
 
 from kvflow.runtime.disagg.bootstrap import BootstrapServer
-from kvflow.runtime.disagg.layout import KVLayout, layout_of
+from kvflow.runtime.disagg.layout import KVLayout
 from kvflow.runtime.disagg.plan import SlotPlan, slot_plan
 from kvflow.runtime.disagg.ranks import Endpoint
-from kvflow.runtime.disagg.roles import Role, RoleStats
+from kvflow.runtime.disagg.roles import KVRole, RoleStats
 from kvflow.runtime.disagg.rooms import Claim, Rooms
 from kvflow.runtime.disagg.transfer_log import TimedWrite, TransferLog, timed_write
 from kvflow.runtime.disagg.transport import KVTransferOptions, TransferError
@@ -44,7 +44,7 @@ __all__ = ["PrefillRole"]
 logger = logging.getLogger("kvflow.prefill")
 
 
-class PrefillRole(Role):
+class PrefillRole(KVRole):
     """Owns the inflight queue (SGLang's name): prefilled requests whose KV waits for its
     decode's claim or is on its way; the scheduler parks them (their KV locked) for it.
 
@@ -65,12 +65,8 @@ class PrefillRole(Role):
         transfer: KVTransferOptions,
         wake: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__(port, wake)
-        self.lockstep = port.lockstep
-        self.transport = transport = transfer.transport()
-        self.layout = layout_of(port.kv_pool, port.model_config, port.page_size, port.kv_heads)
-        for buffer in (*port.kv_pool.k_buffer, *port.kv_pool.v_buffer):
-            transport.register_buffer(buffer)
+        super().__init__(port, transfer, wake)
+        transport = self.transport
         layouts = self.lockstep.gather(self.layout)  # rank 0 checks each decode rank's
         self.rooms: Rooms | None = None  # rank 0's
         self.server: BootstrapServer | None = None

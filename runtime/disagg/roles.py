@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 from kvflow.runtime.config import EngineConfig
+from kvflow.runtime.disagg.layout import layout_of
 from kvflow.runtime.disagg.transfer_log import TransferTotals
 from kvflow.runtime.disagg.transport import KVTransferOptions
 from kvflow.runtime.scheduler import Req, SchedulerPort
@@ -22,7 +23,7 @@ from kvflow.runtime.utils import Registry
 from kvflow.runtime.wire import GenerateRequest, TokenOutput
 from kvflow.runtime.wire.disagg import pairing_problem
 
-__all__ = ["ROLES", "Role", "RoleStats", "UnifiedRole", "make_role"]
+__all__ = ["ROLES", "KVRole", "Role", "RoleStats", "UnifiedRole", "make_role"]
 
 
 class RoleStats(NamedTuple):
@@ -98,6 +99,25 @@ class Role:
 
     def stats(self) -> RoleStats:
         return RoleStats()
+
+
+class KVRole(Role):
+    """A role that moves KV (prefill and decode): this rank's transport, from
+    ``transfer``, with every K and V buffer of its pool registered, and the pool's
+    :class:`~kvflow.runtime.disagg.layout.KVLayout` as the peer sees it."""
+
+    def __init__(
+        self,
+        port: SchedulerPort,
+        transfer: KVTransferOptions,
+        wake: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(port, wake)
+        self.lockstep = port.lockstep
+        self.transport = transfer.transport()
+        self.layout = layout_of(port.kv_pool, port.model_config, port.page_size, port.kv_heads)
+        for buffer in (*port.kv_pool.k_buffer, *port.kv_pool.v_buffer):
+            self.transport.register_buffer(buffer)
 
 
 def _stay() -> None:
