@@ -29,6 +29,7 @@ __all__ = [
     "INTERNAL_KEY_ENV",
     "KV_TRANSFER_PORT_RANGE",
     "LORA_ADAPTERS_ANNOTATION",
+    "LORA_READ_TIMEOUT_ENV",
     "METRICS_PATH",
     "MODEL_CACHE_ENV",
     "MOONCAKE_CONFIG_ENV",
@@ -97,6 +98,9 @@ INTERNAL_KEY_ENV = "KVFLOW_INTERNAL_KEY"
 # SGLang's: seconds a prefill waits for the two halves of a room to meet (the decode's
 # claim of a prefilled prompt, or the prefill request of a claimed room); default 300.
 BOOTSTRAP_TIMEOUT_ENV = "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"
+# seconds a /load_lora_adapter's read of the adapter's files may take before the load is
+# refused (default 300; the read runs off the scheduler's loop)
+LORA_READ_TIMEOUT_ENV = "KVFLOW_LORA_READ_TIMEOUT_S"
 MODEL_CACHE_ENV = "KVFLOW_CACHE_DIR"  # where converted/embedded models are cached
 POD_IP_ENV = "KVFLOW_POD_IP"  # the pod's own IP: advertised to KV-transfer peers
 # Path of a JSON file with the Mooncake store client settings (keys as SGLang's

@@ -91,6 +91,7 @@ class ServerArgs:
     tool_call_parser: str | None = None  # reads tool calls out of chat answers (SGLang's names)
     reasoning_parser: str | None = None  # splits <think> reasoning from chat answers
     chat_template: str | None = None  # a Jinja file that replaces the tokenizer's template
+    lora_read_timeout: float = 300.0  # seconds an adapter's files may take to read
 
     @property
     def model_name(self) -> str:
@@ -337,15 +338,21 @@ def _kv_transfer(
 
 def _bootstrap_timeout(parser: argparse.ArgumentParser, default: float) -> float:
     """``$SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT`` (seconds, > 0), SGLang's knob."""
-    raw = os.environ.get(contract.BOOTSTRAP_TIMEOUT_ENV, "").strip()
+    return _seconds_env(parser, contract.BOOTSTRAP_TIMEOUT_ENV, default)
+
+
+def _seconds_env(parser: argparse.ArgumentParser, name: str, default: float) -> float:
+    """Environment variable ``name`` as seconds > 0 (``default`` where unset); any other
+    value is a one-line start-up error."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
         return default
     try:
         value = float(raw)
     except ValueError:
         value = 0.0
-    if not value > 0:
-        parser.error(f"${contract.BOOTSTRAP_TIMEOUT_ENV} must be seconds > 0, not {raw!r}")
+    if not value > 0 or value == float("inf"):
+        parser.error(f"${name} must be seconds > 0, not {raw!r}")
     return value
 
 
@@ -495,4 +502,7 @@ def parse_args(argv: list[str]) -> ServerArgs:
         tool_call_parser=ns.tool_call_parser,
         reasoning_parser=ns.reasoning_parser,
         chat_template=_chat_template(parser, ns),
+        lora_read_timeout=_seconds_env(
+            parser, contract.LORA_READ_TIMEOUT_ENV, ServerArgs.lora_read_timeout
+        ),
     )

@@ -127,7 +127,9 @@ class SchedulerLoop:
         self.watchdog = Watchdog(args.watchdog_timeout)
         self._last_stats = 0.0
         self.lora_loads = (
-            None if self.runner.lora is None else AdapterLoads(self.runner.lora, self.io.wake)
+            None
+            if self.runner.lora is None
+            else AdapterLoads(self.runner.lora, self.io.wake, args.lora_read_timeout)
         )
 
     def ready_info(self) -> dict[str, Any]:
@@ -164,7 +166,7 @@ class SchedulerLoop:
             if reply is not None:  # (None: a load reading its files, answered once read)
                 self.io.send_tokenizer(reply)
         elif isinstance(message, LoraLoadReady):
-            self.io.send_tokenizer(self._finish_load(message.request_id))
+            self.io.send_tokenizer(self._finish_load(message.request_id, message.expired))
         return []
 
     def _add(self, message: GenerateRequest) -> list[TokenOutput]:
@@ -236,11 +238,12 @@ class SchedulerLoop:
             )
         self.lora_loads.manager.unload(name)
 
-    def _finish_load(self, request_id: str) -> ControlReply:
-        """Register a read adapter, on every rank or none: a rank whose read failed fails
-        the load on all of them, else the ranks would run different models."""
+    def _finish_load(self, request_id: str, expired: bool) -> ControlReply:
+        """Register a read adapter, on every rank or none: a rank whose read failed (or,
+        ``expired``, rank 0's did not end in time) fails the load on all of them, else the
+        ranks would run different models."""
         assert self.lora_loads is not None
-        read = self.lora_loads.finish(request_id)
+        read = self.lora_loads.finish(request_id, expired)
         problems = self.lockstep.gather(read if isinstance(read, str) else None)
         problem = next((p for p in problems if p), None)
         if problem is None and not isinstance(read, str):

@@ -82,12 +82,17 @@ class ServerProcess:
     """A server started with extra flags (float32 on CPU unless they name a dtype:
     `float32_on_cpu`); ``url`` is its base URL."""
 
-    def __init__(self, *flags: str, log: Path) -> None:
+    def __init__(self, *flags: str, log: Path, env: dict[str, str] | None = None) -> None:
         flags = float32_on_cpu(flags)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            **(env or {}),
+        }
         self.proc = subprocess.Popen(
             [sys.executable, "-P", "-m", "kvflow", "serve", "--port", str(self.port), *flags],
             stdout=log.open("w"),
