@@ -16,11 +16,13 @@ from kvflow.kernels import cpu
 from kvflow.kernels.cpu.features import native_bf16
 
 MAX_NEW = 24  # as many as the reference (tests/runtime/conftest.py, PARITY_MAX_NEW)
-# prompt index -> tokens equal before bfloat16 with GGUF weights takes another greedy path
-# (3: "List three primary colors ...", where the bfloat16 default parts too,
-# tests/runtime/test_cpu_dtype.py; 7: "Name a planet."; 9: "Why is the sky blue?"). Which
-# prompts part moves with the order of float32 sums (the dense tiles from 16 rows moved
-# them from {1: 1, 3: 10}); float32 above is the exact check.
+# prompt index -> tokens equal at least before bfloat16 with GGUF weights may take another
+# greedy path (3: "List three primary colors ...", where the bfloat16 default parts too,
+# tests/runtime/test_cpu_dtype.py; 7: "Name a planet."; 9: "Why is the sky blue?"); every
+# other prompt is equal throughout. Which prompts part moves with the order of float32
+# sums (the dense tiles from 16 rows moved them from {1: 1, 3: 10}) and with the machine
+# the kernels are compiled for (on a 2-core Xeon that lists AMX prompt 9 stays equal
+# throughout); float32 above is the exact check.
 GGUF_BF16_PARTS_AT = {3: 10, 7: 9, 9: 16}
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="no native CPU kernels here")
@@ -72,10 +74,10 @@ def test_float32_gguf_weights_match_transformers_on_every_prompt(
 
 
 @pytest.mark.skipif(not native_bf16(), reason="the CPU has no native bfloat16")
-def test_bfloat16_gguf_weights_part_only_where_documented(make_engine, prompts, hf_gguf_greedy):
+def test_bfloat16_gguf_weights_part_no_earlier_than_documented(
+    make_engine, prompts, hf_gguf_greedy
+):
     engine = make_engine(quantization="gguf", device="cpu", dtype="bfloat16")
     for index, (want, got) in enumerate(zip(hf_gguf_greedy, _greedy(engine, prompts), strict=True)):
         equal = GGUF_BF16_PARTS_AT.get(index, len(want))
         assert got[:equal] == want[:equal], f"prompt {index}"
-        if index in GGUF_BF16_PARTS_AT:  # it no longer parts there: update the table
-            assert got != want, f"prompt {index}"
