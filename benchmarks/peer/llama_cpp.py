@@ -14,7 +14,7 @@ installed with apt-get (root, or sudo).
 Some virtual machines list ``amx_tile``/``amx_int8`` in ``/proc/cpuinfo`` while the first
 tile instruction raises SIGILL (the hypervisor does not enable the tile state). A native
 build then compiles ggml's AMX matmul in and ``llama-server`` dies on its first batch;
-:func:`amx_usable` runs a tile instruction in a child process first, and where it faults
+:func:`amx_faults` runs a tile instruction in a child process first, and where it faults
 the build turns AMX off (``-mno-amx-*``), as a user on such a machine has to.
 """
 
@@ -67,9 +67,10 @@ int main(void) {
 _NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
-def amx_usable() -> bool:
-    """Whether this machine runs AMX tile instructions (False where the CPU does not list
-    AMX, where the compiler cannot build the probe, or where the probe faults)."""
+def amx_faults() -> bool:
+    """Whether this machine lists AMX in ``/proc/cpuinfo`` but its first tile instruction
+    faults (False where AMX is not listed, or where the compiler cannot build the probe:
+    the native build is then left as it was)."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -84,7 +85,7 @@ def amx_usable() -> bool:
         )
         if built.returncode != 0:
             return False
-        return subprocess.run([str(probe)], capture_output=True).returncode == 0
+        return subprocess.run([str(probe)], capture_output=True).returncode != 0
 
 
 def _install_tools() -> None:
@@ -102,8 +103,8 @@ def ensure_llama_server(
 ) -> Path:
     """The ``llama-server`` binary, built on first use (several minutes on 2 cores)."""
     cache = cache or default_cache(version)
-    amx = amx_usable()
-    build = cache / ("build" if amx else "build-noamx")
+    no_amx = amx_faults()
+    build = cache / ("build-noamx" if no_amx else "build")
     binary = build / "bin" / "llama-server"
     if binary.is_file():
         return binary
@@ -118,9 +119,9 @@ def ensure_llama_server(
         with tarfile.open(sdist) as archive:
             archive.extractall(cache, filter="data")
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-    no_amx = () if amx else (f"-DCMAKE_C_FLAGS={_NO_AMX}", f"-DCMAKE_CXX_FLAGS={_NO_AMX}")
+    amx_off = (f"-DCMAKE_C_FLAGS={_NO_AMX}", f"-DCMAKE_CXX_FLAGS={_NO_AMX}") if no_amx else ()
     subprocess.run(
-        ["cmake", "-S", str(source), "-B", str(build), *generator, *CMAKE_FLAGS, *no_amx],
+        ["cmake", "-S", str(source), "-B", str(build), *generator, *CMAKE_FLAGS, *amx_off],
         check=True,
     )
     jobs = jobs or os.cpu_count() or 1

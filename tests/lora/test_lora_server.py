@@ -190,7 +190,11 @@ def test_a_read_that_never_ends_is_refused_in_time_and_holds_up_no_other_load(
     assert READ_TIMEOUT_S <= waited < READ_TIMEOUT_S + 30
     loaded = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]
     assert {m["id"] for m in loaded} == {"base", "a", "other"}
-    for name in ("other",):
+    again = httpx.post(  # the refused load's name is free again
+        url, json={"lora_name": "stuck", "lora_path": str(checkpoints["b"])}, timeout=60
+    )
+    assert again.status_code == 200, again.text
+    for name in ("other", "stuck"):
         unloaded = httpx.post(
             f"{server.url}/unload_lora_adapter", json={"lora_name": name}, timeout=60
         )
