@@ -10,6 +10,8 @@
 #                           every id the random-weight model samples decodes to text (else
 #                           bench_serving skips those chunks and TTFT/ITL come out wrong);
 #                           bench_serving's random-ids prompts still draw from the 49,152
+#                           (benchmarks/bench_tokenizer.py; gpu_http_run.sh resizes it again
+#                           to another shape's vocabulary: Qwen, Mistral, Gemma)
 #   .bench_http/sglang/     SGLang 0.5.23's Python files that `import sglang.bench_serving`
 #                           and a random-ids run load (benchmarks/gpu_http_sglang_files.txt,
 #                           listed from sys.modules after such a run), plus the kernels/jit
@@ -38,20 +40,7 @@ mkdir -p .whl/grammar .whl/http .bench_http/tokenizer .bench_http/sglang
   multiprocess==0.70.19 loguru==0.7.3 compressed-tensors==0.20.0 gguf==0.19.0 httpx2==2.16.2 \
   httpcore2==2.16.2 truststore==0.10.5 ipython==9.18.1 traitlets==5.16.1 sniffio==1.3.1
 MODEL=$(.venv/bin/python -P -c 'from kvflow.runtime.models import embedded_model_path as p; print(p())')
-cp "$MODEL/tokenizer_config.json" .bench_http/tokenizer/
-.venv/bin/python - "$MODEL/tokenizer.json" .bench_http/tokenizer/tokenizer.json 128256 <<'PY'
-import json, sys
-
-src, dst, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
-tok = json.load(open(src))
-added = tok.get("added_tokens", [])
-used = {a["id"] for a in added} | set(tok["model"]["vocab"].values())
-for i in range(max(used) + 1, size):
-    added.append({"id": i, "content": f"<|pad{i}|>", "single_word": False, "lstrip": False,
-                  "rstrip": False, "normalized": False, "special": False})
-tok["added_tokens"] = added
-json.dump(tok, open(dst, "w"))
-PY
+.venv/bin/python -P benchmarks/bench_tokenizer.py "$MODEL" .bench_http/tokenizer 128256
 while read -r rel; do
   mkdir -p ".bench_http/sglang/$(dirname "$rel")"
   cp "$SITE/$rel" ".bench_http/sglang/$rel"

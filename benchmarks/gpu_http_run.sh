@@ -18,6 +18,7 @@
 #       benchmarks/results/tp.md)
 #   EXTRA_FLAGS="--quantization fp8" STEPS=ci bash benchmarks/gpu_http_run.sh http
 #       more `kvflow serve` flags (split on spaces): FP8 weights, --kv-cache-dtype fp8_e4m3
+#   MODEL=qwen3-30b-a3b STEPS=ci bash benchmarks/gpu_http_run.sh http   # another family's shape
 #   TESTS="tests/kernels/x.py ..." bash benchmarks/gpu_http_run.sh smoke
 #       those tests, then the server and a small bench_serving run (32 prompts, input <= 1024,
 #       output <= 128, CUDA graphs up to batch 32): checks the chain works
@@ -38,7 +39,7 @@ STOP_AT=${2:-570}  # seconds after the start by which every step must have ended
 STEPS=${STEPS:-ci online offline}  # which of the steps below run
 OFFLINE_PARTS=${OFFLINE_PARTS:-throughput}  # bench_gpu.py parts of the offline step
 OUT=${OUT:-/tmp/out}
-MODEL=${MODEL:-llama-3.1-8b}  # a shipped dummy config (runtime/configs/): llama-3.1-70b too
+MODEL=${MODEL:-llama-3.1-8b}  # a shipped dummy config (runtime/configs/): qwen3-8b, gemma-2-9b...
 TP=${TP:-1}  # --tp-size: 2 for 8B, 4 or 8 for 70B on a several-GPU machine
 mkdir -p "$OUT"
 T0=$(date +%s)
@@ -85,7 +86,10 @@ case "$MODE" in
 esac
 
 PORT=30000
-TOK=.bench_http/tokenizer
+# The embedded tokenizer resized to this shape's vocabulary (benchmarks/bench_tokenizer.py).
+VOCAB=$(python3 -P -c "import json; from kvflow.runtime.config import DUMMY_CONFIGS as C; print(json.load(open(C['$MODEL']))['vocab_size'])") || exit 1
+TOK=/tmp/bench-tokenizer-$VOCAB
+python3 -P benchmarks/bench_tokenizer.py .bench_http/tokenizer "$TOK" "$VOCAB" || exit 1
 python3 -P -m kvflow serve --model-path "$MODEL" --tp-size "$TP" --load-format dummy \
   --tokenizer-path "$TOK" --dtype bfloat16 "${SERVER_FLAGS[@]}" ${EXTRA[@]+"${EXTRA[@]}"} \
   --host 127.0.0.1 --port $PORT > "$OUT/server.log" 2>&1 &
