@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,7 @@ import zmq.asyncio
 
 from kvflow.runtime.wire.messages import dumps, loads
 
-__all__ = ["IpcPaths", "Puller", "Pusher", "make_ipc_paths"]
+__all__ = ["IpcPaths", "Puller", "Pusher", "make_ipc_paths", "remove_ipc_paths"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,13 @@ def make_ipc_paths() -> IpcPaths:
     return IpcPaths(
         *(f"ipc://{folder / name}" for name in ("scheduler", "detokenizer", "tokenizer"))
     )
+
+
+def remove_ipc_paths(paths: IpcPaths) -> None:
+    """Deletes the private directory of ``paths`` (its socket files), once no process uses it."""
+    folder = Path(paths.to_scheduler.removeprefix("ipc://")).parent
+    if folder.name.startswith("kvflow-ipc-"):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class Pusher:

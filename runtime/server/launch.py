@@ -24,7 +24,7 @@ from typing import Any
 from kvflow.runtime.config import ModelConfig
 from kvflow.runtime.models import check_draft_model, check_supported, resolve_model_path
 from kvflow.runtime.server.args import ServerArgs
-from kvflow.runtime.server.ipc import IpcPaths, make_ipc_paths
+from kvflow.runtime.server.ipc import IpcPaths, make_ipc_paths, remove_ipc_paths
 from kvflow.runtime.server.lifeline import describe_exit, run_tied_to_parent
 from kvflow.runtime.server.parallel import check_parallel, rank_places
 from kvflow.runtime.tokenizer import load_chat_template, load_tokenizer, tokenizer_folder
@@ -194,3 +194,4 @@ def launch_server(args: ServerArgs) -> int:
         return 1
     finally:
         _reap(procs)
+        remove_ipc_paths(paths)

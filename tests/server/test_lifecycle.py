@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import psutil
@@ -26,8 +27,18 @@ LONG = {
 }
 
 
+def _ipc_folders(tmp: Path) -> list[Path]:
+    """The private socket folders (runtime/server/ipc.py) a server made under ``tmp``."""
+    return sorted(tmp.glob("kvflow-ipc-*"))
+
+
 def test_sigterm_drains_in_flight_and_refuses_new(embedded_ready, tmp_path):
-    server = ServerProcess("--drain-timeout", "240", log=tmp_path / "server.log")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    server = ServerProcess(
+        "--drain-timeout", "240", log=tmp_path / "server.log", env={"TMPDIR": str(tmp)}
+    )
+    assert len(_ipc_folders(tmp)) == 1
     try:
         result: dict = {}
         streaming = threading.Event()
@@ -59,10 +70,13 @@ def test_sigterm_drains_in_flight_and_refuses_new(embedded_ready, tmp_path):
         server.stop()
     # none of the server's processes outlive it (other tests' servers may still run here)
     assert not processes_left(tree)
+    assert not _ipc_folders(tmp), "the server's socket folder outlived it"
 
 
 def test_dead_scheduler_makes_the_server_fail_fast_and_exit(embedded_ready, tmp_path):
-    server = ServerProcess(log=tmp_path / "server.log")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    server = ServerProcess(log=tmp_path / "server.log", env={"TMPDIR": str(tmp)})
     try:
         children = psutil.Process(server.proc.pid).children()
         assert len(children) >= 2  # scheduler + detokenizer (+ multiprocessing's tracker)
@@ -72,6 +86,7 @@ def test_dead_scheduler_makes_the_server_fail_fast_and_exit(embedded_ready, tmp_
         assert code != 0
     finally:
         server.stop()
+    assert not _ipc_folders(tmp), "the server's socket folder outlived it"
     log = (tmp_path / "server.log").read_text()
     assert "kvflow-scheduler was killed by SIGKILL (out of memory?)" in log, log[-2000:]
     assert "the server exits" in log
