@@ -24,6 +24,7 @@ from kvflow.runtime.models import resolve_model_path, target_features
 from kvflow.runtime.models.loader import load_model
 from kvflow.runtime.pooling import PoolingType, pooling_of
 from kvflow.runtime.sampling import Sampler
+from kvflow.runtime.speculative.footprint import draft_footprint
 
 __all__ = ["ModelRunner"]
 logger = logging.getLogger(__name__)
@@ -222,11 +223,14 @@ class ModelRunner:
 
     def _num_kv_pages(self) -> int:
         mc, cfg = self.model_config, self.config
+        # a draft model's pool gets as many slots as this one: the budget holds both
+        draft = draft_footprint(cfg, self.dtype, self.kv_dtype)
         per_token = (
             KVPool.bytes_per_token(
                 mc.num_layers, self.heads.num_kv_heads, mc.head_dim, self.kv_dtype
             )
             + self._feature_bytes()
+            + (draft.kv_bytes_per_token if draft else 0)
         )
         if cfg.max_total_tokens:
             tokens = cfg.max_total_tokens
@@ -240,6 +244,7 @@ class ModelRunner:
             torch.cuda.empty_cache()
             free, total = torch.cuda.mem_get_info()
             budget = free - total * (1 - cfg.mem_fraction_static)
+            budget -= draft.weight_bytes if draft else 0  # loaded after this pool
             tokens = int(max(budget, 0)) // per_token
         if self.tp is not None:  # every rank schedules the same pages
             tokens = self.tp.min_int(tokens)

@@ -86,3 +86,31 @@ def test_seeded_sampling_is_reproducible(tiny_models, tiny_engine, eagle_heads, 
     assert all(len(ids) == 20 for ids in first)
     assert engine.scheduler.spec.drafted_tokens > 0  # (a random model's p(d) is small)
     assert engine.is_memory_free()
+
+
+def _pool_bytes(runner) -> int:
+    pool = runner.kv_pool
+    return sum(buf.numel() * buf.element_size() for buf in (*pool.k_buffer, *pool.v_buffer))
+
+
+@pytest.mark.parametrize("algorithm", ["standalone", "eagle"])
+def test_the_kv_budget_holds_the_draft_pool_too(tiny_models, tiny_engine, eagle_heads, algorithm):
+    """The draft's pool gets as many slots as the target's, so the target sizes its own
+    with the draft's bytes per token counted (runtime/speculative/footprint.py): together
+    they stay within the budget (``cpu_kv_cache_gb`` here; on CUDA the memory fraction,
+    less the draft's weights), where before the draft's pool came on top of it."""
+    budget_gb = 1 / 1024  # 1 MiB
+    plain = tiny_engine(tiny_models["target"], max_total_tokens=None, cpu_kv_cache_gb=budget_gb)
+    spec = _specs(tiny_models, eagle_heads)[algorithm]
+    engine = tiny_engine(
+        tiny_models["target"], max_total_tokens=None, cpu_kv_cache_gb=budget_gb, **spec
+    )
+    target = engine.runner
+    draft = engine.scheduler.spec.drafter.runner
+    assert draft.allocator.size == target.allocator.size
+    assert target.allocator.size < plain.runner.allocator.size
+    hidden = 0 if target.hidden_pool is None else target.hidden_pool.numel() * 4  # float32
+    assert _pool_bytes(target) + hidden + _pool_bytes(draft) <= budget_gb * (1 << 30) * 1.01
+    params = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+    assert all(r.output_ids for r in engine.generate(input_ids=PROMPTS, sampling_params=params))
+    assert engine.is_memory_free()
