@@ -21,27 +21,44 @@ __all__ = ["fp8_gemv", "fp8_gemv_ref"]
 def _fp8_gemv_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr,
     N, K, stride_wn, stride_sn, block_n, block_k,
-    BLOCKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCKED: tl.constexpr, GROUP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    """``GROUP_K`` > 0 (block scales whose blocks hold the tile: ``block_k`` divides
+    ``BLOCK_K``, the tile's rows are in one block row): each 128-column group is summed
+    first and scaled once, one scale per group and tile instead of one per element."""
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
     s_rows = s_ptr + (offs_n // block_n)[:, None] * stride_sn
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    if GROUP_K > 0:
+        groups = tl.zeros([BLOCK_N, BLOCK_K // GROUP_K], tl.float32)
+        offs_g = tl.arange(0, BLOCK_K // GROUP_K)
+        s_row = s_ptr + ((pid * BLOCK_N) // block_n) * stride_sn
+        num_groups = tl.cdiv(K, GROUP_K)
     for start_k in range(0, K, BLOCK_K):
         mask_k = start_k + offs_k < K
         mask = mask_n[:, None] & mask_k[None, :]
         x = tl.load(x_ptr + start_k + offs_k, mask=mask_k, other=0.0).to(tl.float32)
         w = tl.load(w_ptrs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         product = w * x[None, :]
-        if BLOCKED:
+        if GROUP_K > 0:
+            part = tl.sum(tl.reshape(product, (BLOCK_N, BLOCK_K // GROUP_K, GROUP_K)), axis=2)
+            g = start_k // GROUP_K + offs_g
+            groups += part * tl.load(s_row + g, mask=g < num_groups, other=0.0)[None, :]
+        elif BLOCKED:
             # the scale tensor is small and read once per block column: cached loads
             scale = tl.load(s_rows + ((start_k + offs_k) // block_k)[None, :], mask=mask, other=0.0)
-            product = product * scale
-        acc += product
+            acc += product * scale
+        else:
+            acc += product
         w_ptrs += BLOCK_K
-    out = tl.sum(acc, axis=1)
+    if GROUP_K > 0:
+        out = tl.sum(groups, axis=1)
+    else:
+        out = tl.sum(acc, axis=1)
     if not BLOCKED:
         out = out * tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)
     tl.store(out_ptr + offs_n, out.to(out_ptr.dtype.element_ty), mask=mask_n)
@@ -86,10 +103,12 @@ def fp8_gemv(
     if config is None:
         config = WIDE_K_CONFIG if k > _WIDE_K else DEFAULT_CONFIG
     block_n, block_k, num_warps, num_stages = config
+    scale_n, scale_k = block_size or (1, 1)
+    grouped = blocked and block_k % scale_k == 0 and scale_n % block_n == 0
     _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
         x, w, scale, out,
-        n, k, w.stride(0), scale.stride(0) if blocked else 0, *(block_size or (1, 1)),
-        BLOCKED=blocked, BLOCK_N=block_n, BLOCK_K=block_k,
+        n, k, w.stride(0), scale.stride(0) if blocked else 0, scale_n, scale_k,
+        BLOCKED=blocked, GROUP_K=scale_k if grouped else 0, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out

@@ -134,8 +134,11 @@ def _check_gemv(device: str, n: int, k: int, blocked: bool, dtype: torch.dtype, 
 @pytest.mark.interpret
 @pytest.mark.parametrize("blocked", [True, False], ids=["block", "row"])
 @pytest.mark.parametrize(("n", "k"), [(192, 320), (37, 256)])
-def test_fp8_gemv_interpret(n, k, blocked):
-    _check_gemv(device_for("interpret"), n, k, blocked, torch.float32, config=(4, 128, 4, 1))
+# block scales: 128 and 256 columns a tile sum each 128-column group, then scale it once;
+# 64 scales each element (a tile narrower than a block)
+@pytest.mark.parametrize("tile_k", [128, 256, 64])
+def test_fp8_gemv_interpret(n, k, blocked, tile_k):
+    _check_gemv(device_for("interpret"), n, k, blocked, torch.float32, config=(4, tile_k, 4, 1))
 
 
 @pytest.mark.gpu
