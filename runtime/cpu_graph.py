@@ -36,15 +36,15 @@ from kvflow.runtime.models.causal_lm import CausalLM
 __all__ = ["CpuDecodeGraph"]
 
 
-def _packed(layer: LinearBase, silu_mul: bool, bias: bool = False) -> PackedWeight | None:
+def _panels(layer: LinearBase, silu_mul: bool, bias: bool = False) -> torch.Tensor | None:
     """The layer's native panels, where they are the plain unquantized ones the graph runs
     (packed for the fused SwiGLU exactly when ``silu_mul``; a bias only where ``bias``)."""
     if type(layer.method) is not UnquantizedLinearMethod or (layer.bias is not None and not bias):
         return None
     packed = layer.__dict__.get("packed_weight")
-    if not isinstance(packed, PackedWeight) or packed.native is None:
+    if not isinstance(packed, PackedWeight) or packed.silu_mul != silu_mul:
         return None
-    return packed if packed.silu_mul == silu_mul else None
+    return packed.native
 
 
 def _stack_layer(layer: DecoderLayer, attn: CpuKernelBackend) -> StackLayer | None:
@@ -55,10 +55,10 @@ def _stack_layer(layer: DecoderLayer, attn: CpuKernelBackend) -> StackLayer | No
     norms = (layer.input_layernorm, layer.post_attention_layernorm)
     if any(type(norm) is not RMSNorm for norm in norms):
         return None
-    qkv = _packed(self_attn.qkv_proj, False, bias=True)
-    o = _packed(self_attn.o_proj, False)
-    gate_up = _packed(mlp.gate_up_proj, True)
-    down = _packed(mlp.down_proj, False)
+    qkv = _panels(self_attn.qkv_proj, False, bias=True)
+    o = _panels(self_attn.o_proj, False)
+    gate_up = _panels(mlp.gate_up_proj, True)
+    down = _panels(mlp.down_proj, False)
     if qkv is None or o is None or gate_up is None or down is None:
         return None
     layer_id = self_attn.layer_id
@@ -66,10 +66,10 @@ def _stack_layer(layer: DecoderLayer, attn: CpuKernelBackend) -> StackLayer | No
     return StackLayer(
         input_norm=layer.input_layernorm.weight.detach(),
         post_norm=layer.post_attention_layernorm.weight.detach(),
-        qkv=qkv.native,  # type: ignore[arg-type]  # checked in _packed
-        o=o.native,  # type: ignore[arg-type]
-        gate_up=gate_up.native,  # type: ignore[arg-type]
-        down=down.native,  # type: ignore[arg-type]
+        qkv=qkv,
+        o=o,
+        gate_up=gate_up,
+        down=down,
         qkv_bias=None if bias is None else bias.detach(),
         k_buffer=attn.kv_pool.k_buffer[layer_id],
         v_buffer=attn.kv_pool.v_buffer[layer_id],
@@ -96,7 +96,7 @@ class CpuDecodeGraph:
         embed = model.embed_tokens
         if type(embed) is not VocabParallelEmbedding or type(model.norm) is not RMSNorm:
             return None
-        if not isinstance(attn, CpuKernelBackend) or not attn.native or attn.reads_stored_kv:
+        if type(attn) is not CpuKernelBackend or not attn.native or attn.reads_stored_kv:
             return None
         dtype = embed.weight.dtype
         if dtype not in (torch.float32, torch.bfloat16) or attn.model_dtype != dtype:
