@@ -6,7 +6,9 @@ SmolLM2-135M's shapes (9 query heads, 3 KV heads, head_dim 64, hidden 576, inter
 each side is reported, so a noisy shared machine moves both sides alike; compare the ratios.
 Decode attention runs one call per layer over 30 layers' pools (more than a cache holds),
 as a decode step does. The engine rows time `Engine.generate` on 32 prompts of 170 tokens
-with 64 output tokens (EOS ignored), in a subprocess each, alternating on and off.
+with 64 output tokens (EOS ignored), in a subprocess each, alternating on and off; the
+decode-step rows time one request's decode steps with the CPU decode graph
+(:mod:`kvflow.runtime.cpu_graph`) off and on, the same way.
 
     python benchmarks/bench_cpu_kernels.py --out benchmarks/results/cpu-kernels.md
 """
@@ -60,6 +62,25 @@ engine.flush_cache()
 start = time.perf_counter()
 engine.generate(input_ids=prompts, sampling_params=params)
 print(json.dumps({"tok_s": 32 * 64 / (time.perf_counter() - start)}))
+"""
+
+
+DECODE_STEP_RUN = """
+import json, random, sys, time
+from kvflow.runtime.engine import Engine
+from kvflow.runtime.models import embedded_model_path
+engine = Engine(str(embedded_model_path()), dtype=sys.argv[1])
+random.seed(0)
+prompt = [random.randint(100, 40000) for _ in range(100)]
+def run(new):
+    engine.flush_cache()
+    start = time.perf_counter()
+    params = {"temperature": 0, "max_new_tokens": new, "ignore_eos": True}
+    engine.generate(input_ids=prompt, sampling_params=params)
+    return time.perf_counter() - start
+run(8)
+steps = sorted((run(129) - run(1)) / 128 for _ in range(3))
+print(json.dumps({"step_ms": steps[1] * 1e3}))
 """
 
 
@@ -287,31 +308,53 @@ def bench_elementwise(dtype: torch.dtype, reps: int) -> list[str]:
     return _elementwise(dtype, 32, reps) + _elementwise(dtype, 2048, reps)
 
 
-def bench_engine(dtype: str, rounds: int) -> list[str]:
+def _alternate(script: str, dtype: str, switch: str, rounds: int) -> dict[str, list[float]]:
+    """The number ``script`` prints last (``{"key": value}``), run in a subprocess per
+    round with the environment variable ``switch`` at 0 (off) and 1 (on), alternating."""
     results: dict[str, list[float]] = {"0": [], "1": []}
     for _ in range(rounds):
         for flag in ("0", "1"):
-            env = {**os.environ, "KVFLOW_CPU_KERNELS": flag}
             done = subprocess.run(
-                [sys.executable, "-P", "-c", ENGINE_RUN, dtype],
+                [sys.executable, "-P", "-c", script, dtype],
                 capture_output=True,
                 text=True,
-                env=env,
+                env={**os.environ, switch: flag},
                 check=True,
             )
             results[flag].append(
                 float(done.stdout.strip().splitlines()[-1].split(":")[1].strip(" }"))
             )
-    off, on = statistics.median(results["0"]), statistics.median(results["1"])
+    return results
+
+
+def _runs(results: dict[str, list[float]], unit: str) -> str:
     runs = "; ".join(
         f"{label}: {', '.join(f'{v:.1f}' for v in results[flag])}"
         for label, flag in (("off", "0"), ("on", "1"))
     )
+    return f"({unit}, {runs})"
+
+
+def bench_engine(dtype: str, rounds: int) -> list[str]:
+    results = _alternate(ENGINE_RUN, dtype, "KVFLOW_CPU_KERNELS", rounds)
+    off, on = statistics.median(results["0"]), statistics.median(results["1"])
     return [
         f"| `Engine.generate`, {dtype}, 32 x 170 prompt tokens, 64 output tokens | "
         f"{off:.1f} tok/s | {on:.1f} tok/s | {on / off:.2f}x |",
         "",
-        f"Medians of {rounds} alternating runs each (tok/s, {runs}).",
+        f"Medians of {rounds} alternating runs each {_runs(results, 'tok/s')}.",
+    ]
+
+
+def bench_decode_step(dtype: str, rounds: int) -> list[str]:
+    results = _alternate(DECODE_STEP_RUN, dtype, "KVFLOW_CPU_DECODE_GRAPH", rounds)
+    off, on = statistics.median(results["0"]), statistics.median(results["1"])
+    return [
+        f"| `Engine.generate` decode step, {dtype}, 1 request, 100 prompt tokens | "
+        f"{off:.2f} ms | {on:.2f} ms | {off / on:.2f}x |",
+        "",
+        f"Medians of {rounds} alternating runs each {_runs(results, 'ms per step')}; each run "
+        "the median of 3 (129-token generate - 1-token generate) / 128.",
     ]
 
 
@@ -322,7 +365,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument(
         "--sections",
-        default="projections,attention,elementwise,gguf,engine",
+        default="projections,attention,elementwise,gguf,engine,decode-step",
         help="comma-separated: which tables to measure",
     )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu-kernels.md"))
@@ -396,6 +439,15 @@ def main() -> None:
                 "| --- | ---: | ---: | ---: |",
             ]
             lines += bench_engine(name, args.engine_rounds)
+        if "decode-step" in sections:
+            lines += [
+                "",
+                "### Single-stream decode step: `KVFLOW_CPU_DECODE_GRAPH=0` vs default",
+                "",
+                "| what | per-layer path | decode graph | speed-up |",
+                "| --- | ---: | ---: | ---: |",
+            ]
+            lines += bench_decode_step(name, args.engine_rounds)
     lines += ["", f"Load average after: {', '.join(f'{v:.2f}' for v in os.getloadavg())}.", ""]
     args.out.write_text("\n".join(lines))
     print("\n".join(lines))

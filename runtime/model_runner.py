@@ -10,8 +10,10 @@ import torch
 
 from kvflow.runtime.attention import ATTENTION_BACKENDS
 from kvflow.runtime.config import EngineConfig, ModelConfig
+from kvflow.runtime.cpu_graph import CpuDecodeGraph
 from kvflow.runtime.cuda_graph import CudaGraphRunner, GraphAttention
 from kvflow.runtime.distributed import ShardedHeads, TPGroup, check_tensor_parallel
+from kvflow.runtime.env import cpu_decode_graph
 from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.layers.quantization import (
     KVScales,
@@ -212,6 +214,16 @@ class ModelRunner:
                 self.run_model, self.attn, self.device, max_bs, extra_inputs=extra
             )
             self.graph_runner.capture()
+        # a plain model's CPU decode step in one native call (None: the per-layer path)
+        self.cpu_graph: CpuDecodeGraph | None = None
+        if (
+            self.device == "cpu"
+            and self.lora is None
+            and self.hidden_pool is None
+            and tp is None
+            and cpu_decode_graph()
+        ):
+            self.cpu_graph = CpuDecodeGraph.build(self.model, self.attn)
         logger.info(
             "KV cache: %d tokens in pages of %d (%s)",
             self.allocator.size,
@@ -293,5 +305,7 @@ class ModelRunner:
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
             return self.graph_runner.replay(fb)
+        if self.cpu_graph is not None and self.cpu_graph.can_run(fb):
+            return self.cpu_graph.replay(fb)
         self.attn.init_forward_metadata(fb)
         return self.run_model(fb)

@@ -13,7 +13,7 @@ from kvflow.kernels.cpu.features import native_bf16
 from kvflow.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from kvflow.kernels.cpu import elementwise, gemm, qgemm
+    from kvflow.kernels.cpu import decoder_stack, elementwise, gemm, qgemm
     from kvflow.kernels.cpu.paged_attention import (
         MAX_GROUP,
         MAX_HEAD_DIM,
@@ -33,7 +33,7 @@ else:  # torch-free until a name is used: available() is asked where torch is no
                 "supports",
             )
         },
-        submodules=("elementwise", "gemm", "qgemm"),
+        submodules=("decoder_stack", "elementwise", "gemm", "qgemm"),
     )
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,7 @@ __all__ = [
     "MAX_HEAD_DIM",
     "NativeBuildError",
     "available",
+    "decoder_stack",
     "elementwise",
     "gemm",
     "load_library",

@@ -27,7 +27,14 @@ from typing import Any
 
 __all__ = ["NativeBuildError", "cache_dir", "function", "load_library"]
 
-SOURCES = ("paged_attention.c", "elementwise.c", "gemm.c", "qgemm.c", "pool.c")
+SOURCES = (
+    "paged_attention.c",
+    "elementwise.c",
+    "gemm.c",
+    "qgemm.c",
+    "pool.c",
+    "decoder_stack.c",
+)
 HEADERS = ("bf16.h", "pool.h")
 # -ffast-math's parts, without the option that links crtfastmath.o (see the docstring).
 FAST_MATH = (

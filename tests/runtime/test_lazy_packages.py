@@ -20,7 +20,7 @@ PACKAGES = (
     "kvflow.runtime.lora",
     "kvflow.runtime.scheduler",
 )
-SUBMODULES = {"kvflow.kernels.cpu": ("elementwise", "gemm", "pool", "qgemm")}
+SUBMODULES = {"kvflow.kernels.cpu": ("decoder_stack", "elementwise", "gemm", "pool", "qgemm")}
 
 PROBE = """
 import importlib, sys, types
