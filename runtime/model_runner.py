@@ -23,10 +23,10 @@ from kvflow.runtime.layers.quantization import (
 from kvflow.runtime.lora import LoraGraphInputs, LoraManager, LoraOptions
 from kvflow.runtime.mem import KVPool, ReqToTokenPool, TokenToKVPoolAllocator
 from kvflow.runtime.models import resolve_model_path, target_features
+from kvflow.runtime.models.draft_footprint import draft_footprint
 from kvflow.runtime.models.loader import load_model
 from kvflow.runtime.pooling import PoolingType, pooling_of
 from kvflow.runtime.sampling import Sampler
-from kvflow.runtime.speculative.footprint import draft_footprint
 
 __all__ = ["ModelRunner"]
 logger = logging.getLogger(__name__)

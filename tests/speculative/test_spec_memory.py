@@ -96,7 +96,7 @@ def _pool_bytes(runner) -> int:
 @pytest.mark.parametrize("algorithm", ["standalone", "eagle"])
 def test_the_kv_budget_holds_the_draft_pool_too(tiny_models, tiny_engine, eagle_heads, algorithm):
     """The draft's pool gets as many slots as the target's, so the target sizes its own
-    with the draft's bytes per token counted (runtime/speculative/footprint.py): together
+    with the draft's bytes per token counted (runtime/models/draft_footprint.py): together
     they stay within the budget (``cpu_kv_cache_gb`` here; on CUDA the memory fraction,
     less the draft's weights), where before the draft's pool came on top of it."""
     budget_gb = 1 / 1024  # 1 MiB

@@ -17,7 +17,7 @@ import torch
 
 from kvflow.runtime.config import ModelConfig
 from kvflow.runtime.mem import KVPool
-from kvflow.runtime.models import resolve_model_path
+from kvflow.runtime.models.paths import resolve_model_path
 from kvflow.runtime.models.registry import MODELS
 
 if TYPE_CHECKING:
