@@ -20,6 +20,7 @@ from kvflow.runtime.layers.quantization import (
     check_kv_cache_device,
     kv_cache_torch_dtype,
 )
+from kvflow.runtime.layers.quantization.unquantized import release_float_weights
 from kvflow.runtime.lora import LoraGraphInputs, LoraManager, LoraOptions
 from kvflow.runtime.mem import KVPool, ReqToTokenPool, TokenToKVPoolAllocator
 from kvflow.runtime.models import resolve_model_path, target_features
@@ -231,6 +232,9 @@ class ModelRunner:
             self.kv_dtype,
         )
         if self.device == "cpu":
+            if self.lora is None:  # the packed panels serve every CPU row of these
+                freed = release_float_weights(self.model)
+                logger.debug("released %.1f MB of float weights kept packed", freed / 1e6)
             _trim_heap()
 
     def _num_kv_pages(self) -> int:

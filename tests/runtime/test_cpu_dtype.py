@@ -58,6 +58,10 @@ def test_bf16_default_keeps_transformers_greedy_output(model_path, prompts, hf_g
 
     engine = Engine(str(model_path), max_total_tokens=4096)
     assert engine.runner.dtype == torch.bfloat16
+    # the packed panels serve every row of the projections: their float copies are freed
+    # (release_float_weights), so these tokens come from the panels alone
+    packed = [m for m in engine.runner.model.modules() if m.__dict__.get("packed_weight")]
+    assert packed and all(m.weight.numel() == 0 for m in packed)
     results = engine.generate(
         input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": MAX_NEW}
     )

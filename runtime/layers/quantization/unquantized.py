@@ -19,7 +19,7 @@ from kvflow.runtime.layers.quantization.base import (
     MoEMethod,
 )
 
-__all__ = ["UnquantizedLinearMethod", "UnquantizedMoEMethod"]
+__all__ = ["UnquantizedLinearMethod", "UnquantizedMoEMethod", "release_float_weights"]
 
 _PACKED = "packed_weight"
 
@@ -67,6 +67,31 @@ class UnquantizedLinearMethod(LinearMethod):
         if packed is not None and packed.silu_mul and packed.takes(x) and packed.native_for(x):
             return packed.silu_mul_matmul(x)
         return super().apply_silu_mul(layer, x)
+
+
+def release_float_weights(model: nn.Module) -> int:
+    """Frees the float ``weight`` of every unquantized projection whose packed copy runs all
+    its CPU inputs (native panels, no oneDNN layout: bfloat16), leaving a zero-element
+    parameter of the same dtype in its place, so that a path still reading it fails loudly.
+    Returns the bytes freed. Only for a model without LoRA: an adapter's delta joins the
+    plain product of a merged ``[gate; up]`` (:class:`~kvflow.runtime.lora.layers.LoraLinear`),
+    which the SwiGLU-packed panels cannot give."""
+    freed = 0
+    for module in model.modules():
+        packed = module.__dict__.get(_PACKED)
+        if (
+            not isinstance(packed, PackedWeight)
+            or packed.native is None
+            or packed.onednn is not None
+        ):
+            continue
+        if not isinstance(getattr(module, "method", None), UnquantizedLinearMethod):
+            continue
+        weight = module.weight
+        freed += weight.numel() * weight.element_size()
+        empty = torch.empty(0, dtype=weight.dtype, device=weight.device)
+        module.weight = nn.Parameter(empty, requires_grad=False)
+    return freed
 
 
 class UnquantizedMoEMethod(MoEMethod):
