@@ -88,6 +88,7 @@ def release_float_weights(model: nn.Module) -> int:
         if not isinstance(getattr(module, "method", None), UnquantizedLinearMethod):
             continue
         weight = module.weight
+        assert isinstance(weight, torch.Tensor)
         freed += weight.numel() * weight.element_size()
         empty = torch.empty(0, dtype=weight.dtype, device=weight.device)
         module.weight = nn.Parameter(empty, requires_grad=False)
