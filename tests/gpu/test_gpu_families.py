@@ -1,5 +1,6 @@
 """The dense families on a GPU against transformers: tiny random configs in float32 (CUDA
-graphs on, greedy tokens equal), and each shipped dummy config's real layer shapes (four
+graphs on, greedy tokens equal; Qwen2 with YaRN RoPE among them; ``is_embedding`` pooling
+within cosine 0.999), and each shipped dummy config's real layer shapes (four
 layers) in bfloat16, whose last-position logits must be as close to a float32 reference
 as transformers' own bfloat16 forward is.
 
@@ -39,6 +40,21 @@ FAMILIES = {
         "MistralConfig",
         {"num_key_value_heads": 2, "sliding_window": 24},
     ),
+    # Qwen2.5's long-context recipe: positions reach 88, past the 32 of pretraining
+    "qwen2-yarn": (
+        "Qwen2ForCausalLM",
+        "Qwen2Config",
+        {
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 128,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+                "rope_theta": 10000.0,
+            },
+        },
+    ),
 }
 
 
@@ -50,6 +66,28 @@ def test_family_on_cuda_equals_transformers(tmp_path, family):
     expected = hf_greedy(hf, batch)
     got = engine_greedy(tmp_path, batch, device="cuda", max_running_requests=8, cuda_graph_max_bs=8)
     assert got == expected
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_embeddings_on_cuda_equal_transformers(tmp_path, pooling):
+    """``is_embedding`` on CUDA: pooled, normalised final-norm states against transformers'
+    (float32, chunked prefill so a prompt's pooling spans several steps)."""
+    from test_embeddings import check_close, mark_mean_pooling
+
+    from kvflow.runtime.engine import Engine
+
+    hf = build_hf(tmp_path, "Qwen2ForCausalLM", "Qwen2Config", num_key_value_heads=2)
+    if pooling == "mean":
+        mark_mean_pooling(tmp_path)
+    engine = Engine(
+        str(tmp_path),
+        is_embedding=True,
+        skip_tokenizer_init=True,
+        device="cuda",
+        dtype="float32",
+        chunked_prefill_size=16,
+    )
+    check_close(engine, hf, prompts(), pooling)
 
 
 REAL_SHAPES = ("qwen3-8b", "mistral-7b-v0.3", "qwen3-30b-a3b")
