@@ -12,7 +12,12 @@ from typing import TYPE_CHECKING
 from kvflow.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from kvflow.kernels.activation import silu_and_mul, silu_and_mul_ref
+    from kvflow.kernels.activation import (
+        gelu_tanh_and_mul,
+        gelu_tanh_and_mul_ref,
+        silu_and_mul,
+        silu_and_mul_ref,
+    )
     from kvflow.kernels.decode_attention import (
         MAX_KV_SPLITS,
         decode_attention_fwd,
@@ -63,7 +68,12 @@ else:  # torch-free until a name is used (kvflow.lazy)
     __getattr__ = lazy_exports(
         __name__,
         {
-            ".activation": ("silu_and_mul", "silu_and_mul_ref"),
+            ".activation": (
+                "gelu_tanh_and_mul",
+                "gelu_tanh_and_mul_ref",
+                "silu_and_mul",
+                "silu_and_mul_ref",
+            ),
             ".decode_attention": (
                 "MAX_KV_SPLITS",
                 "decode_attention_fwd",
@@ -138,6 +148,8 @@ __all__ = [
     "fused_moe",
     "fused_moe_ref",
     "fused_moe_small_batch",
+    "gelu_tanh_and_mul",
+    "gelu_tanh_and_mul_ref",
     "gemv",
     "gemv_ref",
     "is_fp8",

@@ -4,7 +4,6 @@ second): SwiGLU's ``silu(gate) * up``, GeGLU's ``gelu_tanh(gate) * up`` (Gemma).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from kvflow import kernels
 from kvflow.kernels import cpu
@@ -22,7 +21,8 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """``gelu(gate, approximate="tanh") * up`` (transformers' ``gelu_pytorch_tanh``), in
-    torch on every device."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.gelu(gate, approximate="tanh") * up
+    """``gelu(gate, approximate="tanh") * up`` (transformers' ``gelu_pytorch_tanh``): the
+    Triton kernel on CUDA, torch elsewhere."""
+    if gate_up.is_cuda and gate_up.dim() == 2:
+        return kernels.gelu_tanh_and_mul(gate_up)
+    return kernels.gelu_tanh_and_mul_ref(gate_up)

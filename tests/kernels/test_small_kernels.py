@@ -1,4 +1,4 @@
-"""silu_and_mul and store_kv_cache against their torch references."""
+"""silu_and_mul, gelu_tanh_and_mul and store_kv_cache against their torch references."""
 
 from __future__ import annotations
 
@@ -6,18 +6,32 @@ import pytest
 import torch
 from kernel_testing import device_for
 
-from kvflow.kernels import silu_and_mul, silu_and_mul_ref, store_kv_cache, store_kv_cache_ref
+from kvflow.kernels import (
+    gelu_tanh_and_mul,
+    gelu_tanh_and_mul_ref,
+    silu_and_mul,
+    silu_and_mul_ref,
+    store_kv_cache,
+    store_kv_cache_ref,
+)
+
+GATED = {
+    "silu": (silu_and_mul, silu_and_mul_ref),
+    "gelu_tanh": (gelu_tanh_and_mul, gelu_tanh_and_mul_ref),
+}
 
 
-def _check_silu_and_mul(device, dtype, tokens, intermediate):
+def _check_silu_and_mul(device, dtype, tokens, intermediate, act="silu"):
+    kernel, reference = GATED[act]
     gen = torch.Generator().manual_seed(tokens + intermediate)
     x = (torch.randn(tokens, 2 * intermediate, generator=gen) * 4).to(dtype)
-    got = silu_and_mul(x.to(device))
+    got = kernel(x.to(device))
     assert got.shape == (tokens, intermediate) and got.dtype == dtype
-    # fp16: Triton's sigmoid and torch's silu may round the activation one ulp apart, and
-    # the product with `up` carries that (seen on H100: 5 of 153600 elements, 1.5e-3 rel).
+    # fp16: Triton's sigmoid and torch's silu (tanh) may round the activation one ulp
+    # apart, and the product with `up` carries that (seen on H100: 5 of 153600 elements,
+    # 1.5e-3 rel).
     close = {"atol": 1e-4, "rtol": 3e-3} if dtype == torch.float16 else {}
-    torch.testing.assert_close(got.cpu(), silu_and_mul_ref(x), **close)
+    torch.testing.assert_close(got.cpu(), reference(x), **close)
 
 
 def _check_store_kv(device, dtype, loc_dtype, tokens, num_heads, head_dim):
@@ -41,15 +55,26 @@ def _check_store_kv(device, dtype, loc_dtype, tokens, num_heads, head_dim):
 @pytest.mark.interpret
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize(("tokens", "intermediate"), [(1, 64), (3, 1500)])
-def test_silu_and_mul_interpret(dtype, tokens, intermediate):
-    _check_silu_and_mul(device_for("interpret"), dtype, tokens, intermediate)
+@pytest.mark.parametrize("act", sorted(GATED))
+def test_silu_and_mul_interpret(dtype, tokens, intermediate, act):
+    _check_silu_and_mul(device_for("interpret"), dtype, tokens, intermediate, act)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize(("tokens", "intermediate"), [(1, 14336), (100, 1536), (7, 1000)])
-def test_silu_and_mul_gpu(dtype, tokens, intermediate):
-    _check_silu_and_mul(device_for("gpu"), dtype, tokens, intermediate)
+@pytest.mark.parametrize("act", sorted(GATED))
+def test_silu_and_mul_gpu(dtype, tokens, intermediate, act):
+    _check_silu_and_mul(device_for("gpu"), dtype, tokens, intermediate, act)
+
+
+def test_gelu_tanh_ref_is_transformers_gelu_pytorch_tanh():
+    from transformers.activations import ACT2FN
+
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(1)).bfloat16()
+    gate, up = x.chunk(2, dim=-1)
+    want = ACT2FN["gelu_pytorch_tanh"](gate) * up
+    torch.testing.assert_close(gelu_tanh_and_mul_ref(x), want, atol=0, rtol=0)
 
 
 @pytest.mark.interpret
