@@ -6,7 +6,9 @@ float32 ``[P, K, 16]`` (panel ``p``, row ``k``: columns ``16p .. 16p + 15`` of r
 ``weight.T``); bfloat16 ``[P, K / 2, 16, 2]`` (pairs of consecutive ``k`` per column, the
 operand layout of ``vdpbf16ps``; ``K`` even). Products are summed in float32 and the output
 rounded once to the storage type, as oneDNN and cuBLAS do. bfloat16 needs a CPU with
-AVX512-BF16 (:func:`supports`).
+AVX512-BF16 (:func:`supports`); where the CPU has AMX (and the library was built there),
+bfloat16 matmuls with ``K`` a multiple of 32 run on the tile unit, reading the same panels
+(:func:`use_amx`; ``KVFLOW_CPU_AMX=0`` turns it off).
 
 A merged ``[gate; up]`` weight packed with ``silu_mul=True`` alternates 16-column blocks of
 gate and up, and :func:`gemm` with ``silu_mul=True`` writes ``silu(gate) * up`` straight from
@@ -23,7 +25,7 @@ import torch
 
 from kvflow.kernels.cpu.build import function
 
-__all__ = ["PANEL", "gemm", "gemm_ref", "pack", "supports"]
+__all__ = ["PANEL", "gemm", "gemm_ref", "pack", "supports", "use_amx"]
 
 PANEL = 16
 _I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
@@ -33,6 +35,14 @@ _GEMM = [_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _PTR, _I64, _INT, _INT]
 @functools.cache
 def _caps() -> int:
     return int(function("kvflow_gemm_caps", [], ctypes.c_int)())
+
+
+def use_amx(enable: bool | None = None) -> bool:
+    """Whether bfloat16 matmuls run on AMX tiles in this process (``k`` a multiple of 32,
+    any row count): ``enable`` True asks for them (granted where the library has
+    them and Linux gives the process the tile state), False turns them off, None asks."""
+    flag = -1 if enable is None else int(enable)
+    return bool(function("kvflow_gemm_amx", [_INT], _INT)(flag))
 
 
 def supports(weight: torch.Tensor, silu_mul: bool = False) -> bool:

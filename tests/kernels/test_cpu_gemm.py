@@ -103,3 +103,63 @@ def test_bias_is_added_before_rounding(dtype) -> None:
     )
     with pytest.raises(ValueError, match="bias"):
         gemm.gemm(x, gemm.pack(weight), 40, bias=bias[:5])
+
+
+@pytest.fixture
+def amx_tiles():
+    """AMX on for the test (skipped where the library or the kernel has none); back on
+    afterwards, as a process starts."""
+    if not gemm.use_amx(True):
+        pytest.skip("no AMX tiles on this CPU (or not granted by the kernel)")
+    yield
+    gemm.use_amx(True)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16, 31, 32, 33, 47, 300])
+@pytest.mark.parametrize(("n", "k"), [(16, 64), (33, 96), (250, 576), (48, 130)])
+@pytest.mark.parametrize("fused", ["plain", "bias", "silu_mul"])
+def test_amx_tiles_equal_the_vector_tiles(amx_tiles, rows, n, k, fused) -> None:
+    """Blocks of 16 and 32 rows on the tile unit, the last rows padded to 16 (k not a
+    multiple of 32: the AVX512 tile), against the AVX512 tile and the float32 reference:
+    within one bfloat16 rounding."""
+    gen = torch.Generator().manual_seed(rows * 7 + n)
+    silu_mul = fused == "silu_mul"
+    n = 2 * 16 * -(-n // 32) if silu_mul else n  # halves of whole panels
+    weight = (torch.randn(n, k, generator=gen) * 0.1).bfloat16()
+    x = torch.randn(rows, k, generator=gen).bfloat16()
+    bias = torch.randn(n, generator=gen) if fused == "bias" else None
+    packed = gemm.pack(weight, silu_mul=silu_mul)
+    got = gemm.gemm(x, packed, n, silu_mul=silu_mul, bias=bias)
+    assert gemm.use_amx(False) is False
+    vector = gemm.gemm(x, packed, n, silu_mul=silu_mul, bias=bias)
+    tol = 2e-2 if silu_mul else 1e-2  # the fused pair rounds three times
+    torch.testing.assert_close(got.float(), vector.float(), atol=tol, rtol=tol)
+    if not silu_mul:
+        want = gemm.gemm_ref(x, weight, bias)
+        torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+def test_amx_can_be_turned_off_by_the_environment(tmp_path) -> None:
+    """``KVFLOW_CPU_AMX=0``: the first use answers off (a fresh process)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from kvflow.kernels.cpu import gemm; print(gemm.use_amx())"
+    env = {**os.environ, "KVFLOW_CPU_AMX": "0"}
+    out = subprocess.run(
+        [sys.executable, "-P", "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"
+
+
+def test_amx_rows_do_not_depend_on_their_place_in_the_batch(amx_tiles) -> None:
+    """A row's output is the same in a matmul of any row count (the last rows past a whole
+    16 are padded onto the tile unit), so how requests are batched changes nothing."""
+    gen = torch.Generator().manual_seed(5)
+    weight = torch.randn(96, 576, generator=gen).bfloat16()
+    packed = gemm.pack(weight)
+    x = torch.randn(70, 576, generator=gen).bfloat16()
+    whole = gemm.gemm(x, packed, 96)
+    for lo, hi in [(0, 17), (5, 40), (3, 19), (50, 70), (1, 64), (7, 8), (60, 63)]:
+        assert torch.equal(gemm.gemm(x[lo:hi].contiguous(), packed, 96), whole[lo:hi])

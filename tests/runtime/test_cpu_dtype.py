@@ -16,8 +16,11 @@ from kvflow.runtime.config import EngineConfig, ModelConfig
 
 MAX_NEW = 24  # as many as the reference (tests/runtime/conftest.py, PARITY_MAX_NEW)
 # prompt index -> tokens equal before the bfloat16 default takes another greedy path
-# (3: "List three primary colors ...")
+# (3: "List three primary colors ...": transformers' float32 top two 0.008 apart there).
+# With the matmuls on AMX tiles, whose sums round in another order than the AVX512 tiles',
+# 2 ("Hi") parts too, where the top two are 0.038 apart.
 BF16_PARTS_AT = {3: 10}
+BF16_PARTS_AT_WITH_AMX = {2: 12, 3: 10}
 
 
 @pytest.mark.parametrize(
@@ -65,9 +68,10 @@ def test_bf16_default_keeps_transformers_greedy_output(model_path, prompts, hf_g
     results = engine.generate(
         input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": MAX_NEW}
     )
+    parts_at = BF16_PARTS_AT_WITH_AMX if cpu.gemm.use_amx() else BF16_PARTS_AT
     for index, (want, result) in enumerate(zip(hf_greedy, results, strict=True)):
-        equal = BF16_PARTS_AT.get(index, len(want))
+        equal = parts_at.get(index, len(want))
         assert result.output_ids[:equal] == want[:equal], f"prompt {index}"
-        if index in BF16_PARTS_AT:  # it no longer parts there: update the table and the docs
+        if index in parts_at:  # it no longer parts there: update the table and the docs
             assert result.output_ids != want, f"prompt {index}"
     assert engine.is_memory_free()
