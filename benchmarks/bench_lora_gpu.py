@@ -9,14 +9,23 @@ prompts, 128 new tokens, EOS ignored) through ``Engine.generate`` at batch 1 and
 - lora-eager mixed: the same with ``--disable-cuda-graph`` (what LoRA cost before its
   decode ran in graphs).
 
-Part ``kernels``: the LoRA kernels against a per-request loop. For each projection of the
-8B shapes (q/k/v/o/gate/up/down, one PEFT module each) at rank 16 and 64, one decode step's
-delta ``out += (x @ A[slot].T) @ B[slot].T`` at batch 1, 8, 32 and 128, each request its
-own one-row segment on one of four slots (the decode graphs' layout): ``lora_shrink`` +
-``lora_expand`` (kvflow.kernels) against ``lora_shrink_ref`` + ``lora_expand_ref`` (one
-torch matmul per request, the layout known on the host), microseconds per call from CUDA
-events around ``--kernel-iters`` back-to-back calls (host launch time counts, as in an
-eager step), and the kernels' largest difference from the loop.
+Part ``kernels``: the LoRA kernels in the decode graphs' layout against the layout before
+and a per-request loop. For each merged layer of the 8B shapes (qkv, o, gate_up, down, as
+the graphs run them), one decode step's delta ``out += (x @ A[slot].T) @ B[slot].T`` at
+batch 1, 8, 32 and 128, request ``i`` on slot ``i % 4``, with four slots of rank 16, of
+rank 64, and of width 64 holding adapters of rank 16, 64, 16, 64 (issue 28's serving bar):
+
+- grouped: ``lora_shrink`` + ``lora_expand`` (kvflow.kernels) with the rows grouped by
+  slot (one segment per slot plus the base model's, rows permuted, the grid sized for the
+  whole batch) and each adapter read at its own rank, as the decode graphs now run them;
+- one-row segments: the same kernels with each request its own one-row segment and every
+  slot at its full width (the graphs' layout before);
+- per-request loop: ``lora_shrink_ref`` + ``lora_expand_ref`` (torch matmuls per request
+  and shard, the layout known on the host);
+
+microseconds per call from CUDA events around ``--kernel-iters`` back-to-back calls (host
+launch time counts, as in an eager step; inside a graph it does not), and each one's
+largest difference from the loop.
 
     PYTHONPATH=benchmarks python -P benchmarks/bench_lora_gpu.py [engine] [kernels] \
         --json-out lora-gpu.json --md-out lora-kernels.md
@@ -42,9 +51,16 @@ MODULES = {  # PEFT module -> (input width, output rows) in Llama-3.1-8B
     "down_proj": (14336, 4096),
 }  # fmt: skip
 ADAPTERS = ("a", "b", "c", "d")
+# kvflow's merged layers of Llama-3.1-8B, as the decode graphs run them: name -> (input
+# width, each shard's output rows)
+LAYERS = {
+    "qkv_proj": (4096, (4096, 1024, 1024)), "o_proj": (4096, (4096,)),
+    "gate_up_proj": (4096, (14336, 14336)), "down_proj": (14336, (4096,)),
+}  # fmt: skip
 KERNEL_BATCHES = (1, 8, 32, 128)
-KERNEL_RANKS = (16, 64)
-KERNEL_SLOTS = 4
+# name -> (the slots' width, --max-lora-rank; each of the four slots' adapter rank): the
+# last is issue 28's serving bar (a, c rank 16; b, d rank 64)
+RANK_MIXES = {"16": (16, [16] * 4), "64": (64, [64] * 4), "16+64": (64, [16, 64, 16, 64])}
 
 
 def decode_rate(engine, bs: int, adapters: list[str | None], new_tokens: int = 128) -> float:
@@ -90,78 +106,139 @@ def time_us(fn, iters: int, cuda: bool) -> float:
     return start.elapsed_time(end) * 1e3 / iters
 
 
-def step_delta(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, iters: int) -> dict:
-    """One decode step's delta ``out += (x @ A[slot].T) @ B[slot].T`` for ``x`` ``[batch,
-    K]``, each request its own one-row segment (the decode graphs' layout) on slot ``i %
-    slots``: the segmented kernels' and the per-request loop's microseconds per call, and
-    their largest difference."""
+def step_delta(
+    x: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    shard_rows: tuple[int, ...],
+    slot_ranks: list[int],
+    iters: int,
+) -> dict:
+    """One decode step's delta ``out += (x @ A[slot].T) @ B[slot].T`` of one merged layer
+    (``shard_rows``: its shards' output rows) for ``x`` ``[batch, K]``, request ``i`` on slot
+    ``i % slots`` (adapters interleaved, as requests arrive), each slot's adapter at its rank
+    of ``slot_ranks``: microseconds per call of the kernels in the decode graphs' grouped
+    layout (one segment per slot, rows permuted, each adapter at its rank), of the kernels
+    with each request its own one-row segment at the slots' full width (the graphs' layout
+    before), and of the per-request loop; and each one's largest difference from the loop."""
     from kvflow.kernels import lora_expand, lora_expand_ref, lora_shrink, lora_shrink_ref
+    from kvflow.runtime.lora.graph import group_rows
 
-    bs, n = x.shape[0], b.shape[1]
-    indptr_host = torch.arange(bs + 1, dtype=torch.int32)
-    slots_host = torch.arange(bs, dtype=torch.int32) % a.shape[0]
-    indptr, slots = indptr_host.to(x.device), slots_host.to(x.device)
-    out = torch.zeros(bs, n, device=x.device, dtype=x.dtype)
+    bs, num_slots, n = x.shape[0], a.shape[0], b.shape[1]
+    device, shards = x.device, len(shard_rows)
+    row_slots = [i % num_slots for i in range(bs)]
+    groups = group_rows(row_slots, bs, num_slots)
+    grouped = {
+        "seg": (
+            torch.tensor(groups.seg_indptr, dtype=torch.int32, device=device),
+            torch.tensor([*range(num_slots), -1], dtype=torch.int32, device=device),
+        ),
+        "row_order": torch.tensor(groups.row_order, dtype=torch.int32, device=device),
+        "slot_ranks": torch.tensor(slot_ranks, dtype=torch.int32, device=device),
+    }
+    one_row_host = (
+        torch.arange(bs + 1, dtype=torch.int32),
+        torch.tensor(row_slots, dtype=torch.int32),
+    )
+    one_row = tuple(t.to(device) for t in one_row_host)
+    ranks_host = torch.tensor(slot_ranks, dtype=torch.int32)
+    out = torch.zeros(bs, n, device=device, dtype=x.dtype)
 
-    def kernels(out: torch.Tensor = out) -> torch.Tensor:
-        return lora_expand(lora_shrink(x, a, indptr, slots, 1), b, out, indptr, slots, 1)
+    def grouped_kernels(out: torch.Tensor = out) -> torch.Tensor:
+        layout = {"row_order": grouped["row_order"], "slot_ranks": grouped["slot_ranks"]}
+        h = lora_shrink(x, a, *grouped["seg"], bs, num_shards=shards, **layout)
+        return lora_expand(h, b, out, *grouped["seg"], bs, shard_rows=shard_rows, **layout)
+
+    def one_row_kernels(out: torch.Tensor = out) -> torch.Tensor:  # every slot at full width
+        h = lora_shrink(x, a, *one_row, 1)
+        return lora_expand(h, b, out, *one_row, 1)
 
     def loop(out: torch.Tensor = out) -> torch.Tensor:  # the layout known on the host
-        h = lora_shrink_ref(x, a, indptr_host, slots_host)
-        return lora_expand_ref(h, b, out, indptr_host, slots_host)
+        h = lora_shrink_ref(x, a, *one_row_host, slot_ranks=ranks_host, num_shards=shards)
+        return lora_expand_ref(
+            h, b, out, *one_row_host, slot_ranks=ranks_host, shard_rows=shard_rows
+        )
 
-    got, want = kernels(torch.zeros_like(out)), loop(torch.zeros_like(out))
-    kernel_us, loop_us = time_us(kernels, iters, x.is_cuda), time_us(loop, iters, x.is_cuda)
-    return {
-        "kernel_us": kernel_us, "loop_us": loop_us, "loop_over_kernel": loop_us / kernel_us,
-        "max_abs_diff": (got.float() - want.float()).abs().max().item(),
-    }  # fmt: skip
+    want = loop(torch.zeros_like(out)).float()
+    row: dict = {}
+    for label, fn in (("grouped", grouped_kernels), ("one_row", one_row_kernels), ("loop", loop)):
+        got = fn(torch.zeros_like(out)).float()
+        row[f"{label}_us"] = time_us(fn, iters, x.is_cuda)
+        row[f"{label}_max_abs_diff"] = (got - want).abs().max().item()
+    row["one_row_over_grouped"] = row["one_row_us"] / row["grouped_us"]
+    row["loop_over_grouped"] = row["loop_us"] / row["grouped_us"]
+    return row
+
+
+def _layer_weights(
+    gen: torch.Generator, k: int, shard_rows: tuple[int, ...], width: int, ranks: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A merged layer's slots as :class:`~kvflow.runtime.lora.LoraLinear` holds them:
+    ``A`` ``[slots, shards * width, K]``, ``B`` ``[slots, N, shards * width]`` block-diagonal,
+    zeros past each slot's rank."""
+    shards, slots = len(shard_rows), len(ranks)
+    a = torch.zeros(slots, shards * width, k)
+    b = torch.zeros(slots, sum(shard_rows), shards * width)
+    for slot, rank in enumerate(ranks):
+        first_row = 0
+        for shard, rows in enumerate(shard_rows):
+            cols = slice(shard * width, shard * width + rank)
+            a[slot, cols] = torch.randn(rank, k, generator=gen) * k**-0.5
+            b[slot, first_row : first_row + rows, cols] = (
+                torch.randn(rows, rank, generator=gen) * rank**-0.5
+            )
+            first_row += rows
+    return a, b
 
 
 def kernel_rows(
-    shapes: dict[str, tuple[int, int]],
-    ranks: tuple[int, ...] = KERNEL_RANKS,
+    layers: dict[str, tuple[int, tuple[int, ...]]] = LAYERS,
+    rank_mixes: dict[str, tuple[int, list[int]]] = RANK_MIXES,
     batches: tuple[int, ...] = KERNEL_BATCHES,
     iters: int = 200,
     device: str = "cuda",
     dtype: torch.dtype = torch.bfloat16,
 ) -> list[dict]:
-    """:func:`step_delta` for each rank, projection (``shapes``: module -> (input width,
-    output rows)) and batch size, over ``KERNEL_SLOTS`` random adapters."""
+    """:func:`step_delta` for each rank mix (name -> (the slots' width, each slot's rank)),
+    merged layer (``layers``: name -> (input width, its shards' output rows)) and batch."""
     gen = torch.Generator().manual_seed(0)
     rows = []
-    for rank in ranks:
-        for name, (k, n) in shapes.items():
-            a = (torch.randn(KERNEL_SLOTS, rank, k, generator=gen) * k**-0.5).to(device, dtype)
-            b = (torch.randn(KERNEL_SLOTS, n, rank, generator=gen) * rank**-0.5).to(device, dtype)
+    for mix, (width, ranks) in rank_mixes.items():
+        for name, (k, shard_rows) in layers.items():
+            a, b = (t.to(device, dtype) for t in _layer_weights(gen, k, shard_rows, width, ranks))
             for bs in batches:
                 x = torch.randn(bs, k, generator=gen).to(device, dtype)
-                row = {"rank": rank, "projection": name, "batch": bs, **step_delta(x, a, b, iters)}
+                row = {"ranks": mix, "layer": name, "batch": bs,
+                       **step_delta(x, a, b, shard_rows, ranks, iters)}  # fmt: skip
                 rows.append(row)
-                print(f"rank {rank} {name} batch {bs}: kernels {row['kernel_us']:.1f} us, "
-                      f"loop {row['loop_us']:.1f} us", flush=True)  # fmt: skip
+                print(f"ranks {mix} {name} batch {bs}: grouped {row['grouped_us']:.1f} us, "
+                      f"one-row {row['one_row_us']:.1f} us, loop {row['loop_us']:.1f} us",
+                      flush=True)  # fmt: skip
     return rows
 
 
 def kernel_markdown(rows: list[dict]) -> str:
-    """The kernel rows as a table, with each (rank, batch)'s sum over the projections (one
-    layer's LoRA deltas)."""
+    """The kernel rows as a table, with each (rank mix, batch)'s sum over the layers (one
+    decoder layer's LoRA deltas)."""
     lines = [
-        "| rank | batch | projection | kernels us | per-request loop us | loop / kernels | max abs diff |",
-        "| ---: | ---: | --- | ---: | ---: | ---: | ---: |",
+        "| ranks | batch | layer | grouped us | one-row segments us | per-request loop us "
+        "| one-row / grouped | max abs diff (grouped) |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    keys = sorted({(r["rank"], r["batch"]) for r in rows})
-    for rank, bs in keys:
-        mine = [r for r in rows if (r["rank"], r["batch"]) == (rank, bs)]
+    keys = sorted({(r["ranks"], r["batch"]) for r in rows}, key=lambda key: (key[0], key[1]))
+    for mix, bs in keys:
+        mine = [r for r in rows if (r["ranks"], r["batch"]) == (mix, bs)]
         for r in mine:
             lines.append(
-                f"| {rank} | {bs} | {r['projection']} | {r['kernel_us']:.1f} | {r['loop_us']:.1f} "
-                f"| {r['loop_over_kernel']:.2f}x | {r['max_abs_diff']:.2g} |"
+                f"| {mix} | {bs} | {r['layer']} | {r['grouped_us']:.1f} | {r['one_row_us']:.1f} "
+                f"| {r['loop_us']:.1f} | {r['one_row_over_grouped']:.2f}x "
+                f"| {r['grouped_max_abs_diff']:.2g} |"
             )
-        kernel_us, loop_us = sum(r["kernel_us"] for r in mine), sum(r["loop_us"] for r in mine)
+        total = {key: sum(r[f"{key}_us"] for r in mine) for key in ("grouped", "one_row", "loop")}
         lines.append(
-            f"| {rank} | {bs} | **all {len(mine)}** | **{kernel_us:.1f}** | **{loop_us:.1f}** "
-            f"| **{loop_us / kernel_us:.2f}x** | |"
+            f"| {mix} | {bs} | **all {len(mine)}** | **{total['grouped']:.1f}** "
+            f"| **{total['one_row']:.1f}** | **{total['loop']:.1f}** "
+            f"| **{total['one_row'] / total['grouped']:.2f}x** | |"
         )
     return "\n".join(lines) + "\n"
 
@@ -216,7 +293,7 @@ def main() -> None:
             args.json_out.write_text(json.dumps(results, indent=1))
 
     if "kernels" in args.parts:
-        results["kernel_rows"] = kernel_rows(MODULES, iters=args.kernel_iters)
+        results["kernel_rows"] = kernel_rows(iters=args.kernel_iters)
         table = kernel_markdown(results["kernel_rows"])
         print(table)
         if args.md_out:

@@ -58,7 +58,8 @@ if TYPE_CHECKING:
     )
     from kvflow.kernels.kv_store import store_kv_cache
     from kvflow.kernels.logit_cap import softcap_ref
-    from kvflow.kernels.lora import lora_expand, lora_expand_ref, lora_shrink, lora_shrink_ref
+    from kvflow.kernels.lora import lora_expand, lora_shrink
+    from kvflow.kernels.lora_ref import lora_expand_ref, lora_shrink_ref
     from kvflow.kernels.rmsnorm import rmsnorm, rmsnorm_ref
     from kvflow.kernels.rope_cache import build_cos_sin_cache, rope_inv_freq
     from kvflow.kernels.rotary import rotary_embedding
@@ -113,7 +114,8 @@ else:  # torch-free until a name is used (kvflow.lazy)
                 "store_kv_cache_ref",
             ),
             ".kv_store": ("store_kv_cache",),
-            ".lora": ("lora_expand", "lora_expand_ref", "lora_shrink", "lora_shrink_ref"),
+            ".lora": ("lora_expand", "lora_shrink"),
+            ".lora_ref": ("lora_expand_ref", "lora_shrink_ref"),
             ".rmsnorm": ("rmsnorm", "rmsnorm_ref"),
             ".rope_cache": ("build_cos_sin_cache", "rope_inv_freq"),
             ".rotary": ("rotary_embedding",),

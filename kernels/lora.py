@@ -1,25 +1,41 @@
 """Segmented LoRA matmuls (S-LoRA/Punica's SGMV, SGLang's ``lora/triton_ops``).
 
-A batch's token rows come in segments (``seg_indptr``: CSR offsets, one segment per run of
-requests on the same adapter); segment ``g`` uses adapter slot ``seg_slots[g]`` of the
-stacked weights, or none when the slot is negative (the base model's rows). For one
-projection with ``A`` ``[slots, R, K]`` and ``B`` ``[slots, N, R]`` (the scaling already
-folded into ``B``), the LoRA delta is ``lora_expand(lora_shrink(x, A), B, out)``:
+A batch's token rows are visited in segments: positions ``seg_indptr[g] : seg_indptr[g +
+1]`` (CSR offsets) use adapter slot ``seg_slots[g]`` of the stacked weights, or none when
+the slot is negative (the base model's rows, a graph's padding). Position ``p`` is token row
+``row_order[p]`` (None: row ``p``): the decode graphs sort their rows by slot, so each
+adapter is one segment whatever the batch's order; a prefill's requests on one slot that
+sit next to each other form one segment with no permutation. For one projection with ``A``
+``[slots, R, K]`` and ``B`` ``[slots, N, R]`` (the scaling folded into ``B``), the LoRA
+delta is ``lora_expand(lora_shrink(x, A), B, out)``:
 
-- :func:`lora_shrink`: ``h[rows of g] = x[rows of g] @ A[slot].T`` -> ``[T, R]``
-  (zeros on the base model's rows);
-- :func:`lora_expand`: ``out[rows of g] += h[rows of g] @ B[slot].T``, in place.
+- :func:`lora_shrink`: ``h[p] = x[row p] @ A[slot].T`` -> ``[T, R]`` by position (zeros
+  on the base model's positions);
+- :func:`lora_expand`: ``out[row p] += h[p] @ B[slot].T``, in place.
 
-The shrink's output is narrow (``R``: 16-192 columns) and its reduction wide (``K``: the
-hidden or intermediate size), so a decode batch gives it one or two column blocks per
-segment, and one program per block would walk all of ``K`` alone (12-49 us a projection on
-an H200, against 2.5-5 us split). It is split over ``K`` (split-K, as Punica's and SGLang's
-shrink kernels): ``S`` programs per block write float32 partial products ``[S, T, R]``,
-summed in a fixed order by a small kernel (deterministic, no atomics). Once per projection:
-summing them inside the expand re-read them once per output column block.
+Ranks: ``R`` is ``shards * width`` (one block of ``width`` = ``--max-lora-rank`` per shard
+of a merged QKV or gate-up layer), and an adapter of rank ``r = slot_ranks[slot]`` fills
+the first ``r`` rows of each block of ``A`` and columns of ``B``; ``B`` is block-diagonal
+(shard ``s``'s output rows, ``shard_rows[s]`` of them, meet only block ``s``)::
+
+    A[slot]  rows  | s0: r of width | s1: r of width | ...      (zeros past r)
+    B[slot]  rows of s0 x block 0, rows of s1 x block 1, ...     (zeros elsewhere)
+
+The kernels read nothing past a slot's rank and no off-diagonal block: the slots hold zeros
+there, so this only skips work (a rank-16 adapter among rank-64 ones costs rank 16).
+
+The shrink's output is narrow and its reduction wide (``K``: the hidden or intermediate
+size), so a decode batch gives it one or two column blocks per segment, and one program per
+block would walk all of ``K`` alone (12-49 us a projection on an H200, against 2.5-5 us
+split). It is split over ``K`` (split-K, as Punica's and SGLang's shrink kernels): ``S``
+programs per block write float32 partial products ``[S, T, R]``, summed in a fixed order by
+a small kernel (deterministic, no atomics). Once per projection: summing them inside the
+expand re-read them once per output column block.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 import triton
@@ -31,6 +47,7 @@ from kvflow.kernels._launch import (
     multiprocessor_count,
     next_power_of_2,
 )
+from kvflow.kernels.lora_ref import lora_expand_ref, lora_shrink_ref
 
 __all__ = ["lora_expand", "lora_expand_ref", "lora_shrink", "lora_shrink_ref"]
 
@@ -38,62 +55,141 @@ _MIN_K_PER_SPLIT = 256  # a split's share of K: below this the partials cost mor
 _MAX_SPLITS = 16
 
 
+@triton.jit
+def _segment_rows(seg_indptr_ptr, row_order_ptr, seg, pid_m, BLOCK_M: tl.constexpr,
+                  HAS_ROW_ORDER: tl.constexpr):  # fmt: skip
+    """Row block ``pid_m`` of segment ``seg``: its positions, their mask, their token rows
+    (int64) and whether the block holds any position."""
+    start = tl.load(seg_indptr_ptr + seg)
+    end = tl.load(seg_indptr_ptr + seg + 1)
+    offs_m = start + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < end
+    if HAS_ROW_ORDER:
+        rows = tl.load(row_order_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
+    else:
+        rows = offs_m.to(tl.int64)
+    return offs_m, mask_m, rows, start + pid_m * BLOCK_M < end
+
+
+@triton.jit
+def _slot_rank(slot_ranks_ptr, slot, WIDTH, HAS_RANKS: tl.constexpr):
+    """The rows of a shard's block that ``slot``'s adapter fills (``WIDTH`` without ranks)."""
+    if HAS_RANKS:
+        return tl.minimum(tl.load(slot_ranks_ptr + tl.maximum(slot, 0)), WIDTH)
+    return WIDTH
+
+
 # NOTE: the token count enters only through strides and sizes that vary every step: not
 # specialized on, so a new batch size compiles nothing
 @triton.jit(do_not_specialize=["stride_os"])
-def _segment_gemm_kernel(
-    x_ptr, w_ptr, out_ptr, seg_indptr_ptr, seg_slots_ptr,
-    N, K, K_PER_SPLIT, stride_xm, stride_ws, stride_wn, stride_os, stride_om,
-    ACCUMULATE: tl.constexpr, UPCAST_DOT: tl.constexpr, PRECISION: tl.constexpr,
+def _shrink_kernel(
+    x_ptr, a_ptr, out_ptr, seg_indptr_ptr, seg_slots_ptr, row_order_ptr, slot_ranks_ptr,
+    K, WIDTH, K_PER_SPLIT, stride_xm, stride_as, stride_an, stride_os, stride_om,
+    NUM_SHARDS: tl.constexpr, HAS_ROW_ORDER: tl.constexpr, HAS_RANKS: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """``out[split, rows of g] (+)= x[rows of g, k of split] @ w[slot_g, :, k of split].T``
-    for one (row block, column block) of segment ``g = program_id(1)`` and K split
-    ``split = program_id(2)`` (``K_PER_SPLIT`` columns each, a multiple of ``BLOCK_K``);
-    ``w`` is ``[slots, N, K]`` with K contiguous. A segment without a slot: zeros written
-    (``ACCUMULATE`` false), or its rows left alone."""
+    """``out[split, positions of g, block] = x[rows, k of split] @ a[slot_g, block, k of
+    split].T`` for one (row block, shard, column block of the shard) of segment ``g =
+    program_id(1)`` and K split ``split = program_id(2)`` (``K_PER_SPLIT`` columns each, a
+    multiple of ``BLOCK_K``). Columns past the slot's rank, and every column of a segment
+    without a slot: zeros written, ``a`` not read."""
     seg = tl.program_id(1)
     split = tl.program_id(2)
     slot = tl.load(seg_slots_ptr + seg)
-    start = tl.load(seg_indptr_ptr + seg)
-    end = tl.load(seg_indptr_ptr + seg + 1)
-    num_n_blocks = tl.cdiv(N, BLOCK_N)
-    pid_m = tl.program_id(0) // num_n_blocks
-    pid_n = tl.program_id(0) % num_n_blocks
-    if start + pid_m * BLOCK_M < end:
-        offs_m = start + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask_m = offs_m < end
-        mask_n = offs_n < N
+    blocks_per_shard = tl.cdiv(WIDTH, BLOCK_N)
+    pid_m = tl.program_id(0) // (NUM_SHARDS * blocks_per_shard)
+    shard = tl.program_id(0) // blocks_per_shard % NUM_SHARDS
+    first_col = tl.program_id(0) % blocks_per_shard * BLOCK_N  # within the shard's block
+    offs_m, mask_m, rows, any_row = _segment_rows(
+        seg_indptr_ptr, row_order_ptr, seg, pid_m, BLOCK_M, HAS_ROW_ORDER
+    )
+    if any_row:
+        offs_c = first_col + tl.arange(0, BLOCK_N)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        if slot >= 0:
+        rank = _slot_rank(slot_ranks_ptr, slot, WIDTH, HAS_RANKS)
+        if (slot >= 0) & (first_col < rank):
             offs_k = split * K_PER_SPLIT + tl.arange(0, BLOCK_K)
-            x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
-            w_ptrs = (
-                w_ptr + slot.to(tl.int64) * stride_ws
-                + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+            mask_c = offs_c < rank
+            x_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :]
+            a_ptrs = (
+                a_ptr + slot.to(tl.int64) * stride_as
+                + (shard * WIDTH + offs_c)[None, :].to(tl.int64) * stride_an + offs_k[:, None]
             )  # fmt: skip
             for step_k in range(0, K_PER_SPLIT, BLOCK_K):  # one trip count in every split
                 mask_k = offs_k + step_k < K
                 x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-                w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+                a = tl.load(a_ptrs, mask=mask_k[:, None] & mask_c[None, :], other=0.0)
                 if UPCAST_DOT:  # NOTE: Triton's CPU interpreter has no bf16 dot
                     x = x.to(tl.float32)
-                    w = w.to(tl.float32)
-                acc += tl.dot(x, w.to(x.dtype), input_precision=PRECISION)
+                    a = a.to(tl.float32)
+                acc += tl.dot(x, a.to(x.dtype), input_precision=PRECISION)
                 x_ptrs += BLOCK_K
-                w_ptrs += BLOCK_K
+                a_ptrs += BLOCK_K
         out_ptrs = (
             out_ptr + split.to(tl.int64) * stride_os + offs_m[:, None].to(tl.int64) * stride_om
-            + offs_n[None, :]
+            + (shard * WIDTH + offs_c)[None, :]
         )  # fmt: skip
-        mask = mask_m[:, None] & mask_n[None, :]
-        if ACCUMULATE:
-            if slot >= 0:
-                acc += tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
-                tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-        else:
-            tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        mask = mask_m[:, None] & (offs_c < WIDTH)[None, :]
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _expand_kernel(
+    h_ptr, b_ptr, out_ptr, seg_indptr_ptr, seg_slots_ptr, row_order_ptr, slot_ranks_ptr,
+    WIDTH, stride_hm, stride_bs, stride_bn, stride_om,
+    SHARD_BOUNDS: tl.constexpr, NUM_SHARDS: tl.constexpr, HAS_ROW_ORDER: tl.constexpr,
+    HAS_RANKS: tl.constexpr, UPCAST_DOT: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """``out[rows of g, block] += h[positions of g, shard's first rank columns] @ b[slot_g,
+    block, the same columns].T`` for one (row block, output column block) of segment ``g =
+    program_id(1)``; an output block across a shard boundary takes each shard's part with
+    its own columns (``SHARD_BOUNDS``: the shards' first output rows, then ``N``). Rows of a
+    segment without a slot are left alone."""
+    seg = tl.program_id(1)
+    slot = tl.load(seg_slots_ptr + seg)
+    N: tl.constexpr = SHARD_BOUNDS[NUM_SHARDS]
+    num_n_blocks: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+    pid_m = tl.program_id(0) // num_n_blocks
+    first_n = tl.program_id(0) % num_n_blocks * BLOCK_N
+    offs_m, mask_m, rows, any_row = _segment_rows(
+        seg_indptr_ptr, row_order_ptr, seg, pid_m, BLOCK_M, HAS_ROW_ORDER
+    )
+    if (slot >= 0) & any_row:
+        rank = _slot_rank(slot_ranks_ptr, slot, WIDTH, HAS_RANKS)
+        offs_n = first_n + tl.arange(0, BLOCK_N)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for shard in tl.static_range(NUM_SHARDS):
+            lo = SHARD_BOUNDS[shard]
+            hi = SHARD_BOUNDS[shard + 1]
+            if (first_n < hi) & (first_n + BLOCK_N > lo):
+                offs_k = tl.arange(0, BLOCK_K)
+                mask_n = (offs_n >= lo) & (offs_n < hi)
+                h_ptrs = (
+                    h_ptr
+                    + offs_m[:, None].to(tl.int64) * stride_hm
+                    + shard * WIDTH
+                    + offs_k[None, :]
+                )
+                b_ptrs = (
+                    b_ptr + slot.to(tl.int64) * stride_bs + offs_n[None, :].to(tl.int64) * stride_bn
+                    + shard * WIDTH + offs_k[:, None]
+                )  # fmt: skip
+                for step_k in range(0, rank, BLOCK_K):  # NOTE: stops at the adapter's rank
+                    mask_k = offs_k + step_k < rank
+                    h = tl.load(h_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+                    b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+                    if UPCAST_DOT:
+                        h = h.to(tl.float32)
+                        b = b.to(tl.float32)
+                    acc += tl.dot(h, b.to(h.dtype), input_precision=PRECISION)
+                    h_ptrs += BLOCK_K
+                    b_ptrs += BLOCK_K
+        out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
+        mask = mask_m[:, None] & (offs_n < N)[None, :]
+        acc += tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["numel"])
@@ -107,27 +203,25 @@ def _sum_splits_kernel(partials_ptr, out_ptr, numel, SPLITS: tl.constexpr, BLOCK
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _check(x: torch.Tensor, weights: torch.Tensor, seg_indptr: torch.Tensor) -> None:
+def _check(x: torch.Tensor, weights: torch.Tensor, *layout: torch.Tensor | None) -> None:
     if x.dim() != 2 or weights.dim() != 3 or x.shape[1] != weights.shape[2]:
         raise ValueError(f"x [T, K] and weights [slots, N, K], got {x.shape}, {weights.shape}")
     if x.stride(1) != 1 or weights.stride(2) != 1:
         raise ValueError("x and weights need a contiguous last dimension")
-    if seg_indptr.dtype != torch.int32:
-        raise ValueError("seg_indptr and seg_slots are int32")
+    if any(t is not None and t.dtype != torch.int32 for t in layout):
+        raise ValueError("seg_indptr, seg_slots, row_order and slot_ranks are int32")
 
 
-def _blocks(max_seg_len: int, n: int, k: int) -> tuple[int, int, int]:
-    return (
-        min(64, max(16, next_power_of_2(max_seg_len))),
-        min(128, max(16, next_power_of_2(n))),
-        min(64, max(16, next_power_of_2(k))),
-    )
+def _block(size: int, most: int) -> int:
+    """A power of two covering ``size`` up to ``most``, and at least 16 (``tl.dot``'s
+    smallest)."""
+    return min(most, max(16, next_power_of_2(size)))
 
 
 def _num_splits(x: torch.Tensor, programs: int, k: int, block_k: int) -> int:
-    """K splits for a grid of ``programs`` (row block x column block x segment): a power of
-    two (few distinct kernels to compile) filling the device about twice over, each split
-    keeping >= ``_MIN_K_PER_SPLIT`` of K."""
+    """K splits for a grid of ``programs`` that hold rows: a power of two (few distinct
+    kernels to compile) filling the device about twice over, each split keeping >=
+    ``_MIN_K_PER_SPLIT`` of K."""
     if not x.is_cuda:
         return 1
     want = triton.cdiv(2 * multiprocessor_count(x.device.index or 0), programs)
@@ -135,35 +229,17 @@ def _num_splits(x: torch.Tensor, programs: int, k: int, block_k: int) -> int:
     return max(1, min(next_power_of_2(want), most))
 
 
-def _launch(
-    x: torch.Tensor,
-    weights: torch.Tensor,
-    out: torch.Tensor,
-    seg_indptr: torch.Tensor,
-    seg_slots: torch.Tensor,
-    max_seg_len: int,
-    k_per_split: int | None,
-    accumulate: bool,
-) -> None:
-    """``out``: ``[splits, T, N]`` or ``[T, N]``; ``k_per_split`` None: one split of all K."""
-    n, k = weights.shape[1], weights.shape[2]
-    block_m, block_n, block_k = _blocks(max_seg_len, n, k)
-    if k_per_split is None:
-        k_per_split = triton.cdiv(k, block_k) * block_k
-    grid = (
-        triton.cdiv(max_seg_len, block_m) * triton.cdiv(n, block_n),
-        seg_slots.shape[0],
-        triton.cdiv(k, k_per_split),
+def _flags(
+    row_order: torch.Tensor | None, slot_ranks: torch.Tensor | None, seg_slots: torch.Tensor
+) -> dict[str, object]:
+    """The optional pointers (``seg_slots`` stands in for an absent one: never read) and
+    their flags."""
+    return dict(
+        row_order_ptr=seg_slots if row_order is None else row_order,
+        slot_ranks_ptr=seg_slots if slot_ranks is None else slot_ranks,
+        HAS_ROW_ORDER=row_order is not None,
+        HAS_RANKS=slot_ranks is not None,
     )
-    interpreted = is_interpreted(_segment_gemm_kernel)
-    _segment_gemm_kernel[grid](
-        x, weights, out, seg_indptr, seg_slots,
-        n, k, k_per_split, x.stride(0), weights.stride(0), weights.stride(1),
-        out.stride(0) if out.dim() == 3 else 0, out.stride(-2),
-        ACCUMULATE=accumulate, UPCAST_DOT=interpreted,
-        PRECISION="ieee" if interpreted else dot_precision(x.dtype),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-    )  # fmt: skip
 
 
 def lora_shrink(
@@ -173,31 +249,56 @@ def lora_shrink(
     seg_slots: torch.Tensor,
     max_seg_len: int,
     splits: int | None = None,
+    *,
+    row_order: torch.Tensor | None = None,
+    slot_ranks: torch.Tensor | None = None,
+    num_shards: int = 1,
 ) -> torch.Tensor:
-    """``x`` ``[T, K]``, ``a_weights`` ``[slots, R, K]`` -> ``[T, R]`` in ``x``'s dtype
-    (zeros on rows of segments without a slot). ``max_seg_len``: the longest segment's
-    rows (known on the host, so the grid needs no device read). ``splits``: how many parts
-    of K run in parallel (forced in tests; None: chosen for the device's size)."""
-    _check(x, a_weights, seg_indptr)
-    rank, k = a_weights.shape[1], a_weights.shape[2]
-    h = torch.empty((x.shape[0], rank), dtype=x.dtype, device=x.device)
-    if seg_slots.shape[0] == 0 or max_seg_len == 0:
+    """``x`` ``[T, K]``, ``a_weights`` ``[slots, R, K]`` -> ``h`` ``[T, R]`` in ``x``'s
+    dtype, by position (zeros on positions of segments without a slot and past each slot's
+    rank in each of the ``num_shards`` blocks; positions outside every segment undefined).
+    ``max_seg_len``: the longest segment's positions (known on the host, so the grid needs
+    no device read). ``row_order`` ``[>= positions]``: each position's row of ``x``;
+    ``slot_ranks`` ``[slots]``: each slot's adapter rank (None: every block full).
+    ``splits``: how many parts of K run in parallel (forced in tests; None: chosen for the
+    device's size)."""
+    _check(x, a_weights, seg_indptr, seg_slots, row_order, slot_ranks)
+    stacked, k = a_weights.shape[1], a_weights.shape[2]
+    if stacked % num_shards:
+        raise ValueError(f"{stacked} rows of A do not split into {num_shards} shards")
+    h = torch.empty((x.shape[0], stacked), dtype=x.dtype, device=x.device)
+    num_segments = seg_slots.shape[0]
+    if num_segments == 0 or max_seg_len == 0:
         return h.zero_()
-    block_m, block_n, block_k = _blocks(max_seg_len, rank, k)
+    width = stacked // num_shards
+    block_m, block_n, block_k = _block(max_seg_len, 64), _block(width, 128), _block(k, 64)
+    row_blocks = triton.cdiv(max_seg_len, block_m)
+    col_blocks = num_shards * triton.cdiv(width, block_n)
     if splits is None:
-        programs = triton.cdiv(max_seg_len, block_m) * triton.cdiv(rank, block_n)
-        splits = _num_splits(x, programs * seg_slots.shape[0], k, block_k)
+        # NOTE: the grouped decode layout's segments are mostly shorter than max_seg_len
+        # (one per slot, each up to the whole batch): count the row blocks that can hold rows
+        busy = min(row_blocks * num_segments, triton.cdiv(x.shape[0], block_m) + num_segments - 1)
+        splits = _num_splits(x, busy * col_blocks, k, block_k)
     k_per_split = triton.cdiv(triton.cdiv(k, max(1, splits)), block_k) * block_k
     splits = triton.cdiv(k, k_per_split)  # (rounding to whole blocks may leave fewer)
-    if splits == 1:
-        _launch(x, a_weights, h, seg_indptr, seg_slots, max_seg_len, k_per_split, False)
-        return h
-    partials = torch.empty((splits, *h.shape), dtype=torch.float32, device=x.device)
-    _launch(x, a_weights, partials, seg_indptr, seg_slots, max_seg_len, k_per_split, False)
-    block = 1024
-    _sum_splits_kernel[(triton.cdiv(h.numel(), block),)](
-        partials, h, h.numel(), SPLITS=splits, BLOCK=block
-    )
+    # split-K: float32 partial products [splits, T, R], summed into h below
+    target = h if splits == 1 else x.new_empty((splits, *h.shape), dtype=torch.float32)
+    interpreted = is_interpreted(_shrink_kernel)
+    _shrink_kernel[(row_blocks * col_blocks, num_segments, splits)](
+        x, a_weights, target, seg_indptr, seg_slots,
+        K=k, WIDTH=width, K_PER_SPLIT=k_per_split, stride_xm=x.stride(0),
+        stride_as=a_weights.stride(0), stride_an=a_weights.stride(1),
+        stride_os=target.stride(0) if splits > 1 else 0, stride_om=target.stride(-2),
+        NUM_SHARDS=num_shards, UPCAST_DOT=interpreted,
+        PRECISION="ieee" if interpreted else dot_precision(x.dtype),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        **_flags(row_order, slot_ranks, seg_slots),
+    )  # fmt: skip
+    if splits > 1:
+        block = 1024
+        _sum_splits_kernel[(triton.cdiv(h.numel(), block),)](
+            target, h, h.numel(), SPLITS=splits, BLOCK=block
+        )
     return h
 
 
@@ -208,44 +309,37 @@ def lora_expand(
     seg_indptr: torch.Tensor,
     seg_slots: torch.Tensor,
     max_seg_len: int,
+    *,
+    row_order: torch.Tensor | None = None,
+    slot_ranks: torch.Tensor | None = None,
+    shard_rows: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
-    """``out[rows of g] += h[rows of g] @ b_weights[slot_g].T`` in place (``h`` ``[T, R]``,
-    ``b_weights`` ``[slots, N, R]``, ``out`` ``[T, N]`` with rows of stride ``out.stride(0)``
-    and contiguous columns); returns ``out``."""
+    """``out[row p] += h[p] @ b_weights[slot].T`` in place for every position ``p`` of a
+    segment with a slot (``h`` ``[T, R]`` by position, ``b_weights`` ``[slots, N, R]``,
+    ``out`` ``[T, N]`` with rows of stride ``out.stride(0)`` and contiguous columns);
+    returns ``out``. ``shard_rows``: the output rows of each shard (None: one shard), shard
+    ``s`` reading only block ``s`` of ``R``, up to the slot's rank (``slot_ranks``);
+    ``row_order`` as :func:`lora_shrink`'s, its rows distinct."""
     if out.stride(1) != 1 or out.shape != (h.shape[0], b_weights.shape[1]):
         raise ValueError(f"out must be [T, N] with contiguous columns, got {out.shape}")
-    _check(h, b_weights, seg_indptr)
+    _check(h, b_weights, seg_indptr, seg_slots, row_order, slot_ranks)
+    n, stacked = b_weights.shape[1], b_weights.shape[2]
+    shard_rows = shard_rows or (n,)
+    if sum(shard_rows) != n or stacked % len(shard_rows):
+        raise ValueError(f"shards of {shard_rows} rows do not fit B {tuple(b_weights.shape)}")
     if seg_slots.shape[0] == 0 or max_seg_len == 0:
         return out
-    _launch(h, b_weights, out, seg_indptr, seg_slots, max_seg_len, None, True)
-    return out
-
-
-def _segments(seg_indptr: torch.Tensor, seg_slots: torch.Tensor) -> list[tuple[int, int, int]]:
-    bounds = seg_indptr.tolist()
-    return [(bounds[g], bounds[g + 1], s) for g, s in enumerate(seg_slots.tolist())]
-
-
-def lora_shrink_ref(
-    x: torch.Tensor, a_weights: torch.Tensor, seg_indptr: torch.Tensor, seg_slots: torch.Tensor
-) -> torch.Tensor:
-    """Pure-torch :func:`lora_shrink` (one matmul per segment; the CPU path)."""
-    h = x.new_zeros((x.shape[0], a_weights.shape[1]))
-    for start, end, slot in _segments(seg_indptr, seg_slots):
-        if slot >= 0 and end > start:
-            h[start:end] = x[start:end] @ a_weights[slot].t()
-    return h
-
-
-def lora_expand_ref(
-    h: torch.Tensor,
-    b_weights: torch.Tensor,
-    out: torch.Tensor,
-    seg_indptr: torch.Tensor,
-    seg_slots: torch.Tensor,
-) -> torch.Tensor:
-    """Pure-torch :func:`lora_expand` (in place on ``out``; the CPU path)."""
-    for start, end, slot in _segments(seg_indptr, seg_slots):
-        if slot >= 0 and end > start:
-            out[start:end] += h[start:end] @ b_weights[slot].t()
+    width = stacked // len(shard_rows)
+    block_m, block_n, block_k = _block(max_seg_len, 64), _block(n, 128), _block(width, 64)
+    grid = (triton.cdiv(max_seg_len, block_m) * triton.cdiv(n, block_n), seg_slots.shape[0])
+    interpreted = is_interpreted(_expand_kernel)
+    _expand_kernel[grid](
+        h, b_weights, out, seg_indptr, seg_slots,
+        WIDTH=width, stride_hm=h.stride(0), stride_bs=b_weights.stride(0),
+        stride_bn=b_weights.stride(1), stride_om=out.stride(0),
+        SHARD_BOUNDS=(0, *itertools.accumulate(shard_rows)), NUM_SHARDS=len(shard_rows), UPCAST_DOT=interpreted,
+        PRECISION="ieee" if interpreted else dot_precision(h.dtype),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        **_flags(row_order, slot_ranks, seg_slots),
+    )  # fmt: skip
     return out

@@ -323,7 +323,7 @@ class EngineConfig:
     cuda_graph_max_bs: int = 160
     # LoRA (SGLang's names; kvflow.runtime.lora): adapters in PEFT's format, "NAME=PATH" or
     # "PATH"; max_lora_rank 0 and no target modules: from the start-up adapters. Decode CUDA
-    # graphs take each row's adapter slot as an input (kvflow.runtime.lora.graph).
+    # graphs take the rows grouped by adapter slot as an input (kvflow.runtime.lora.graph).
     enable_lora: bool = False
     lora_paths: tuple[str, ...] = ()
     max_loras_per_batch: int = 8

@@ -5,7 +5,7 @@ Static buffers (sized for the largest captured batch)::
     inputs [5, max_bs] int64, rows: input_ids, positions, out_cache_loc,
                                     req_pool_indices, seq_lens
     attention metadata: backend-owned, see ``init_capture`` / ``fill_replay``
-    other graph inputs (LoRA's adapter slots): owned by their ``GraphInputs``
+    other graph inputs (LoRA's rows grouped by adapter): owned by their ``GraphInputs``
 
 A replay fills ``inputs`` with one stack-and-copy of the batch's rows (and one copy of
 the padding rows); :meth:`CudaGraphRunner.stage` does that ahead of the replay, behind the
@@ -43,8 +43,8 @@ def capture_batch_sizes(max_bs: int) -> list[int]:
 
 class GraphInputs(Protocol):
     """Inputs of the captured forward besides the batch rows and the attention metadata
-    (a LoRA batch's adapter slots): static buffers allocated once, refilled before each
-    replay, and visible to the model while a graph is captured."""
+    (a LoRA batch's rows grouped by adapter): static buffers allocated once, refilled
+    before each replay, and visible to the model while a graph is captured."""
 
     def init_capture(self, max_bs: int) -> None: ...
 

@@ -15,16 +15,27 @@ __all__ = ["LoraBatch"]
 
 @dataclass(frozen=True)
 class LoraBatch:
-    """Consecutive requests on the same slot form one segment: rows ``seg_indptr[g] :
-    seg_indptr[g + 1]`` of the step's tokens use slot ``seg_slots[g]`` (-1: the base model,
-    no delta). ``max_seg_len`` is the longest segment's rows, known on the host."""
+    """Positions ``seg_indptr[g] : seg_indptr[g + 1]`` use slot ``seg_slots[g]`` (-1: the
+    base model, no delta); position ``p`` is token row ``row_order[p]``, or row ``p`` when
+    ``row_order`` is None (eager batches: consecutive requests on one slot form a segment).
+    ``max_seg_len`` is the longest segment's positions, known on the host. ``slot_ranks``:
+    each slot's adapter rank (the manager's, rewritten when an adapter enters a slot; None:
+    every slot at the layers' ``max_rank``). The layout of :mod:`kvflow.kernels.lora`."""
 
     seg_indptr: torch.Tensor  # [G + 1] int32, on the model's device
     seg_slots: torch.Tensor  # [G] int32
     max_seg_len: int
+    row_order: torch.Tensor | None = None  # [positions] int32, distinct rows
+    slot_ranks: torch.Tensor | None = None  # [slots] int32
 
     @classmethod
-    def of(cls, slots: Sequence[int], rows: Sequence[int], device: str) -> LoraBatch | None:
+    def of(
+        cls,
+        slots: Sequence[int],
+        rows: Sequence[int],
+        device: str,
+        slot_ranks: torch.Tensor | None = None,
+    ) -> LoraBatch | None:
         """Request ``i`` runs ``rows[i]`` token rows on slot ``slots[i]``; None when no
         request has an adapter."""
         if all(slot < 0 for slot in slots):
@@ -39,19 +50,44 @@ class LoraBatch:
                 bounds.append(bounds[-1] + count)
         max_len = max(b - a for a, b in itertools.pairwise(bounds))
         packed = torch.tensor(bounds + seg_slots, dtype=torch.int32).to(device)
-        return cls(packed[: len(bounds)], packed[len(bounds) :], max_len)
+        return cls(packed[: len(bounds)], packed[len(bounds) :], max_len, slot_ranks=slot_ranks)
 
     def add_delta(
-        self, x: torch.Tensor, out: torch.Tensor, a_slots: torch.Tensor, b_slots: torch.Tensor
+        self,
+        x: torch.Tensor,
+        out: torch.Tensor,
+        a_slots: torch.Tensor,
+        b_slots: torch.Tensor,
+        shard_rows: tuple[int, ...],
     ) -> torch.Tensor:
         """``out[rows of g] += (x @ A[slot].T) @ B[slot].T`` for each adapter segment, in
-        place: Triton's segmented kernels on CUDA, one torch matmul per segment elsewhere."""
+        place, each shard (``shard_rows``: its output rows) through its own block of the
+        slots at the adapter's rank: Triton's segmented kernels on CUDA, torch matmuls per
+        segment elsewhere."""
         x = x.reshape(-1, x.shape[-1]).contiguous()
         flat = out.view(-1, out.shape[-1])
+        indptr, slots, order, ranks = (
+            self.seg_indptr,
+            self.seg_slots,
+            self.row_order,
+            self.slot_ranks,
+        )
+        shards = len(shard_rows)
         if x.is_cuda:
-            h = kernels.lora_shrink(x, a_slots, self.seg_indptr, self.seg_slots, self.max_seg_len)
-            kernels.lora_expand(h, b_slots, flat, self.seg_indptr, self.seg_slots, self.max_seg_len)
+            h = kernels.lora_shrink(
+                x, a_slots, indptr, slots, self.max_seg_len,
+                row_order=order, slot_ranks=ranks, num_shards=shards,
+            )  # fmt: skip
+            kernels.lora_expand(
+                h, b_slots, flat, indptr, slots, self.max_seg_len,
+                row_order=order, slot_ranks=ranks, shard_rows=shard_rows,
+            )  # fmt: skip
         else:
-            h = kernels.lora_shrink_ref(x, a_slots, self.seg_indptr, self.seg_slots)
-            kernels.lora_expand_ref(h, b_slots, flat, self.seg_indptr, self.seg_slots)
+            h = kernels.lora_shrink_ref(
+                x, a_slots, indptr, slots, row_order=order, slot_ranks=ranks, num_shards=shards
+            )
+            kernels.lora_expand_ref(
+                h, b_slots, flat, indptr, slots,
+                row_order=order, slot_ranks=ranks, shard_rows=shard_rows,
+            )  # fmt: skip
         return out

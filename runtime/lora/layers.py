@@ -29,7 +29,8 @@ class LoraLinear(nn.Module):
     Each of the layer's shards (q, k, v of a merged QKV; gate, up) gets ``max_rank`` rows
     of the stacked ``A`` and columns of ``B``: ``a_slots`` ``[slots, shards * max_rank,
     input_size]``, ``b_slots`` ``[slots, output_size, shards * max_rank]``, B block-diagonal
-    over the shards, zero where an adapter's rank or targets leave room."""
+    over the shards, zero where an adapter's rank or targets leave room (the kernels read
+    each shard's block only up to the slot's rank, and B only on its diagonal)."""
 
     def __init__(
         self,
@@ -44,7 +45,7 @@ class LoraLinear(nn.Module):
         self.base = base
         self.context = context
         self.max_rank = max_rank
-        self.output_sizes = base.output_sizes
+        self.output_sizes: tuple[int, ...] = tuple(base.output_sizes)
         width = len(base.output_sizes) * max_rank
         self.a_slots = torch.zeros(num_slots, width, base.input_size, dtype=dtype, device=device)
         self.b_slots = torch.zeros(num_slots, base.output_size, width, dtype=dtype, device=device)
@@ -70,7 +71,8 @@ class LoraLinear(nn.Module):
         # NOTE: a row-parallel projection's delta joins its partial product before the
         # all-reduce (this rank's input columns times its columns of A), summed with it
         out = self.base.method.apply(self.base, x)
-        return self.base.reduce(batch.add_delta(x, out, self.a_slots, self.b_slots))
+        out = batch.add_delta(x, out, self.a_slots, self.b_slots, self.output_sizes)
+        return self.base.reduce(out)
 
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """A merged ``[gate; up]``'s ``silu(gate) * up`` (the delta is added before it)."""

@@ -65,6 +65,8 @@ class LoraManager:
         self.context = LoraContext()
         self.wrapped = self._wrap(layers, targets, options.max_loras_per_batch, max_rank)
         self.slots = LoraSlots(options.max_loras_per_batch)
+        # each slot's adapter rank, read by the kernels (a slot never written: rank 0, no work)
+        self.slot_ranks = torch.zeros(options.max_loras_per_batch, dtype=torch.int32, device=device)
         self.adapters: dict[str, LoraAdapter] = {}
         for name, path in startup:
             self.load(name, path)
@@ -155,6 +157,8 @@ class LoraManager:
     def _write(self, adapter: LoraAdapter, slot: int) -> None:
         for lora in self.wrapped.values():
             lora.clear_slot(slot)
+        # NOTE: a fill queued on the stream (no host sync), ordered with the weights' copies
+        self.slot_ranks[slot] = adapter.rank
         for (layer_id, module), (a, b) in adapter.weights.items():
             target = LORA_TARGETS[module]
             lora = self.wrapped[(layer_id, target.layer)]
@@ -186,7 +190,7 @@ class LoraManager:
             yield
             return
         rows = [1] * fb.batch_size if fb.is_decode else fb.extend_seq_lens_cpu
-        self.context.batch = LoraBatch.of(slots, rows, self.device)
+        self.context.batch = LoraBatch.of(slots, rows, self.device, self.slot_ranks)
         try:
             yield
         finally:

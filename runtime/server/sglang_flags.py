@@ -170,7 +170,7 @@ SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
     "--grammar-backend": Refuse("structured output runs on xgrammar only", accepts=("xgrammar",)),
     "--watchdog-timeout": Same(),
     # LoRA and speculative decoding
-    "--enable-lora": Same("decode CUDA graphs take each row's adapter slot as an input"),
+    "--enable-lora": Same("decode CUDA graphs group rows by adapter, each at its own rank"),
     "--lora-paths": Same("NAME=PATH, PATH or JSON entries; pinned is accepted, no effect"),
     "--max-loras-per-batch": Same("device slots; the base model takes none"),
     "--max-lora-rank": Same(),

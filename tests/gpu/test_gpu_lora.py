@@ -30,8 +30,14 @@ SMALL = {
     "tie_word_embeddings": False,
 }
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-# name -> (rank, alpha, targets)
-ADAPTERS = {"a": (16, 32, ALL), "b": (8, 8, ["q_proj", "v_proj", "down_proj"]), "c": (4, 16, ALL)}
+# name -> (rank, alpha, targets); the slots are sized for the largest rank (64), so the
+# others run below it (the kernels stop at each slot's own rank)
+ADAPTERS = {
+    "a": (16, 32, ALL),
+    "b": (8, 8, ["q_proj", "v_proj", "down_proj"]),
+    "c": (4, 16, ALL),
+    "d": (64, 64, ALL),
+}
 MAX_NEW = 24
 GREEDY = {"temperature": 0, "max_new_tokens": MAX_NEW, "ignore_eos": True}
 
@@ -112,7 +118,7 @@ def _hf_greedy(hf, state, batch) -> list[list[int]]:
     ("max_loras_per_batch", "disable_cuda_graph"), [(3, False), (1, False), (3, True)]
 )
 def test_mixed_adapters_match_merged_weights_fp32(setup, max_loras_per_batch, disable_cuda_graph):
-    """Decode runs in CUDA graphs (each row's adapter slot a graph input) unless disabled;
+    """Decode runs in CUDA graphs (the rows grouped by adapter slot) unless disabled;
     with one slot, adapters are swapped between steps, under the graphs too."""
     from kvflow.runtime.engine import Engine
 
@@ -133,6 +139,38 @@ def test_mixed_adapters_match_merged_weights_fp32(setup, max_loras_per_batch, di
     results = engine.generate(input_ids=batch, sampling_params=GREEDY, lora_path=adapters)
     got = [r.output_ids for r in results]
     assert got == [want[name][i] for i, name in enumerate(adapters)]
+    assert engine.is_memory_free()
+    del engine
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("max_loras_per_batch", [4, 2])
+def test_grouped_graph_rows_with_mixed_ranks_fp32(setup, max_loras_per_batch):
+    """Decode graphs with the rows grouped by adapter: 7 requests (the graph of 8 runs one
+    padding row) interleaving ranks 64, 16, 8 and 4 and the base model, each equal to
+    transformers with its adapter merged. With 2 slots the scheduler runs at most two
+    adapters at once, so slots change adapters (and ranks) between graph replays."""
+    from kvflow.runtime.engine import Engine
+
+    root, hf, merged = setup
+    base_state = {k: v.clone() for k, v in hf.state_dict().items()}
+    batch = _prompts()[:7]
+    adapters = ["d", "a", None, "d", "c", "b", "d"]
+    want = {name: _hf_greedy(hf, merged[name], batch) for name in set(adapters) - {None}}
+    want[None] = _hf_greedy(hf, base_state, batch)
+    hf.load_state_dict(base_state)
+    engine = Engine(
+        str(root / "base"), device="cuda", dtype="float32", skip_tokenizer_init=True,
+        enable_lora=True, lora_paths=tuple(f"{n}={root / n}" for n in ADAPTERS),
+        max_loras_per_batch=max_loras_per_batch, mem_fraction_static=0.3,
+    )  # fmt: skip
+    assert engine.runner.graph_runner is not None
+    assert engine.runner.lora.limits.max_rank == 64
+    results = engine.generate(input_ids=batch, sampling_params=GREEDY, lora_path=adapters)
+    got = [r.output_ids for r in results]
+    assert got == [want[name][i] for i, name in enumerate(adapters)]
+    if max_loras_per_batch == 4:  # every adapter in a slot, each at its own rank
+        assert sorted(engine.runner.lora.slot_ranks.tolist()) == [4, 8, 16, 64]
     assert engine.is_memory_free()
     del engine
     torch.cuda.empty_cache()

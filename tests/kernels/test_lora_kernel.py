@@ -1,7 +1,12 @@
 """Segmented LoRA shrink/expand against their torch references: segments of mixed lengths,
-adapters in any slot order, base-model segments (slot -1) left untouched."""
+adapters in any slot order, base-model segments (slot -1) left untouched; the decode
+graphs' grouped layout (rows permuted so each slot is one segment, empty segments, padding
+rows in the base segment); adapters of mixed ranks in merged layers' shards, with the
+weights past each rank and off B's diagonal poisoned (NaN) so that reading them shows."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -12,30 +17,68 @@ from kvflow.kernels import lora_expand, lora_expand_ref, lora_shrink, lora_shrin
 _TOLERANCE = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 3e-2}
 
 
-def _check(device, dtype, lengths, slots, k, n, rank, num_slots=3, splits=None):
-    gen = torch.Generator().manual_seed(sum(lengths) * 31 + k + n)
+def _weights(gen, num_slots, width, k, shard_rows, ranks, poison):
+    """Stacked ``A`` ``[slots, shards * width, K]`` and block-diagonal ``B`` ``[slots, N,
+    shards * width]``: zeros (or NaN with ``poison``) past each slot's rank and off B's
+    diagonal, as a LoRA layer's slots hold them."""
+    shards = len(shard_rows)
+    a = torch.randn(num_slots, shards * width, k, generator=gen) * k**-0.5
+    b = torch.randn(num_slots, sum(shard_rows), shards * width, generator=gen) * width**-0.5
+    fill = float("nan") if poison else 0.0
+    first_row = 0
+    for shard, rows in enumerate(shard_rows):
+        cols = slice(shard * width, (shard + 1) * width)
+        b[:, :first_row, cols] = fill
+        b[:, first_row + rows :, cols] = fill
+        first_row += rows
+        for slot, rank in enumerate(ranks or [width] * num_slots):
+            a[slot, shard * width + rank : (shard + 1) * width] = fill
+            b[slot, :, shard * width + rank : (shard + 1) * width] = fill
+    return a, b
+
+
+def _check(
+    device, dtype, lengths, slots, k, n, rank, num_slots=3, splits=None, *,
+    permute=False, ranks: Sequence[int] | None = None, shard_rows=None, max_seg_len=None,
+    poison=False,
+):  # fmt: skip
+    """``rank``: each shard's width of the slots; ``ranks``: each slot's adapter rank
+    (None: the whole width); ``permute``: a random row for each position (the graphs'
+    layout); ``max_seg_len``: the host's bound (the graphs': the whole batch)."""
+    gen = torch.Generator().manual_seed(sum(lengths) * 31 + k + n + num_slots)
     tokens = sum(lengths)
+    shard_rows = shard_rows or (n,)
     x = torch.randn(tokens, k, generator=gen).to(dtype)
-    a = (torch.randn(num_slots, rank, k, generator=gen) * k**-0.5).to(dtype)
-    b = (torch.randn(num_slots, n, rank, generator=gen) * rank**-0.5).to(dtype)
-    base = torch.randn(tokens, n, generator=gen).to(dtype)
+    a, b = _weights(gen, num_slots, rank, k, shard_rows, ranks, poison)
+    a, b = a.to(dtype), b.to(dtype)
+    base = torch.randn(tokens, sum(shard_rows), generator=gen).to(dtype)
     seg_indptr = indptr(lengths)
     seg_slots = torch.tensor(slots, dtype=torch.int32)
-    h_ref = lora_shrink_ref(x.double(), a.double(), seg_indptr, seg_slots)
-    want = lora_expand_ref(h_ref, b.double(), base.double().clone(), seg_indptr, seg_slots)
-    max_len = max(lengths)
-    on = [t.to(device) for t in (x, a, b, seg_indptr, seg_slots)]
-    h = lora_shrink(on[0], on[1], on[3], on[4], max_len, splits)
+    row_order = torch.randperm(tokens, generator=gen).to(torch.int32) if permute else None
+    slot_ranks = None if ranks is None else torch.tensor(ranks, dtype=torch.int32)
+    layout = {"row_order": row_order, "slot_ranks": slot_ranks}
+    h_ref = lora_shrink_ref(
+        x.double(), a.double(), seg_indptr, seg_slots, num_shards=len(shard_rows), **layout
+    )
+    want = lora_expand_ref(
+        h_ref, b.double(), base.double().clone(), seg_indptr, seg_slots, shard_rows=shard_rows,
+        **layout,
+    )  # fmt: skip
+    max_len = max_seg_len or max(lengths)
+    on = {key: None if t is None else t.to(device) for key, t in layout.items()}
+    x_d, a_d, b_d, indptr_d, slots_d = (t.to(device) for t in (x, a, b, seg_indptr, seg_slots))
+    h = lora_shrink(x_d, a_d, indptr_d, slots_d, max_len, splits, num_shards=len(shard_rows), **on)
     out = base.to(device).clone()
-    got = lora_expand(h, on[2], out, on[3], on[4], max_len)
+    got = lora_expand(h, b_d, out, indptr_d, slots_d, max_len, shard_rows=shard_rows, **on)
     assert got.data_ptr() == out.data_ptr() and got.dtype == dtype
     tol = _TOLERANCE[dtype]
     torch.testing.assert_close(h.cpu().double(), h_ref, atol=tol, rtol=tol)
     torch.testing.assert_close(got.cpu().double(), want, atol=tol * 4, rtol=tol * 4)
     bounds = seg_indptr.tolist()
+    rows = torch.arange(tokens) if row_order is None else row_order.long()
     for start, end, slot in zip(bounds, bounds[1:], slots, strict=False):
-        if slot < 0:  # base-model rows: exactly as they were
-            assert torch.equal(got[start:end].cpu(), base[start:end])
+        if slot < 0 or (ranks is not None and ranks[slot] == 0):  # exactly as they were
+            assert torch.equal(got.cpu()[rows[start:end]], base[rows[start:end]])
 
 
 _CASES = [
@@ -44,6 +87,9 @@ _CASES = [
     ([1, 1, 1, 1, 1], [0, 1, -1, 2, 0]),
     ([40], [1]),
 ]
+# The decode graphs' layout: one segment per slot (some empty), then the base model's with
+# the padding rows; positions permuted over the rows.
+_GROUPED = [([3, 0, 4, 5], [0, 1, 2, -1]), ([0, 6, 0, 1], [0, 1, 2, -1]), ([0, 0, 0, 4], [0, 1, 2, -1])]  # fmt: skip
 
 
 @pytest.mark.interpret
@@ -63,6 +109,58 @@ def test_lora_split_k_interpret(splits):
     _check(device_for("interpret"), torch.float32, lengths, slots, 200, 40, 24, splits=splits)
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("lengths", "slots"), _GROUPED)
+@pytest.mark.parametrize("splits", [1, 3])
+def test_lora_grouped_rows_interpret(dtype, lengths, slots, splits):
+    """Rows permuted into one segment per slot, the grid sized for the whole batch."""
+    _check(device_for("interpret"), dtype, lengths, slots, k=200, n=40, rank=24,
+           splits=splits, permute=True, max_seg_len=sum(lengths))  # fmt: skip
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize(
+    ("shard_rows", "rank", "ranks"),
+    [
+        ((40,), 24, [8, 24, 0]),  # one shard; a slot never written (rank 0) does nothing
+        ((40, 16, 16), 24, [24, 8, 17]),  # QKV: one output block across all three shards
+        ((24, 40), 16, [16, 1, 9]),  # gate-up
+        ((80,), 160, [64, 160, 100]),  # two column blocks of A (the second past rank 64)
+    ],
+)
+@pytest.mark.parametrize("permute", [False, True])
+def test_lora_ranks_and_shards_interpret(shard_rows, rank, ranks, permute):
+    """Each slot read only up to its rank in each shard's block, B only on its diagonal:
+    the weights there are NaN, and the results still equal the references'."""
+    lengths, slots = ([3, 0, 4, 5], [0, 1, 2, -1]) if permute else ([5, 1, 17, 3], [2, -1, 0, 1])
+    _check(device_for("interpret"), torch.float32, lengths, slots, 48, 0, rank,
+           permute=permute, ranks=ranks, shard_rows=shard_rows, poison=True,
+           max_seg_len=sum(lengths) if permute else None)  # fmt: skip
+
+
+@pytest.mark.interpret
+def test_lora_ranks_change_nothing_on_zero_padding_interpret():
+    """With the zeros a LoRA layer's slots hold past each rank, reading at the ranks gives
+    what reading every column gives (the rank only skips work)."""
+    device = device_for("interpret")
+    gen = torch.Generator().manual_seed(3)
+    ranks, shard_rows, width = [4, 24, 16], (40, 16, 16), 24
+    a, b = _weights(gen, 3, width, 48, shard_rows, ranks, poison=False)
+    x, seg_indptr = torch.randn(12, 48, generator=gen), indptr([3, 0, 4, 5])
+    seg_slots = torch.tensor([0, 1, 2, -1], dtype=torch.int32)
+    row_order = torch.randperm(12, generator=gen).to(torch.int32)
+    results = []
+    for slot_ranks in (None, torch.tensor(ranks, dtype=torch.int32)):
+        layout = {"row_order": row_order, "slot_ranks": slot_ranks}
+        h = lora_shrink(x.to(device), a.to(device), seg_indptr, seg_slots, 12, num_shards=3,
+                        **layout)  # fmt: skip
+        out = torch.zeros(12, 72, device=device)
+        results.append(lora_expand(h, b.to(device), out, seg_indptr, seg_slots, 12,
+                                   shard_rows=shard_rows, **layout).cpu())  # fmt: skip
+    torch.testing.assert_close(results[0], results[1], atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize(("lengths", "slots"), [*_CASES, ([300, 1, 129, 1, 1], [3, 0, -1, 1, 3])])
@@ -74,6 +172,27 @@ def test_lora_segments_gpu(dtype, lengths, slots, k, n, rank, splits):
     _check(device_for("gpu"), dtype, lengths, slots, k, n, rank, num_slots=4, splits=splits)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    ("lengths", "slots"),
+    [([9, 0, 11, 8, 4], [0, 1, 2, 3, -1]), ([1, 0, 0, 0, 0], [0, 1, 2, 3, -1]),
+     ([40, 30, 33, 20, 37], [0, 1, 2, 3, -1])],
+)  # fmt: skip
+@pytest.mark.parametrize(
+    ("k", "shard_rows"),
+    [(4096, (4096, 1024, 1024)), (4096, (14336, 14336)), (14336, (4096,)), (4096, (4096,))],
+)
+@pytest.mark.parametrize("splits", [None, 1])
+def test_lora_grouped_mixed_ranks_gpu(dtype, lengths, slots, k, shard_rows, splits):
+    """Llama-3.1-8B's projections in the decode graphs' layout (one segment per slot, rows
+    permuted, the grid sized for the whole batch), slots of rank 64 holding adapters of
+    rank 16 and 64 with NaN past the ranks and off B's diagonal."""
+    _check(device_for("gpu"), dtype, lengths, slots, k, 0, 64, num_slots=4, splits=splits,
+           permute=True, ranks=[16, 64, 16, 64], shard_rows=shard_rows, poison=True,
+           max_seg_len=sum(lengths))  # fmt: skip
+
+
 def test_lora_ref_leaves_base_rows():
     x, a, b = torch.ones(3, 4), torch.ones(1, 2, 4), torch.ones(1, 5, 2)
     seg_indptr, seg_slots = indptr([2, 1]), torch.tensor([-1, 0], dtype=torch.int32)
@@ -81,3 +200,17 @@ def test_lora_ref_leaves_base_rows():
         lora_shrink_ref(x, a, seg_indptr, seg_slots), b, torch.zeros(3, 5), seg_indptr, seg_slots
     )
     assert out[:2].abs().sum() == 0 and torch.all(out[2] == 8)
+
+
+def test_lora_ref_permuted_rows_and_ranks():
+    """Position ``p`` is row ``row_order[p]``; slot 0 at rank 1 of 2: one column."""
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    a = torch.tensor([[[1.0, 2.0], [5.0, 5.0]]])  # rank 1: only the first row counts
+    b = torch.tensor([[[1.0, 7.0], [2.0, 7.0]]])
+    seg_indptr, seg_slots = indptr([2, 1]), torch.tensor([0, -1], dtype=torch.int32)
+    layout = {"row_order": torch.tensor([2, 0, 1], dtype=torch.int32),
+              "slot_ranks": torch.tensor([1], dtype=torch.int32)}  # fmt: skip
+    h = lora_shrink_ref(x, a, seg_indptr, seg_slots, **layout)
+    assert h.tolist() == [[3.0, 0.0], [1.0, 0.0], [0.0, 0.0]]
+    out = lora_expand_ref(h, b, torch.zeros(3, 2), seg_indptr, seg_slots, **layout)
+    assert out.tolist() == [[1.0, 2.0], [0.0, 0.0], [3.0, 6.0]]

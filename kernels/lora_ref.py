@@ -1,0 +1,81 @@
+"""The segmented LoRA matmuls in pure torch: the contract of :mod:`kvflow.kernels.lora`'s
+Triton kernels (see its docstring for the layout), one matmul per segment and shard; the
+CPU path, torch only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["lora_expand_ref", "lora_shrink_ref"]
+
+
+def _segments(seg_indptr: torch.Tensor, seg_slots: torch.Tensor) -> list[tuple[int, int, int]]:
+    """(first position, end, slot) of every segment that has a slot and rows."""
+    bounds = seg_indptr.tolist()
+    segments = zip(bounds, bounds[1:], seg_slots.tolist(), strict=False)
+    return [(start, end, slot) for start, end, slot in segments if slot >= 0 and end > start]
+
+
+def _rows(row_order: torch.Tensor | None, start: int, end: int) -> slice | torch.Tensor:
+    """The token rows at positions ``start:end``: a slice without a permutation."""
+    return slice(start, end) if row_order is None else row_order[start:end].long()
+
+
+def _rank(slot_ranks: list[int] | None, slot: int, width: int) -> int:
+    return width if slot_ranks is None else min(slot_ranks[slot], width)
+
+
+def lora_shrink_ref(
+    x: torch.Tensor,
+    a_weights: torch.Tensor,
+    seg_indptr: torch.Tensor,
+    seg_slots: torch.Tensor,
+    *,
+    row_order: torch.Tensor | None = None,
+    slot_ranks: torch.Tensor | None = None,
+    num_shards: int = 1,
+) -> torch.Tensor:
+    """Pure-torch :func:`~kvflow.kernels.lora.lora_shrink`: ``h`` ``[T, R]`` by position,
+    zeros outside the adapters' ranks and on segments without a slot."""
+    h = x.new_zeros((x.shape[0], a_weights.shape[1]))
+    width = a_weights.shape[1] // num_shards
+    ranks = None if slot_ranks is None else slot_ranks.tolist()
+    for start, end, slot in _segments(seg_indptr, seg_slots):
+        rank = _rank(ranks, slot, width)
+        if rank == 0:  # a slot no adapter was written to
+            continue
+        a = a_weights[slot].reshape(num_shards, width, -1)[:, :rank].flatten(0, 1)
+        product = x[_rows(row_order, start, end)] @ a.t()
+        h[start:end].view(end - start, num_shards, width)[:, :, :rank] = product.view(
+            end - start, num_shards, rank
+        )
+    return h
+
+
+def lora_expand_ref(
+    h: torch.Tensor,
+    b_weights: torch.Tensor,
+    out: torch.Tensor,
+    seg_indptr: torch.Tensor,
+    seg_slots: torch.Tensor,
+    *,
+    row_order: torch.Tensor | None = None,
+    slot_ranks: torch.Tensor | None = None,
+    shard_rows: tuple[int, ...] | None = None,
+) -> torch.Tensor:
+    """Pure-torch :func:`~kvflow.kernels.lora.lora_expand` (in place on ``out``): B's
+    blocks off the shards' diagonal are never read."""
+    shard_rows = shard_rows or (b_weights.shape[1],)
+    width = b_weights.shape[2] // len(shard_rows)
+    ranks = None if slot_ranks is None else slot_ranks.tolist()
+    for start, end, slot in _segments(seg_indptr, seg_slots):
+        rank = _rank(ranks, slot, width)
+        rows, first_row = _rows(row_order, start, end), 0
+        for shard, num_rows in enumerate(shard_rows):
+            cols = slice(shard * width, shard * width + rank)
+            out_cols = slice(first_row, first_row + num_rows)
+            delta = h[start:end, cols] @ b_weights[slot, out_cols, cols].t()
+            out[rows, out_cols] += delta.to(out.dtype)
+            first_row += num_rows
+    return out
