@@ -307,7 +307,8 @@ def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
     del spec, worker
     gc.collect()
 
-    drafting = {  # label, engine arguments, forced accept length (None: as it drafts)
+    # label, engine arguments, forced accept lengths (None: as it drafts)
+    drafting: dict[str, tuple[str, dict[str, Any], list[int | None]]] = {
         "standalone": (
             f"STANDALONE, {args.draft_layers}-layer draft of the same config",
             {"speculative_algorithm": "STANDALONE",

@@ -296,9 +296,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward_hidden(self, fb: ForwardBatch) -> torch.Tensor:
-        """A batch's final-norm hidden states of every new token, ``[N, hidden]``: an
-        extend's pooled by embeddings, an EAGLE head's outputs read by its drafter (which
-        replays its decode steps' own graphs, :mod:`kvflow.runtime.speculative.draft_graphs`)."""
+        """A batch's hidden states of every new token, ``[N, hidden]`` (the model's output
+        before logits: a target's after its final norm, pooled by embeddings; an EAGLE
+        head's, read by its drafter, which replays its decode steps in graphs of its own,
+        :mod:`kvflow.runtime.speculative.draft_graphs`)."""
         self.attn.init_forward_metadata(fb)
         return self.run_hidden(fb)
 

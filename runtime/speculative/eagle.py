@@ -17,8 +17,10 @@ up over the kept tokens with their real features, as SGLang's draft extend does)
 The one-token forwards are decode batches, in the head's CUDA graphs on CUDA
 (:mod:`~kvflow.runtime.speculative.draft_graphs`): the graph's input features are the
 head's own outputs (a static buffer of its hidden width), its output the head's hidden
-states; the LM head and argmax run after the replay. A catch-up runs eagerly (an extend,
-or, for EAGLE-3, the target's three-layer features, wider than the graphs' input).
+states; the LM head and argmax run after the replay. A catch-up is an eager extend,
+unless every request brings one token: then it is a decode batch too, replayed where its
+features have the head's width (EAGLE-1/2's target states; EAGLE-3's three target layers
+are wider and run eagerly).
 """
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ def test_graph_runner_inputs_and_features():
         [5, 6, 7, 0],  # req_pool_indices
         [21, 31, 41, 1],  # seq_lens
     ]
-    assert torch.equal(runner.features[:3], fb.input_hidden)
+    assert runner.features is not None and torch.equal(runner.features[:3], fb.input_hidden)
     extend = dataclasses.replace(fb, mode=ForwardMode.EXTEND)
     assert not runner.can_run(extend)
     wide = build_decode_batch(list(range(9)), [1] * 9, [0] * 9, torch.zeros(9), "cpu")
