@@ -12,7 +12,9 @@ token.
 ``gpu`` (for the accelerator machine): Llama-3.1-8B shapes with random weights in bf16,
 one stream. Rows: the plain decode step; a STANDALONE draft from the same config with
 fewer layers; an EAGLE head (one layer, random weights) of the same shapes, as it drafts
-and with every draft kept (forced, below), and an EAGLE-3 head with every draft kept; and
+and with every draft kept (forced, below), and an EAGLE-3 head with every draft kept, each
+with the drafter's decode steps in its CUDA graphs and again with them detached (eager
+draft forwards, the verify step still graphed; ``--skip-draft-eager`` skips those); and
 a labelled *forced* mode where the drafter proposes the target's own
 greedy continuation for the first ``a - 1`` drafts and a wrong token after them, so each
 verify step keeps ``a`` tokens (a = 1..4; the measured accept length is printed beside it,
@@ -157,7 +159,8 @@ def forced_accept(worker: Any, accept: int) -> Any:
     step costs and yields at each accept length, not a model's skill."""
     from kvflow.runtime.scheduler.verify import StepTokens
 
-    def accept_forced(req: Any, draft: list[int], rows: Any) -> Any:
+    def accept_forced(req: Any, tree: Any, rows: Any) -> Any:
+        draft = list(tree.tokens)  # a chain (the verify step passes a DraftTree)
         kept = min(accept - 1, len(draft))
         tokens = [*draft[:kept], int(rows[kept].argmax())]
         worker.drafted_tokens += len(draft)
@@ -197,6 +200,51 @@ def _sync(engine: Any) -> None:
         torch.cuda.synchronize()
 
 
+def _drafting_rows(
+    engine: Any,
+    label: str,
+    accepts: Sequence[int | None],
+    prompt: list[int],
+    reference: list[int],
+    args: argparse.Namespace,
+) -> list[dict[str, Any]]:
+    """A drafter's rows: as it drafts (``None``) or with every verify step keeping ``a``
+    tokens (forced, the head still drafting), its decode steps in its CUDA graphs, then,
+    unless ``--skip-draft-eager``, the same with the drafter's graphs detached (eager
+    draft forwards, the verify step still graphed)."""
+    worker = engine.scheduler.spec
+    assert worker is not None
+    accept_plain = worker._accept
+    graphs = getattr(worker.drafter, "graphs", None)
+    rows: list[dict[str, Any]] = []
+    runs = [graphs] if graphs is None or args.skip_draft_eager else [graphs, None]
+    for attached in runs:
+        worker.drafter.graphs = attached
+        for accept in accepts:
+            worker._accept = (  # type: ignore[method-assign]
+                accept_plain if accept is None else forced_accept(worker, accept)
+            )
+            before = (worker.verified_reqs, worker.emitted_tokens)
+            replays = attached.replays if attached is not None else 0
+            rate, steps, ids = _decode_rate(engine, prompt, args.output_len)
+            verified = worker.verified_reqs - before[0]
+            mode = label if accept is None else f"{label}, forced accept length {accept}"
+            row = {
+                "mode": f"{mode} ({'draft eager' if attached is None else 'draft graphs'})",
+                "draft_graphs": attached is not None,
+                "draft_replays": (attached.replays if attached is not None else 0) - replays,
+                "tok_s": rate,
+                "steps": steps,
+                "measured_accept_length": (worker.emitted_tokens - before[1]) / max(verified, 1),
+                "ms_per_step": 1e3 * (args.output_len - 1) / rate / max(steps, 1),
+            }
+            if accept is None:
+                row["same_tokens_as_plain"] = ids == reference
+            rows.append(row)
+    worker.drafter.graphs, worker._accept = graphs, accept_plain
+    return rows
+
+
 def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
     import gc
 
@@ -234,7 +282,7 @@ def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
                  "ms_per_step": 1e3 * (args.output_len - 1) / rate / steps})  # fmt: skip
     del plain
     gc.collect()
-    # the speculative engines run with CUDA graphs off: a plain eager decode for reference
+    # eager decode, for reference (the speculative engines' verify steps replay graphs)
     eager = Engine(model, **settings, disable_cuda_graph=True)
     rate, steps, _ = _decode_rate(eager, prompt, args.output_len)
     rows.append({"mode": "plain decode (eager)", "tok_s": rate, "steps": steps,
@@ -250,7 +298,7 @@ def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
     for accept in range(1, k + 1):
         worker._accept = forced_accept(worker, accept)  # type: ignore[method-assign]
         before = (worker.verified_reqs, worker.emitted_tokens)
-        rate, steps, ids = _decode_rate(spec, prompt, args.output_len)
+        rate, steps, _ = _decode_rate(spec, prompt, args.output_len)
         verified = worker.verified_reqs - before[0]
         measured = (worker.emitted_tokens - before[1]) / max(verified, 1)
         rows.append({"mode": f"forced accept length {accept} ({k - 1} drafts verified)",
@@ -259,64 +307,30 @@ def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
     del spec, worker
     gc.collect()
 
-    standalone = Engine(
-        model,
-        **settings,
-        speculative_algorithm="STANDALONE",
-        speculative_draft_model_path=str(folder / "config.json"),
-        speculative_num_steps=k - 1,
-    )
-    worker = standalone.scheduler.spec
-    assert worker is not None
-    rate, steps, ids = _decode_rate(standalone, prompt, args.output_len)
-    rows.append({"mode": f"STANDALONE, {args.draft_layers}-layer draft of the same config",
-                 "tok_s": rate, "steps": steps, "measured_accept_length": worker.accept_length,
-                 "ms_per_step": 1e3 * (args.output_len - 1) / rate / max(steps, 1),
-                 "same_tokens_as_plain": ids == reference})  # fmt: skip
-    del standalone, worker
-    gc.collect()
-
-    eagle = Engine(
-        model,
-        **settings,
-        speculative_algorithm="EAGLE",
-        speculative_draft_model_path=str(head),
-        speculative_num_steps=k - 1,
-    )
-    worker = eagle.scheduler.spec
-    assert worker is not None
-    rate, steps, ids = _decode_rate(eagle, prompt, args.output_len)
-    rows.append({"mode": "EAGLE, 1-layer head (random weights)",
-                 "tok_s": rate, "steps": steps, "measured_accept_length": worker.accept_length,
-                 "ms_per_step": 1e3 * (args.output_len - 1) / rate / max(steps, 1),
-                 "same_tokens_as_plain": ids == reference})  # fmt: skip
-    # the head drafts (its catch-up over k kept tokens and k - 2 more forwards), then the
-    # verify step keeps all k: what EAGLE's steps cost at accept length k
-    worker._accept = forced_accept(worker, k)  # type: ignore[method-assign]
-    before = (worker.verified_reqs, worker.emitted_tokens)
-    rate, steps, ids = _decode_rate(eagle, prompt, args.output_len)
-    measured = (worker.emitted_tokens - before[1]) / max(worker.verified_reqs - before[0], 1)
-    rows.append({"mode": f"EAGLE head drafting, forced accept length {k}",
-                 "tok_s": rate, "steps": steps, "measured_accept_length": measured,
-                 "ms_per_step": 1e3 * (args.output_len - 1) / rate / max(steps, 1)})  # fmt: skip
-    del eagle, worker
-    gc.collect()
-
-    eagle3 = Engine(
-        model,
-        **settings,
-        speculative_algorithm="EAGLE3",
-        speculative_draft_model_path=str(head3),
-        speculative_num_steps=k - 1,
-    )
-    worker = eagle3.scheduler.spec
-    assert worker is not None
-    worker._accept = forced_accept(worker, k)  # type: ignore[method-assign]
-    rate, steps, ids = _decode_rate(eagle3, prompt, args.output_len)
-    measured = worker.emitted_tokens / max(worker.verified_reqs, 1)
-    rows.append({"mode": f"EAGLE3 head drafting, forced accept length {k}",
-                 "tok_s": rate, "steps": steps, "measured_accept_length": measured,
-                 "ms_per_step": 1e3 * (args.output_len - 1) / rate / max(steps, 1)})  # fmt: skip
+    # label, engine arguments, forced accept lengths (None: as it drafts)
+    drafting: dict[str, tuple[str, dict[str, Any], list[int | None]]] = {
+        "standalone": (
+            f"STANDALONE, {args.draft_layers}-layer draft of the same config",
+            {"speculative_algorithm": "STANDALONE",
+             "speculative_draft_model_path": str(folder / "config.json")},
+            [None],
+        ),
+        "eagle": (
+            "EAGLE, 1-layer head (random weights)",
+            {"speculative_algorithm": "EAGLE", "speculative_draft_model_path": str(head)},
+            [None, k],
+        ),
+        "eagle3": (
+            "EAGLE3, 1-layer head (random weights)",
+            {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": str(head3)},
+            [k],
+        ),
+    }  # fmt: skip
+    for label, spec_args, accepts in drafting.values():
+        engine = Engine(model, **settings, **spec_args, speculative_num_steps=k - 1)
+        rows += _drafting_rows(engine, label, accepts, prompt, reference, args)
+        del engine
+        gc.collect()
     return {
         "mode": "gpu",
         "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
@@ -415,6 +429,11 @@ def main(argv: list[str] | None = None) -> int:
     gpu.add_argument("--input-len", type=int, default=512)
     gpu.add_argument("--output-len", type=int, default=128)
     gpu.add_argument("--num-draft-tokens", type=int, default=4)
+    gpu.add_argument(
+        "--skip-draft-eager",
+        action="store_true",
+        help="measure the drafters with their CUDA graphs only (not also with eager drafts)",
+    )
     gpu.add_argument("--json-out", default="benchmarks/results/spec-gpu.json")
     gpu.add_argument("--md-out", default="benchmarks/results/spec-gpu.md")
     args = parser.parse_args(argv)

@@ -333,7 +333,8 @@ class EngineConfig:
     # the request's own tokens, STANDALONE from a smaller model of the same tokenizer (its
     # own KV pool), EAGLE / EAGLE3 from an EAGLE-1/2 / EAGLE-3 head over the target's
     # hidden states (its own KV pool too); the target verifies the drafts in one forward
-    # (decode rows, in the decode CUDA graphs; draft steps run eagerly). num_draft_tokens
+    # (decode rows, in the decode CUDA graphs; a chain's draft decode steps in the draft's
+    # own, kvflow.runtime.speculative.draft_graphs). num_draft_tokens
     # counts the verified positions (the last real token plus num_draft_tokens - 1
     # drafts); 0: num_steps + 1. num_steps 0: auto (3). eagle_topk 0: auto (1: chains);
     # EAGLE and EAGLE3 draft trees with eagle_topk > 1 (page_size 1; the target keeps

@@ -207,7 +207,7 @@ class ModelRunner:
                     "CUDA graphs need the triton attention backend (or --disable-cuda-graph)"
                 )
             # rows: a verify step runs each request's speculative_num_draft_tokens tokens
-            # as decode rows (kvflow.runtime.speculative.batch.build_verify_batch)
+            # as decode rows (kvflow.runtime.speculative.batch.build_decode_batch)
             rows_per_request = max(1, config.speculative_num_draft_tokens)
             max_bs = min(config.cuda_graph_max_bs, config.max_running_requests * rows_per_request)
             extra = [] if self.lora is None else [LoraGraphInputs(self.lora)]
@@ -288,14 +288,20 @@ class ModelRunner:
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
             self.graph_runner.stage(fb)
 
-    @torch.inference_mode()
-    def forward_hidden(self, fb: ForwardBatch) -> torch.Tensor:
-        """An extend batch's final-norm hidden states of every new token, ``[N, hidden]``
-        (embeddings pool them; no logits)."""
-        assert not fb.is_decode, "embeddings run prefill steps only"
-        self.attn.init_forward_metadata(fb)
+    def run_hidden(self, fb: ForwardBatch) -> torch.Tensor:
+        """The model on a batch whose attention metadata is ready: the hidden states of
+        every new token, ``[N, hidden]`` (no logits)."""
         with self._adapters(fb):
             return self.model(fb, self.attn)
+
+    @torch.inference_mode()
+    def forward_hidden(self, fb: ForwardBatch) -> torch.Tensor:
+        """A batch's hidden states of every new token, ``[N, hidden]`` (the model's output
+        before logits: a target's after its final norm, pooled by embeddings; an EAGLE
+        head's, read by its drafter, which replays its decode steps in graphs of its own,
+        :mod:`kvflow.runtime.speculative.draft_graphs`)."""
+        self.attn.init_forward_metadata(fb)
+        return self.run_hidden(fb)
 
     def _adapters(self, fb: ForwardBatch) -> AbstractContextManager[None]:
         """The batch's LoRA adapters for one forward (nothing without --enable-lora)."""

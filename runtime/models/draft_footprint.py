@@ -5,7 +5,9 @@ The draft's pool gets as many token slots as the target's (``max_total_tokens`` 
 draft's runner), so the target sizes its pool with the draft's bytes per token added and,
 on CUDA, the draft's weights taken out of the budget first: both pools and both models fit
 what ``--mem-fraction-static`` (or ``cpu_kv_cache_gb``) allows, instead of the draft taking
-the memory kept back for activations and CUDA graphs.
+the memory kept back for activations and CUDA graphs. The draft's own decode CUDA graphs
+are not counted: they capture into the target's graph memory pool, in that kept-back
+memory (:mod:`kvflow.runtime.speculative.draft_graphs`).
 """
 
 from __future__ import annotations

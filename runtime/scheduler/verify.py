@@ -1,7 +1,7 @@
 """The verify step of speculative decoding: drafts from a :class:`Drafter`, scored by one forward of the target.
 
 Per request, the target runs its last token and its draft ``d_1..d_k`` at positions
-``kv_len .. kv_len + k``, one decode row each (``build_verify_batch``: causal attention
+``kv_len .. kv_len + k``, one decode row each (``build_decode_batch``: causal attention
 over the drafted positions, a logits row for each, in the decode CUDA graphs). The rows give the target's choice after every prefix of the draft; the
 acceptance rule keeps a prefix of the draft plus one target token. The caller appends the
 tokens it keeps (a stop may cut them short), sets ``kv_len`` past them and calls
@@ -39,7 +39,7 @@ from kvflow.runtime.speculative.accept import (
     accept_tree_sampled,
     target_probs,
 )
-from kvflow.runtime.speculative.batch import build_verify_batch
+from kvflow.runtime.speculative.batch import build_decode_batch
 from kvflow.runtime.speculative.tree import DraftTree
 from kvflow.runtime.speculative.tree_rows import spare_rows, verify_rows
 
@@ -123,7 +123,7 @@ class SpecWorker:
         device = self.runner.device
         with spare_rows(self.runner.req_to_token) as spare:
             rows = verify_rows(reqs, trees, [self._taken[id(r)][0] for r in reqs], spare)
-            fb = build_verify_batch(*rows, host_to_device(slots, device), device)
+            fb = build_decode_batch(*rows, host_to_device(slots, device), device)
             logits = self.runner.forward(fb)
         starts, at = [], 0
         for tree in trees:

@@ -9,7 +9,7 @@ import torch
 
 from kvflow.runtime.forward_batch import ForwardBatch, ForwardMode
 
-__all__ = ["build_token_batch", "build_verify_batch"]
+__all__ = ["build_decode_batch", "build_token_batch"]
 
 
 class _Tokens(NamedTuple):
@@ -62,24 +62,26 @@ def build_token_batch(
     )
 
 
-def build_verify_batch(
+def build_decode_batch(
     pool_rows: Sequence[int],
     positions: Sequence[int],
     input_ids: Sequence[int],
     out_cache_loc: torch.Tensor,
     device: str,
 ) -> ForwardBatch:
-    """A verify step as a decode batch of one row per scored token: token ``input_ids[r]``
-    at ``positions[r]`` (its KV written to ``out_cache_loc[r]``, recorded in row
-    ``pool_rows[r]`` of ``req_to_token`` already) attends to the ``positions[r] + 1``
-    positions of that row, up to and including its own.
+    """A decode batch of one row per token: token ``input_ids[r]`` at ``positions[r]``
+    (its KV written to ``out_cache_loc[r]``, recorded in row ``pool_rows[r]`` of
+    ``req_to_token`` already) attends to the ``positions[r] + 1`` positions of that row, up
+    to and including its own. One logits row per token, in the order given.
 
-    A decode step stores every row's K/V before any row attends, so a row sees the drafted
-    tokens its ``req_to_token`` row holds before it: a chain's tokens share the request's
-    row (the causal attention of an extend over the drafted positions), a tree node's row
-    holds its ancestors (:mod:`kvflow.runtime.speculative.tree_rows`). As a decode batch it
-    replays the decode CUDA graphs (padded to a captured row count) and runs the decode
-    kernels plain decoding runs. One logits row per token, in the order given.
+    The verify step scores its tokens this way. A decode step stores every row's K/V
+    before any row attends, so a row sees the drafted tokens its ``req_to_token`` row
+    holds before it: a chain's tokens share the request's row (the causal attention of an
+    extend over the drafted positions), a tree node's row holds its ancestors
+    (:mod:`kvflow.runtime.speculative.tree_rows`). A draft model's steps after its first
+    run one token per request, each in its own row. As decode batches they replay the
+    runner's decode CUDA graphs (padded to a captured row count) and run the decode
+    kernels plain decoding runs.
     """
     seq_lens = [p + 1 for p in positions]
     ids, pos, pool, lens = _on(device, list(input_ids), list(positions), list(pool_rows), seq_lens)

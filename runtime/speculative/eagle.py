@@ -13,6 +13,14 @@ for a request of length ``L`` (the target has run ``0:L-1``) a step is::
 Only the catch-up positions use the target's features, so only they stay: the head's KV
 is valid below ``L - 1`` after the step whatever the target kept (the next step catches
 up over the kept tokens with their real features, as SGLang's draft extend does).
+
+The one-token forwards are decode batches, in the head's CUDA graphs on CUDA
+(:mod:`~kvflow.runtime.speculative.draft_graphs`): the graph's input features are the
+head's own outputs (a static buffer of its hidden width), its output the head's hidden
+states; the LM head and argmax run after the replay. A catch-up is an eager extend,
+unless every request brings one token: then it is a decode batch too, replayed where its
+features have the head's width (EAGLE-1/2's target states; EAGLE-3's three target layers
+are wider and run eagerly).
 """
 
 from __future__ import annotations
@@ -24,9 +32,12 @@ import torch
 
 from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.core import Req
+from kvflow.runtime.cuda_graph import FeatureInput
+from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.model_runner import ModelRunner
 from kvflow.runtime.models import check_draft_model
 from kvflow.runtime.models.llama_eagle import LlamaEagleHead
+from kvflow.runtime.speculative.draft_graphs import capture_draft_graphs
 from kvflow.runtime.speculative.pooled import DraftSeq, PooledDrafter
 
 __all__ = ["EagleDrafter"]
@@ -45,6 +56,8 @@ def _head_config(config: EngineConfig, target: ModelRunner) -> EngineConfig:
         load_format="auto" if any(folder.glob("*.safetensors")) else config.load_format,
         speculative_algorithm=None,
         speculative_draft_model_path=None,
+        # NOTE: the runner's own graphs would return logits; the drafter captures the
+        # head's decode steps itself (hidden states), unless the target's config says not
         disable_cuda_graph=True,
         max_total_tokens=target.allocator.size,
         enable_lora=False,
@@ -57,8 +70,11 @@ class EagleDrafter(PooledDrafter):
     """Greedy chain drafts from an EAGLE or EAGLE-3 head (``config.
     speculative_draft_model_path``; the head's class comes from its checkpoint)."""
 
-    def __init__(self, config: EngineConfig, target: ModelRunner, spare_rows: int = 0) -> None:
-        """``spare_rows``: rows of the head's ``req_to_token`` kept for tree drafts."""
+    def __init__(
+        self, config: EngineConfig, target: ModelRunner, spare_rows: int = 0, graphs: bool = True
+    ) -> None:
+        """``spare_rows``: rows of the head's ``req_to_token`` kept for tree drafts;
+        ``graphs``: capture the head's decode steps (where CUDA graphs are on)."""
         if target.hidden_pool is None:
             raise ValueError("the target keeps no hidden states (not started for EAGLE)")
         super().__init__(ModelRunner(_head_config(config, target), spare_rows=spare_rows))
@@ -66,6 +82,20 @@ class EagleDrafter(PooledDrafter):
         assert isinstance(head, LlamaEagleHead)
         head.share_target(target.model)
         self.head, self.target = head, target
+        if graphs:  # (after share_target: the captured forward reads the target's embedding)
+            own = FeatureInput(self.runner.model_config.hidden_size, self.runner.dtype)
+            self.graphs = capture_draft_graphs(
+                config, self.runner, target, self.runner.run_hidden, own
+            )
+
+    def _head_out(self, fb: ForwardBatch) -> torch.Tensor:
+        """The head's output at each request's last new token, ``[B, hidden]`` (a decode
+        batch's replay returns the graph's output, which the next replay overwrites)."""
+        graphs = self._graphed(fb)
+        if graphs is not None:
+            return graphs.replay(fb)
+        hidden = self.runner.forward_hidden(fb)
+        return hidden if fb.is_decode else hidden[fb.logits_rows()]
 
     def _new_slots(self, req: Req, seq: DraftSeq, num_drafts: int) -> int:
         return (req.seq_len - 1 - seq.kv_len) + num_drafts - 1
@@ -90,7 +120,7 @@ class EagleDrafter(PooledDrafter):
         while group:
             fb = self._group_batch(active, group, starts, feed)
             fb.input_hidden = features
-            hidden = self.runner.forward_hidden(fb)[fb.logits_rows()]
+            hidden = self._head_out(fb)
             next_ids = self.head.draft_ids(hidden).tolist()
             wanted: list[int] = []  # rows of `hidden` whose request drafts again
             for row, (k, token) in enumerate(zip(group, next_ids, strict=True)):
@@ -101,7 +131,7 @@ class EagleDrafter(PooledDrafter):
                 if feed[k]:
                     wanted.append(row)
             group = [k for k in group if feed[k]]
-            features = hidden[wanted]
+            features = hidden[wanted]  # (a copy: indexed by a list)
         return drafts
 
     def accepted(self, req: Req, num_accepted: int) -> None:

@@ -12,6 +12,9 @@ below ``L - 1`` is all that stays. A frontier node of depth ``d`` runs at head p
 ``0:L-1``, then its ancestors' slots and its own (:mod:`~kvflow.runtime.speculative.
 tree_rows`), so it attends to its own branch only; those slots and rows are given back
 before :meth:`EagleTreeDrafter.propose_trees` returns.
+
+The head's forwards of a tree run eagerly (no draft CUDA graphs: a frontier's rows are
+spare rows, ``topk`` per request, run as an extend batch).
 """
 
 from __future__ import annotations
@@ -70,7 +73,8 @@ class EagleTreeDrafter(EagleDrafter, TreeDrafter):
         self.topk = config.speculative_eagle_topk
         self.num_steps = config.speculative_num_steps
         self.max_nodes = config.speculative_num_draft_tokens - 1
-        super().__init__(config, target, spare_rows=config.max_running_requests * self.topk)
+        spare = config.max_running_requests * self.topk
+        super().__init__(config, target, spare_rows=spare, graphs=False)
 
     def _new_slots(self, req: Req, seq: DraftSeq, num_drafts: int) -> int:
         return req.seq_len - 1 - seq.kv_len  # the catch-up's; the branches' come per step
@@ -113,7 +117,7 @@ class EagleTreeDrafter(EagleDrafter, TreeDrafter):
         starts = [seq.kv_len for _, _, seq in active]
         fb = self._group_batch(active, range(len(active)), starts, feed)
         fb.input_hidden = torch.cat([self._features(req, seq) for _, req, seq in active])
-        return self.runner.forward_hidden(fb)[fb.logits_rows()]
+        return self._head_out(fb)
 
     def _expand(
         self, growths: Sequence[_Growth], hidden: torch.Tensor, nodes: list[tuple[int, _Node]]

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 import torch
 
 from kvflow.runtime.core import Req
+from kvflow.runtime.cuda_graph import CudaGraphRunner
 from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.model_runner import ModelRunner
 from kvflow.runtime.speculative.base import Drafter
-from kvflow.runtime.speculative.batch import build_token_batch
+from kvflow.runtime.speculative.batch import build_decode_batch, build_token_batch
 
 __all__ = ["DraftSeq", "PooledDrafter"]
 
@@ -44,6 +45,9 @@ class PooledDrafter(Drafter):
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
+        # the draft's decode steps in CUDA graphs (None: eager), captured by the subclass
+        # (:mod:`kvflow.runtime.speculative.draft_graphs`)
+        self.graphs: CudaGraphRunner | None = None
         self._seqs: dict[int, DraftSeq] = {}  # by id(req)
         self._reqs: dict[int, Req] = {}
 
@@ -81,20 +85,28 @@ class PooledDrafter(Drafter):
         feed: Sequence[Sequence[int]],
     ) -> ForwardBatch:
         """The draft forward of the requests ``active[k]`` for ``k`` in ``group``: each runs
-        ``feed[k]`` from position ``starts[k]`` on, into this step's slots for them."""
+        ``feed[k]`` from position ``starts[k]`` on, into this step's slots for them. One
+        token each (every step after the first) is a decode batch, whose forward replays
+        :attr:`graphs` where captured; more is an extend."""
         slots: list[int] = []
         for k in group:
             seq = active[k][2]
             offset = starts[k] - seq.kv_len
             slots += seq.slots[offset : offset + len(feed[k])]
         device = self.runner.device
+        rows = [active[k][2].row for k in group]
+        loc = torch.tensor(slots, dtype=torch.int64, device=device)
+        if all(len(feed[k]) == 1 for k in group):
+            tokens = [feed[k][0] for k in group]
+            return build_decode_batch(rows, [starts[k] for k in group], tokens, loc, device)
         return build_token_batch(
-            [active[k][2].row for k in group],
-            [starts[k] for k in group],
-            [feed[k] for k in group],
-            torch.tensor(slots, dtype=torch.int64, device=device),
-            device,
+            rows, [starts[k] for k in group], [feed[k] for k in group], loc, device
         )
+
+    def _graphed(self, fb: ForwardBatch) -> CudaGraphRunner | None:
+        """:attr:`graphs` where ``fb`` runs in them (a decode batch they fit), else None."""
+        graphs = self.graphs
+        return graphs if graphs is not None and graphs.can_run(fb) else None
 
     def _seq(self, req: Req) -> DraftSeq | None:
         if self._reqs.get(id(req), req) is not req:  # another request at a reused address

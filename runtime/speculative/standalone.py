@@ -8,7 +8,9 @@ kept) and takes its argmax as ``d_1``, then one forward per further draft::
     step:   catch-up extend over [kv_len, L)  ->  d_1;  d_1 at L -> d_2;  ...  d_k-1 -> d_k
 
 so KV is written up to position ``L + k - 2``. Once the target kept ``u`` drafts, the
-draft's KV is valid below ``L + min(u, k - 1)``; the pages past that are freed.
+draft's KV is valid below ``L + min(u, k - 1)``; the pages past that are freed. The
+one-token forwards are decode batches, in the draft's CUDA graphs on CUDA
+(:mod:`~kvflow.runtime.speculative.draft_graphs`: the graph returns the argmax ids).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import torch
 
 from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.core import Req
+from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.model_runner import ModelRunner
+from kvflow.runtime.speculative.draft_graphs import capture_draft_graphs
 from kvflow.runtime.speculative.pooled import DraftSeq, PooledDrafter
 
 __all__ = ["StandaloneDrafter"]
@@ -40,6 +44,8 @@ class StandaloneDrafter(PooledDrafter):
             model_path=path,
             speculative_algorithm=None,
             speculative_draft_model_path=None,
+            # NOTE: the runner's own graphs would return logits; the drafter captures its
+            # decode steps itself (argmax ids), below, unless the target's config says not
             disable_cuda_graph=True,
             max_total_tokens=target.allocator.size,
             enable_lora=False,
@@ -52,6 +58,18 @@ class StandaloneDrafter(PooledDrafter):
                 f"the draft model's vocabulary ({self.runner.vocab_size}) is not the "
                 f"target's ({target.vocab_size}): STANDALONE needs the same tokenizer"
             )
+        self.graphs = capture_draft_graphs(config, self.runner, target, self._greedy_ids)
+
+    def _greedy_ids(self, fb: ForwardBatch) -> torch.Tensor:
+        """The draft's argmax after each request's last new token (metadata ready)."""
+        return self.runner.run_model(fb).argmax(dim=-1)
+
+    def _draft_ids(self, fb: ForwardBatch) -> torch.Tensor:
+        """The greedy draft after each request's last new token, ``[B]`` (on the device)."""
+        graphs = self._graphed(fb)
+        if graphs is not None:
+            return graphs.replay(fb)
+        return self.runner.forward(fb).argmax(dim=-1)
 
     def _new_slots(self, req: Req, seq: DraftSeq, num_drafts: int) -> int:
         return req.seq_len - seq.kv_len + num_drafts - 1
@@ -71,7 +89,7 @@ class StandaloneDrafter(PooledDrafter):
             if not group:
                 return drafts
             fb = self._group_batch(active, group, starts, feed)
-            next_ids = self.runner.forward(fb).argmax(dim=-1).tolist()
+            next_ids = self._draft_ids(fb).tolist()
             for k, token in zip(group, next_ids, strict=True):
                 i, _, seq = active[k]
                 drafts[i].append(token)

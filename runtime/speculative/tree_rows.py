@@ -86,7 +86,7 @@ def spare_rows(pool: ReqToTokenPool) -> Iterator[SpareRows]:
 
 
 class VerifyRows(NamedTuple):
-    """A verify batch's rows (:func:`kvflow.runtime.speculative.batch.build_verify_batch`),
+    """A verify batch's rows (:func:`kvflow.runtime.speculative.batch.build_decode_batch`),
     request by request: the root, then each node in order."""
 
     pool_rows: list[int]

@@ -1,9 +1,10 @@
-"""Speculative decoding on CUDA (the triton attention backend, extend-style verify):
-greedy tokens equal the plain engine's (CUDA graphs on there) with NGRAM, STANDALONE and
-EAGLE / EAGLE3 (random heads; chains and trees, top-k 4 and 2: the trees not yet run on a
-GPU when they were added) on a
-small random config in float32, and a STANDALONE draft of Llama-3.1-8B's shapes with fewer
-layers runs to the end and frees its memory.
+"""Speculative decoding on CUDA (the triton attention backend, the verify step in the
+decode CUDA graphs): greedy tokens equal the plain engine's (CUDA graphs on there) with
+NGRAM, STANDALONE and EAGLE / EAGLE3 (random heads; chains and trees, top-k 4 and 2: the
+trees not yet run on a GPU when they were added) on a small random config in float32, the
+chain drafters' decode steps replaying their own CUDA graphs (and with --disable-cuda-graph
+running eagerly, the same tokens again), and a STANDALONE draft of Llama-3.1-8B's shapes
+with fewer layers runs to the end, in its graphs, and frees its memory.
 
 Skipped without CUDA; run on the accelerator machine with
 ``pytest -m gpu tests/gpu/test_gpu_spec.py``.
@@ -140,6 +141,45 @@ def test_speculation_equals_plain_greedy_on_cuda(tmp_path):
         assert worker is not None and worker.verified_reqs > 0, name
         if name == "standalone-same":
             assert worker.accepted_tokens > 0.9 * worker.drafted_tokens
+        graphs = getattr(worker.drafter, "graphs", None)
+        if name.startswith(("standalone", "eagle")) and not name.endswith("tree"):
+            # chains: the draft's steps after the first replayed its own graphs
+            assert graphs is not None and graphs.replays > 0, name
+            assert graphs.max_bs == SETTINGS["max_running_requests"], name
+        else:
+            assert graphs is None, name  # NGRAM has no model; trees draft eagerly
+        _free(engine)
+
+
+def test_draft_graphs_off_with_disable_cuda_graph(tmp_path):
+    # the switch holds for the draft too: no graphs anywhere, the same greedy tokens
+    from kvflow.runtime.engine import Engine
+
+    target = tmp_path / "target.json"
+    target.write_text(json.dumps(CONFIG))
+    shallow = tmp_path / "shallow.json"
+    shallow.write_text(json.dumps({**CONFIG, "num_hidden_layers": 1}))
+    head = tmp_path / "eagle-head.json"
+    head.write_text(
+        json.dumps({**CONFIG, "num_hidden_layers": 1, "architectures": ["LlamaForCausalLMEagle"]})
+    )
+    plain = Engine(str(target), dtype="float32", **SETTINGS)
+    expected = _greedy(plain)
+    _free(plain)
+    for algorithm, path in (("STANDALONE", shallow), ("EAGLE", head)):
+        engine = Engine(
+            str(target),
+            dtype="float32",
+            disable_cuda_graph=True,
+            speculative_algorithm=algorithm,
+            speculative_draft_model_path=str(path),
+            speculative_num_steps=3,
+            **SETTINGS,
+        )
+        assert engine.runner.graph_runner is None
+        worker = engine.scheduler.spec
+        assert worker is not None and worker.drafter.graphs is None, algorithm
+        assert _greedy(engine) == expected, algorithm
         _free(engine)
 
 
@@ -162,5 +202,7 @@ def test_standalone_draft_of_llama_8b_shapes(tmp_path):
     params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
     results = engine.generate(input_ids=prompts, sampling_params=params)
     assert [len(r.output_ids) for r in results] == [24, 24, 24]
-    assert engine.scheduler.spec.verified_reqs > 0
+    worker = engine.scheduler.spec
+    assert worker.verified_reqs > 0
+    assert worker.drafter.graphs is not None and worker.drafter.graphs.replays > 0
     _free(engine)
