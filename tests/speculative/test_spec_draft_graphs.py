@@ -10,6 +10,7 @@ import dataclasses
 
 import pytest
 import torch
+from test_spec_eagle import _record_drafts
 
 from kvflow.runtime.cuda_graph import CudaGraphRunner, FeatureInput
 from kvflow.runtime.forward_batch import ForwardBatch, ForwardMode
@@ -114,15 +115,7 @@ def test_graph_buffers_draft_what_eager_drafts(tiny_models, tiny_engine, eagle_h
     # 4 or 8 rows: 3 requests, max_bs 8): the same drafts, the same greedy tokens
     engine = tiny_engine(tiny_models["target"], **_spec(tiny_models, eagle_heads, name))
     drafter = engine.scheduler.spec.drafter
-    proposed: list[list[list[int]]] = []
-    propose = drafter.propose
-
-    def spy(reqs, max_drafts):
-        drafts = propose(reqs, max_drafts)
-        proposed.append([list(d) for d in drafts])
-        return drafts
-
-    drafter.propose = spy
+    proposed = _record_drafts(engine)
     want = engine.generate(input_ids=PROMPTS, sampling_params=PARAMS)
     eager_drafts = proposed[:]
     proposed.clear()
