@@ -26,22 +26,30 @@ def rss_mb():
             return int(line.split()[1]) / 1024
 """
 
-_TORCH = _RSS + """
+_TORCH = (
+    _RSS
+    + """
 import json
 before = rss_mb()
 import torch
 print(json.dumps({"python": before, "import torch": rss_mb(), "torch": torch.__version__,
                   "cuda build": torch.version.cuda}))
 """
+)
 
-_LIB = _RSS + """
+_LIB = (
+    _RSS
+    + """
 import ctypes, json, sys
 before = rss_mb()
 ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
 print(json.dumps({"dlopen MB": rss_mb() - before}))
 """
+)
 
-_ENGINE = _RSS + """
+_ENGINE = (
+    _RSS
+    + """
 import gc, json, sys
 import torch
 from kvflow.runtime.engine import Engine
@@ -61,6 +69,7 @@ print(json.dumps({"imports (torch, kvflow)": base, "engine built": after,
                   "CPU tensor storage MB": sum(storages.values()) / 2**20,
                   "largest storage MB": max(storages.values()) / 2**20}))
 """
+)
 
 
 def _run(code: str, *args: str) -> dict:
@@ -71,7 +80,7 @@ def _run(code: str, *args: str) -> dict:
 
 
 def _cuda_libraries() -> list[Path]:
-    import torch  # noqa: F401  (finds the wheel's folders)
+    import torch  # the wheel's folders
 
     lib = Path(torch.__file__).parent / "lib" / "libtorch_cuda.so"
     if not lib.exists():
