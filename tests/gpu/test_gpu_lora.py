@@ -114,27 +114,38 @@ def _hf_greedy(hf, state, batch) -> list[list[int]]:
     return out
 
 
+def _merged_greedy(hf, merged, batch, adapters) -> dict:
+    """transformers' greedy tokens per adapter of ``adapters`` (its weights merged; None: the
+    base model), the base weights put back afterwards."""
+    base_state = {k: v.clone() for k, v in hf.state_dict().items()}
+    want = {name: _hf_greedy(hf, merged[name], batch) for name in set(adapters) - {None}}
+    want[None] = _hf_greedy(hf, base_state, batch)
+    hf.load_state_dict(base_state)
+    return want
+
+
+def _fp32_lora_engine(root, max_loras_per_batch: int, **engine):
+    """A float32 CUDA engine on the base model with every adapter of ADAPTERS."""
+    from kvflow.runtime.engine import Engine
+
+    return Engine(
+        str(root / "base"), device="cuda", dtype="float32", skip_tokenizer_init=True,
+        enable_lora=True, lora_paths=tuple(f"{n}={root / n}" for n in ADAPTERS),
+        max_loras_per_batch=max_loras_per_batch, mem_fraction_static=0.3, **engine,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("max_loras_per_batch", "disable_cuda_graph"), [(3, False), (1, False), (3, True)]
 )
 def test_mixed_adapters_match_merged_weights_fp32(setup, max_loras_per_batch, disable_cuda_graph):
     """Decode runs in CUDA graphs (the rows grouped by adapter slot) unless disabled;
     with one slot, adapters are swapped between steps, under the graphs too."""
-    from kvflow.runtime.engine import Engine
-
     root, hf, merged = setup
-    base_state = {k: v.clone() for k, v in hf.state_dict().items()}
     batch = _prompts()
     adapters = ["a", None, "b", "c", "a", "b", None, "c"]
-    want = {name: _hf_greedy(hf, merged[name], batch) for name in ADAPTERS}
-    want[None] = _hf_greedy(hf, base_state, batch)
-    hf.load_state_dict(base_state)
-    engine = Engine(
-        str(root / "base"), device="cuda", dtype="float32", skip_tokenizer_init=True,
-        enable_lora=True, lora_paths=tuple(f"{n}={root / n}" for n in ADAPTERS),
-        max_loras_per_batch=max_loras_per_batch, mem_fraction_static=0.3,
-        disable_cuda_graph=disable_cuda_graph,
-    )  # fmt: skip
+    want = _merged_greedy(hf, merged, batch, adapters)
+    engine = _fp32_lora_engine(root, max_loras_per_batch, disable_cuda_graph=disable_cuda_graph)
     assert (engine.runner.graph_runner is None) == disable_cuda_graph
     results = engine.generate(input_ids=batch, sampling_params=GREEDY, lora_path=adapters)
     got = [r.output_ids for r in results]
@@ -150,20 +161,11 @@ def test_grouped_graph_rows_with_mixed_ranks_fp32(setup, max_loras_per_batch):
     padding row) interleaving ranks 64, 16, 8 and 4 and the base model, each equal to
     transformers with its adapter merged. With 2 slots the scheduler runs at most two
     adapters at once, so slots change adapters (and ranks) between graph replays."""
-    from kvflow.runtime.engine import Engine
-
     root, hf, merged = setup
-    base_state = {k: v.clone() for k, v in hf.state_dict().items()}
     batch = _prompts()[:7]
     adapters = ["d", "a", None, "d", "c", "b", "d"]
-    want = {name: _hf_greedy(hf, merged[name], batch) for name in set(adapters) - {None}}
-    want[None] = _hf_greedy(hf, base_state, batch)
-    hf.load_state_dict(base_state)
-    engine = Engine(
-        str(root / "base"), device="cuda", dtype="float32", skip_tokenizer_init=True,
-        enable_lora=True, lora_paths=tuple(f"{n}={root / n}" for n in ADAPTERS),
-        max_loras_per_batch=max_loras_per_batch, mem_fraction_static=0.3,
-    )  # fmt: skip
+    want = _merged_greedy(hf, merged, batch, adapters)
+    engine = _fp32_lora_engine(root, max_loras_per_batch)
     assert engine.runner.graph_runner is not None
     assert engine.runner.lora.limits.max_rank == 64
     results = engine.generate(input_ids=batch, sampling_params=GREEDY, lora_path=adapters)
