@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -52,6 +54,7 @@ from e2e.k8s.realnode.product import adapt_to_pod_network, pod_network_chart_val
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "parallel"))  # tiny_llama
 EXAMPLE = REPO / "examples" / "unified-embedded.yaml"
 NODE = "real-node-pods"
 PORT = 8000  # the runtime's and the router's default port (kvflow.contract)
@@ -92,10 +95,13 @@ def pod_node(control_plane: ControlPlane) -> Iterator[RealNode]:
     config = RealNodeConfig(
         plane.state_dir / "nodes" / NODE,
         name=NODE,
-        pod_network=PodNetwork(service_ip=plane.service_ip),
+        pod_network=PodNetwork(service_ip=plane.service_ip, dns_ip=plane.dns_ip),
     )
-    kubelet = resolve_binaries(NODE_BINARIES)["kubelet"]
-    node = RealNode(kubelet, config, control_plane.kube, plane.pki_dir / "ca.crt")
+    bins = resolve_binaries(NODE_BINARIES)
+    node = RealNode(
+        bins["kubelet"], config, control_plane.kube, plane.pki_dir / "ca.crt",
+        coredns=bins["coredns"],
+    )  # fmt: skip
     root_before = root_addresses()
     try:
         node.start()
@@ -133,6 +139,7 @@ def namespaces(
     names = {
         "failover": f"pn-fo-{uuid.uuid4().hex[:6]}",
         "autoscale": f"pn-as-{uuid.uuid4().hex[:6]}",
+        "lws": f"pn-lws-{uuid.uuid4().hex[:6]}",
     }
     for name in names.values():
         kube.kubectl("create", "namespace", name)
@@ -600,3 +607,147 @@ def _autoscale(
     )
     assert t_decided <= SCALE_OUT_BOUND_S, (t_decided, SCALE_OUT_BOUND_S)
     assert t_in >= STABILIZATION_S, t_in  # not before the window
+
+
+# --- a model over two pods (LeaderWorkerSet, TP=2 over gloo) ---------------------------
+
+TP_NAME = "tp2"
+TP_MAX_NEW = 12
+TP_PROMPTS = ([5, 6, 7, 8], list(range(100, 141)))
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(
+    tmp_path_factory: pytest.TempPathFactory, seed: Path
+) -> tuple[Path, dict[tuple[int, ...], list[int]]]:
+    """A random-weight Llama (4 heads, 2 KV heads: one per rank at TP 2) with the embedded
+    model's tokenizer, in a folder the pods mount; and transformers' greedy output for
+    `TP_PROMPTS`, the reference."""
+    import torch
+    from tiny_llama import EOS, save_tiny_llama
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    hf = save_tiny_llama(folder)
+    tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+    for name in tokenizer_files:
+        shutil.copyfile(seed / "models" / MODEL / name, folder / name)
+    for path in [folder, *folder.iterdir()]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    greedy = {}
+    with torch.no_grad():
+        for ids in TP_PROMPTS:
+            full = hf.generate(
+                torch.tensor([ids]), max_new_tokens=TP_MAX_NEW, do_sample=False,
+                eos_token_id=EOS, pad_token_id=0,
+            )  # fmt: skip
+            greedy[tuple(ids)] = full[0, len(ids) :].tolist()
+    return folder, greedy
+
+
+def over_two_pods(folder: Path, seed: Path) -> dict[str, Any]:
+    """One group of two CPU pods (`nodesPerReplica: 2`, `gpus: 0`: `--tp-size 2 --nnodes
+    2`), the model from a host folder, behind the router."""
+    body = {
+        "apiVersion": "kvflow.dev/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": TP_NAME},
+        "spec": {
+            "mode": "unified",
+            "model": {"source": "hostPath", "hostPath": {"path": str(folder)}},
+            "unified": {
+                "replicas": 1,
+                "gpus": 0,
+                "nodesPerReplica": 2,
+                "extraArgs": ["--dtype", "float32", "--max-total-tokens", "2048"],
+                "resources": {"requests": {"memory": "512Mi"}, "limits": {"memory": "3Gi"}},
+            },
+            "router": {"policy": "round_robin"},
+        },
+    }
+    return adapt_to_pod_network(body, "pod-network", 1, seed, images=True)
+
+
+def generate(port: int, ids: list[int]) -> list[int]:
+    """Greedy output ids of `ids` through the router (raises unless 200)."""
+    body = {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": TP_MAX_NEW}}
+    reply = httpx.post(f"http://127.0.0.1:{port}/generate", json=body, timeout=60)
+    reply.raise_for_status()
+    return list(reply.json()["output_ids"])
+
+
+def group_pods(kube: Kube, ns: str) -> dict[str, dict[str, Any]]:
+    """The group's live pods by `kvflow.dev/node` (leader, worker)."""
+    return {p["metadata"]["labels"]["kvflow.dev/node"]: p for p in pods(kube, ns, TP_NAME, "unified")}
+
+
+def group_serves(kube: Kube, port: int, ns: str) -> dict[str, dict[str, Any]] | None:
+    """The group's pods once both run and the leader is Ready and answers a request
+    through the router; else None."""
+    group = group_pods(kube, ns)
+    if set(group) != {"leader", "worker"} or not is_ready(group["leader"]):
+        return None
+    generate(port, TP_PROMPTS[0])
+    return group
+
+
+def test_a_model_over_two_pods_serves_as_one_and_comes_back_after_a_pod_dies(
+    kube: Kube,
+    pod_node: RealNode,
+    lws: Any,
+    namespaces: dict[str, str],
+    operator: dict[str, Any],
+    seed: Path,
+    tiny_llama: tuple[Path, dict[tuple[int, ...], list[int]]],
+    record_property: Callable[[str, object], None],
+) -> None:
+    """`nodesPerReplica: 2` on the pod network: LeaderWorkerSet's controller makes a leader
+    and a worker pod; the worker finds the leader by its DNS name (`LWS_LEADER_ADDRESS`,
+    answered by the node's CoreDNS) and the two run one TP=2 group over gloo; greedy output
+    through the router equals transformers. Deleting the worker pod recreates the group
+    (`RecreateGroupOnPodRestart`), which serves the same output again."""
+    ns = namespaces["lws"]
+    folder, greedy = tiny_llama
+    why = lambda: diagnose(kube, ns) + "\n--- lws-controller\n" + lws.log_tail(20)  # noqa: E731
+    body = over_two_pods(folder, seed)
+    started = time.monotonic()
+    kube.apply({**body, "metadata": {**body["metadata"], "namespace": ns}})
+    try:
+        wait(lambda: router_pod_ip(kube, ns), 180, "the router pod's address", why)
+        port = pod_node.forward(str(router_pod_ip(kube, ns)), PORT)
+        wait(lambda: group_serves(kube, port, ns), 360, "the group serving", why)
+        t_up = time.monotonic() - started
+        group = group_pods(kube, ns)
+        leader, worker = group["leader"], group["worker"]
+        assert leader["spec"]["nodeName"] == worker["spec"]["nodeName"] == NODE
+        assert leader["status"]["podIP"] != worker["status"]["podIP"]
+        env = {e["name"]: e.get("value") for e in worker["spec"]["containers"][0]["env"]}
+        assert env["LWS_WORKER_INDEX"] == "1"
+        assert env["LWS_LEADER_ADDRESS"].startswith(leader["metadata"]["name"] + "."), env
+        for ids in TP_PROMPTS:
+            assert generate(port, list(ids)) == greedy[tuple(ids)]
+        leader_port = pod_node.forward(leader["status"]["podIP"], PORT)
+        info = httpx.get(f"http://127.0.0.1:{leader_port}/get_server_info", timeout=10).json()
+        assert (info["tp_size"], info["engine"]["nnodes"]) == (2, 2), info
+
+        deleted = time.monotonic()
+        kube.kubectl("delete", "pod", "-n", ns, worker["metadata"]["name"], "--wait=false")
+        uids = {leader["metadata"]["uid"], worker["metadata"]["uid"]}
+
+        def recreated_and_serving() -> bool:
+            group = group_serves(kube, port, ns)
+            return group is not None and not uids & {p["metadata"]["uid"] for p in group.values()}
+
+        t_back = wait(recreated_and_serving, 360, "the group recreated and serving", why)
+        for ids in TP_PROMPTS:
+            assert generate(port, list(ids)) == greedy[tuple(ids)]
+        times = {"group_serving_s": round(t_up, 1), "group_back_s": round(t_back, 1)}
+        for key, value in times.items():
+            record_property(key, value)
+        print("a model over two pods:", json.dumps(times), f"(deleted at {deleted - started:.1f}s)")
+    finally:
+        remove(kube, ns, TP_NAME)
+
+
+def router_pod_ip(kube: Kube, ns: str) -> str | None:
+    listed = pods(kube, ns, TP_NAME, "router")
+    return listed[0]["status"].get("podIP") if listed else None

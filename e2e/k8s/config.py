@@ -45,6 +45,12 @@ class ControlPlaneConfig:
         return str(next(ipaddress.ip_network(self.service_cidr).hosts()))
 
     @property
+    def dns_ip(self) -> str:
+        """The cluster DNS's ClusterIP (`kube-system/kube-dns`): the tenth host of the
+        service range, as kubeadm picks it."""
+        return str(ipaddress.ip_network(self.service_cidr)[10])
+
+    @property
     def kubeconfig(self) -> Path:
         return self.state_dir / "kubeconfig"
 

