@@ -677,7 +677,9 @@ def generate(port: int, ids: list[int]) -> list[int]:
 
 def group_pods(kube: Kube, ns: str) -> dict[str, dict[str, Any]]:
     """The group's live pods by `kvflow.dev/node` (leader, worker)."""
-    return {p["metadata"]["labels"]["kvflow.dev/node"]: p for p in pods(kube, ns, TP_NAME, "unified")}
+    return {
+        p["metadata"]["labels"]["kvflow.dev/node"]: p for p in pods(kube, ns, TP_NAME, "unified")
+    }
 
 
 def group_serves(kube: Kube, port: int, ns: str) -> dict[str, dict[str, Any]] | None:

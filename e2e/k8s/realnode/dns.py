@@ -21,7 +21,7 @@ from ..process import Component
 from .config import PodNetwork, RealNodeConfig
 from .podnet import in_netns
 
-__all__ = ["CLUSTER_DOMAIN", "corefile", "coredns_component", "kube_dns_service"]
+__all__ = ["CLUSTER_DOMAIN", "coredns_component", "corefile", "kube_dns_service"]
 
 CLUSTER_DOMAIN = "cluster.local"
 
