@@ -131,3 +131,30 @@ def test_lws_pins_its_files_and_its_webhooks_see_only_lws_pods(tmp_path: Path) -
         # a pod without LWS's label never waits on the controller
         pods = hook["rules"][0]["resources"] == ["pods"]
         assert ("objectSelector" in hook) == pods
+
+
+def test_a_pod_network_node_names_its_dns_to_the_kubelet_and_serves_only_cluster_zones(
+    tmp_path: Path,
+) -> None:
+    from e2e.k8s.config import ControlPlaneConfig
+    from e2e.k8s.realnode.config import NodePorts, PodNetwork, RealNodeConfig
+    from e2e.k8s.realnode.dns import corefile, kube_dns_service
+    from e2e.k8s.realnode.kubelet import write_kubelet_config
+
+    plane = ControlPlaneConfig(state_dir=tmp_path)
+    assert PINNED.of("coredns") == PINNED.coredns
+    net = PodNetwork(service_ip=plane.service_ip, dns_ip=plane.dns_ip)
+    assert (net.service_ip, net.dns_ip) == ("10.96.0.1", "10.96.0.10")
+    text = corefile(net, tmp_path / "kubeconfig", 9153)
+    zones = "cluster.local in-addr.arpa ip6.arpa"
+    assert text.startswith(zones + " {")  # no "." block: other names are refused
+    assert f"bind {net.dns_ip}" in text and f"kubernetes {zones} {{" in text
+    assert "forward" not in text
+    assert kube_dns_service(net)["spec"]["clusterIP"] == net.dns_ip
+
+    ports = NodePorts(10250, 10248, 9153)
+    for network, expected in ((net, [net.dns_ip]), (None, None)):
+        cfg = RealNodeConfig(tmp_path / f"node-{network is None}", pod_network=network)
+        config = yaml.safe_load(write_kubelet_config(cfg, ports, tmp_path / "ca").read_text())
+        assert config.get("clusterDNS") == expected
+        assert config["resolvConf"] == ("" if network else "/etc/resolv.conf")

@@ -8,7 +8,7 @@ reads the API through the kubelet's kubeconfig (the apiserver is relayed into th
 namespace at the same loopback port). The kubelet names it as `clusterDNS`, so every pod
 with the default `dnsPolicy: ClusterFirst` resolves `<svc>.<ns>`,
 `<pod-hostname>.<subdomain>.<ns>` (LeaderWorkerSet's `LWS_LEADER_ADDRESS`) and the like.
-Nothing is forwarded upstream: other names are refused at once.
+Nothing is forwarded upstream: other names are refused (REFUSED) at once.
 """
 
 from __future__ import annotations
@@ -28,14 +28,16 @@ CLUSTER_DOMAIN = "cluster.local"
 
 def corefile(net: PodNetwork, kubeconfig: Path, ready_port: int) -> str:
     """The Corefile: the cluster zone and reverse zones from the API (pod A records by
-    name, `pods insecure` as kubeadm's default), readiness on the namespace's loopback."""
+    name, `pods insecure` as kubeadm's default), readiness on the namespace's loopback.
+    Only those zones are served: a query for any other name is refused."""
+    zones = f"{CLUSTER_DOMAIN} in-addr.arpa ip6.arpa"
     return (
-        ".:53 {\n"
+        f"{zones} {{\n"
         f"    bind {net.dns_ip}\n"
         "    errors\n"
         "    log\n"
         f"    ready 127.0.0.1:{ready_port}\n"
-        f"    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{\n"
+        f"    kubernetes {zones} {{\n"
         f"        kubeconfig {kubeconfig}\n"
         "        pods insecure\n"
         "        ttl 5\n"
