@@ -1,5 +1,7 @@
-"""Two replicas of one role on the real node, on a real pod network: fail-over when a
-worker pod is deleted under load, and the autoscaler scaling a role out and back in.
+"""Several pods of one role on the real node, on a real pod network: fail-over when a
+worker pod is deleted under load, the autoscaler scaling a role out and back in, and one
+model over two pods (a LeaderWorkerSet group running TP=2 across them, its worker finding
+the leader through the node's cluster DNS).
 
 Host-network pods of one role collide on their host port, so these tests start a second
 real node in pod-network mode (`e2e.k8s.realnode.PodNetwork`): containerd and the kubelet
