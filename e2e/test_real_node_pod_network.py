@@ -42,6 +42,7 @@ import yaml
 from e2e.chart_release import install_operator_chart
 from e2e.k8s import ControlPlane, Kube, resolve_binaries
 from e2e.k8s.bins import NODE_BINARIES
+from e2e.k8s.lws import LwsController
 from e2e.k8s.realnode import (
     NodeUnavailable,
     PodNetwork,
@@ -697,7 +698,7 @@ def group_serves(kube: Kube, port: int, ns: str) -> dict[str, dict[str, Any]] | 
 def test_a_model_over_two_pods_serves_as_one_and_comes_back_after_a_pod_dies(
     kube: Kube,
     pod_node: RealNode,
-    lws: Any,
+    lws: LwsController,
     namespaces: dict[str, str],
     operator: dict[str, Any],
     seed: Path,

@@ -363,31 +363,20 @@ static void gemm_tasks(void *ctx, int64_t lo, int64_t hi) {
             const float *init = a->bias ? a->bias + pp * 2 * KVF_NR : NULL;
             int64_t m0 = m_lo;
 #if KVF_GEMM_AMX
-            for (; a->amx && m0 < m_hi; m0 += 32) {
-                int rows = (int)(m_hi - m0 < 32 ? m_hi - m0 : 32);
+            while (a->amx && m0 < m_hi) { /* 32 rows, 16, or the last few padded to 16 */
+                int64_t left = m_hi - m0;
+                int take = left >= 32 ? 32 : left >= 16 ? 16 : (int)left;
                 const uint16_t *src = (const uint16_t *)a->x + m0 * a->x_st;
                 int64_t x_st = a->x_st;
-                char *dst = a->out + (m0 * a->o_st + col) * a->size;
-                const uint16_t *w = (const uint16_t *)b0;
-                if (rows > 16) {
-                    if (rows < 32) { /* 16 rows here, the rest padded below */
-                        amx_block_np(src, x_st, 1, w, panel, np, (int)a->k, 16, dst, a->o_st,
-                                     n_valid, a->silu_mul, init);
-                        src += 16 * x_st, dst += 16 * a->o_st * a->size, rows -= 16;
-                    } else {
-                        amx_block_np(src, x_st, 2, w, panel, np, (int)a->k, 32, dst, a->o_st,
-                                     n_valid, a->silu_mul, init);
-                        continue;
-                    }
-                }
-                if (rows < 16) {
-                    if (pp == pp_lo || tail_src != src) tail = amx_tail(src, x_st, rows, a->k);
-                    tail_src = src;
+                if (take < 16) {
+                    if (tail_src != src) tail = amx_tail(src, x_st, take, a->k), tail_src = src;
                     if (!tail) break; /* out of memory: the vector tiles below */
                     src = tail, x_st = a->k;
                 }
-                amx_block_np(src, x_st, 1, w, panel, np, (int)a->k, rows, dst, a->o_st, n_valid,
-                             a->silu_mul, init);
+                amx_block_np(src, x_st, take == 32 ? 2 : 1, (const uint16_t *)b0, panel, np,
+                             (int)a->k, take, a->out + (m0 * a->o_st + col) * a->size, a->o_st,
+                             n_valid, a->silu_mul, init);
+                m0 += take;
             }
 #endif
             for (int64_t rows_lo = m0; m0 < m_hi; m0 += KVF_MR) {
