@@ -158,3 +158,13 @@ def test_a_pod_network_node_names_its_dns_to_the_kubelet_and_serves_only_cluster
         config = yaml.safe_load(write_kubelet_config(cfg, ports, tmp_path / "ca").read_text())
         assert config.get("clusterDNS") == expected
         assert config["resolvConf"] == ("" if network else "/etc/resolv.conf")
+
+
+def test_a_real_node_refuses_to_start_on_a_disk_without_room_for_its_images(
+    tmp_path: Path,
+) -> None:
+    from e2e.k8s.realnode.node import check_free_space
+
+    check_free_space(tmp_path, need=1)
+    with pytest.raises(RuntimeError, match="GiB free for its images"):
+        check_free_space(tmp_path, need=2**62)

@@ -34,8 +34,25 @@ from .teardown import kill_shims, mounts_under, sandbox_netns_paths, unmount_und
 __all__ = ["NodeUnavailable", "RealNode"]
 
 
+# What one node's containerd takes once the CPU runtime image is imported (its ~3 GB of
+# compressed layers and their unpacked snapshots), with room to spare. A CI run on a
+# nearly full disk failed 35 minutes in with "no space left on device" inside `ctr`.
+MIN_FREE_BYTES = 12 * 2**30
+
+
 class NodeUnavailable(RuntimeError):
     """This machine cannot run a real node; the message says what is missing."""
+
+
+def check_free_space(path: Path, need: int = MIN_FREE_BYTES) -> None:
+    """Raise `RuntimeError` (a failure, not a skip: the disk is the machine's state, not a
+    missing capability) unless the file system holding `path` has `need` bytes free."""
+    free = shutil.disk_usage(path).free
+    if free < need:
+        raise RuntimeError(
+            f"a real node needs {need / 2**30:.0f} GiB free for its images under {path}; "
+            f"the disk has {free / 2**30:.1f} GiB (free space, e.g. old test directories)"
+        )
 
 
 class RealNode:
@@ -97,6 +114,7 @@ class RealNode:
         try:
             shutil.rmtree(cfg.state_dir, ignore_errors=True)
             cfg.logs_dir.mkdir(parents=True)
+            check_free_space(cfg.state_dir)
             create_cgroup_root(cfg.cgroup_root)
             self._cgroup_created = True
             ports = NodePorts(*free_ports(3))
