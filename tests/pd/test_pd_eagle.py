@@ -8,9 +8,9 @@ both sides idle, the head's KV pool too."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -174,29 +174,24 @@ def test_decode_drafts_from_the_prefills_features(algorithm, pairs, models, plai
 
 def test_an_aborted_request_leaves_both_sides_idle(pairs):
     pair = pairs["EAGLE"]
-    long = {"temperature": 0, "max_new_tokens": 240, "ignore_eos": True}  # (a 256 context)
-    body = {"input_ids": _prompts()[0], "sampling_params": long}
-
-    async def scenario() -> None:
-        room = {"bootstrap_host": "127.0.0.1", "bootstrap_port": pair.bootstrap_port}
-        body_with_room = {**body, **room, "bootstrap_room": random.getrandbits(63)}
-        async with httpx.AsyncClient(timeout=120) as client:
-            prefilled = client.post(f"{pair.prefill.url}/generate", json=body_with_room)
-            decoding = asyncio.create_task(
-                client.post(f"{pair.decode.url}/generate", json=body_with_room)
-            )
-            answered = await prefilled
-            assert answered.status_code == 200, answered.text
-            while pair.decode.server_info()["stats"]["spec_draft_kv_tokens"] == 0:
-                assert not decoding.done(), (await decoding).text
-                await asyncio.sleep(0.05)  # until the head holds the request's KV
-            assert not decoding.done()
-            decoding.cancel()  # the client goes away mid-decode
-
-    before = pair.decode.server_info()["stats"]["generated_tokens"]
-    asyncio.run(scenario())
-    after = pair.decode.wait_idle_and_free(timeout=30)["stats"]  # the head's KV pool too
-    assert after["generated_tokens"] - before < 200  # it was aborted, not finished
+    long = {"temperature": 0, "max_new_tokens": 200, "ignore_eos": True}  # (a 256 context)
+    room = {"bootstrap_host": "127.0.0.1", "bootstrap_port": pair.bootstrap_port}
+    body = {"input_ids": _prompts()[1], "sampling_params": long, **room}
+    body["bootstrap_room"] = random.getrandbits(63)
+    rid = f"pd-eagle-abort-{body['bootstrap_room']}"
+    with ThreadPoolExecutor(2) as pool:
+        prefilled = pool.submit(httpx.post, f"{pair.prefill.url}/generate", json=body, timeout=180)
+        decoding = pool.submit(
+            httpx.post, f"{pair.decode.url}/generate", json={**body, "rid": rid}, timeout=180
+        )
+        assert prefilled.result().status_code == 200
+        while pair.decode.server_info()["stats"]["spec_draft_kv_tokens"] == 0:
+            assert not decoding.done(), decoding.result().text
+            time.sleep(0.02)  # until the head holds the request's KV: it is decoding
+        aborted = httpx.post(f"{pair.decode.url}/abort_request", json={"rid": rid}, timeout=30)
+        assert aborted.status_code == 200, aborted.text
+        assert decoding.result().status_code == 499  # SGLang's client-abort status
+    pair.decode.wait_idle_and_free(timeout=30)  # the head's KV pool too
     pair.prefill.wait_idle_and_free(timeout=30)
 
 
@@ -210,9 +205,9 @@ def test_a_decode_whose_prefill_keeps_other_features_is_refused(pairs):
     )
     assert response.status_code == 503, response.text
     message = response.json()["error"]["message"]
-    assert "EAGLE features per slot differs (local 'inputs of layers 0,1,2 x192 float32', " in (
-        message
-    )
-    assert "peer 'final-norm hidden state x64 float32')" in message
+    assert (
+        "refused by the prefill: KV layout mismatch: EAGLE features per slot differs (local "
+        "'final-norm hidden state x64 float32', peer 'inputs of layers 0,1,2 x192 float32')"
+    ) in message
     pairs["EAGLE3"].decode.wait_idle_and_free(timeout=30)
     pairs["EAGLE"].prefill.wait_idle_and_free(timeout=60)
