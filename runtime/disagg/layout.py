@@ -112,7 +112,7 @@ class KVLayout:
             )
         if min(self.page_size, self.slot_bytes, self.num_slots) <= 0:
             raise ValueError("KVLayout page_size, slot_bytes and num_slots must be positive")
-        if bool(self.features) != (self.feature_bytes > 0) or (self.feature_bytes < 0):
+        if self.feature_bytes < 0 or bool(self.features) != (self.feature_bytes > 0):
             raise ValueError("KVLayout features need a positive feature_bytes, and only they")
 
     @property

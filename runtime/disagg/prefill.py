@@ -10,12 +10,13 @@ Queue of one request::
 
 A long prompt's KV goes out as its chunks complete: once the decode has claimed the room,
 each chunk's pages are written while the scheduler computes the next chunk, so the write
-after the last chunk is short. Under EAGLE / EAGLE3 every write carries the target's
-features of the same slots (what the decode's head reads of the prompt). Only pages the prefix cache holds (locked for the request)
+after the last chunk is short. Only pages the prefix cache holds (locked for the request)
 are sent early: they cannot be freed under a write. A parked request nobody claims within
 the timeout, a cancelled room, or a failed write ends the room as failed; the KV is
-released in every case. Under tensor parallelism each rank sends its KV-head shard (see
-:class:`PrefillRole` and :mod:`kvflow.runtime.disagg.ranks`).
+released in every case. Under EAGLE / EAGLE3 every write carries the target's features of
+the same slots (what the decode's head reads of the prompt). Under tensor parallelism each
+rank sends its KV-head shard (see :class:`PrefillRole` and
+:mod:`kvflow.runtime.disagg.ranks`).
 """
 
 from __future__ import annotations
