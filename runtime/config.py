@@ -344,6 +344,10 @@ class EngineConfig:
     speculative_num_steps: int = 0
     speculative_eagle_topk: int = 0
     speculative_num_draft_tokens: int = 0
+    # NOTE: not a flag. Set by the PD prefill role (kvflow.runtime.disagg.prefill) under
+    # EAGLE / EAGLE3: the target keeps its head's features per KV slot for the decode, which
+    # drafts; this engine loads no head, drafts nothing and budgets no draft memory.
+    speculative_features_only: bool = dataclasses.field(default=False, metadata={"flag": False})
 
     # CPU: threads of torch's ops and of the native kernels' pool in the engine's process;
     # 0: auto (every core this process may run on, shared among the tp_size x dp_size
@@ -360,7 +364,11 @@ class EngineConfig:
     def spec_tree_rows(self) -> int:
         """Spare ``req_to_token`` rows the target keeps for draft trees' nodes (one per
         draft token of every running request; 0 without trees)."""
-        if self.speculative_algorithm is None or self.speculative_eagle_topk <= 1:
+        if (
+            self.speculative_algorithm is None
+            or self.speculative_eagle_topk <= 1
+            or self.speculative_features_only
+        ):
             return 0
         return self.max_running_requests * max(self.speculative_num_draft_tokens - 1, 0)
 

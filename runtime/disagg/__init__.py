@@ -5,12 +5,19 @@ runs of slots (:class:`SlotPlan`) and :func:`transfer_plan` into byte-range writ
 :class:`KVTransport` (from :data:`KV_TRANSPORTS`) performs them.
 """
 
-from kvflow.runtime.disagg.layout import KVLayout, Region, layout_of, model_fingerprint
+from kvflow.runtime.disagg.layout import (
+    FeatureBuffer,
+    KVLayout,
+    Region,
+    layout_of,
+    model_fingerprint,
+)
 from kvflow.runtime.disagg.plan import SlotPlan, Write, slot_plan, transfer_plan
 from kvflow.runtime.disagg.transport import KV_TRANSPORTS, KVTransport, TransferError
 
 __all__ = [
     "KV_TRANSPORTS",
+    "FeatureBuffer",
     "KVLayout",
     "KVTransport",
     "Region",

@@ -2,7 +2,8 @@
 
 :func:`slot_plan` is the plan as runs of slots (a few numpy arrays however many layers the
 model has); :meth:`SlotPlan.writes` expands it into the byte ranges a transfer engine
-takes, one per run per K or V buffer (:func:`transfer_plan`).
+takes, one per run per K or V buffer (:func:`transfer_plan`), and per run of an EAGLE
+target's features where both layouts have them (:meth:`SlotPlan.feature_writes`).
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ class Write(NamedTuple):
 @dataclass(frozen=True, eq=False)
 class SlotPlan:
     """Run ``i`` copies ``counts[i]`` slots from ``src`` slot ``src_starts[i]`` to ``dst``
-    slot ``dst_starts[i]``, in every layer's K and V buffer (int64 arrays, checked against
-    both pools by :func:`slot_plan`)."""
+    slot ``dst_starts[i]``, in every layer's K and V buffer and in the features' buffer
+    when the layouts have one (int64 arrays, checked against both pools by
+    :func:`slot_plan`, which also makes sure both or neither have features)."""
 
     src: KVLayout
     dst: KVLayout
@@ -45,8 +47,9 @@ class SlotPlan:
 
     @property
     def nbytes(self) -> int:
-        """Bytes moved over all layers, K and V."""
-        return self.num_slots * self.src.slot_bytes * 2 * self.src.num_layers
+        """Bytes moved over all layers, K and V, and the features."""
+        per_slot = self.src.slot_bytes * 2 * self.src.num_layers + self.src.feature_bytes
+        return self.num_slots * per_slot
 
     def buffers(self) -> list[tuple[int, int]]:
         """(source, destination) address of every K and V buffer, layer by layer."""
@@ -61,8 +64,18 @@ class SlotPlan:
         ]
 
     def writes(self) -> list[Write]:
-        """One write per run per buffer, buffer by buffer."""
-        size = self.src.slot_bytes
+        """One write per run per buffer, buffer by buffer (K and V, then the features)."""
+        kv = self._runs(self.buffers(), self.src.slot_bytes)
+        return kv + self.feature_writes()
+
+    def feature_writes(self) -> list[Write]:
+        """One write per run of the features' buffer (none without features)."""
+        if not self.src.features:
+            return []
+        pair = [(self.src.feature_addr, self.dst.feature_addr)]
+        return self._runs(pair, self.src.feature_bytes)
+
+    def _runs(self, buffers: list[tuple[int, int]], size: int) -> list[Write]:
         runs = list(
             zip(
                 (self.src_starts * size).tolist(),
@@ -73,7 +86,7 @@ class SlotPlan:
         )
         return [
             Write(src_base + s, dst_base + d, n)
-            for src_base, dst_base in self.buffers()
+            for src_base, dst_base in buffers
             for s, d, n in runs
         ]
 

@@ -13,8 +13,10 @@ each chunk's pages are written while the scheduler computes the next chunk, so t
 after the last chunk is short. Only pages the prefix cache holds (locked for the request)
 are sent early: they cannot be freed under a write. A parked request nobody claims within
 the timeout, a cancelled room, or a failed write ends the room as failed; the KV is
-released in every case. Under tensor parallelism each rank sends its KV-head shard (see
-:class:`PrefillRole` and :mod:`kvflow.runtime.disagg.ranks`).
+released in every case. Under EAGLE / EAGLE3 every write carries the target's features of
+the same slots (what the decode's head reads of the prompt). Under tensor parallelism each
+rank sends its KV-head shard (see :class:`PrefillRole` and
+:mod:`kvflow.runtime.disagg.ranks`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.disagg.bootstrap import BootstrapServer
 from kvflow.runtime.disagg.layout import KVLayout
 from kvflow.runtime.disagg.plan import SlotPlan, slot_plan
@@ -58,6 +61,14 @@ class PrefillRole(KVRole):
 
     name = "prefill"
     parks_finished = True
+
+    @classmethod
+    def engine_config(cls, config: EngineConfig) -> EngineConfig:
+        """Under EAGLE / EAGLE3 the target keeps its head's features (they go out with the
+        KV, see :mod:`kvflow.runtime.disagg.layout`) and drafts nothing: its decode does."""
+        if config.speculative_algorithm is None:
+            return config
+        return replace(config, speculative_features_only=True)
 
     def __init__(
         self,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 from kvflow.runtime.config import EngineConfig
-from kvflow.runtime.disagg.layout import layout_of
+from kvflow.runtime.disagg.layout import FeatureBuffer, layout_of
 from kvflow.runtime.disagg.transfer_log import TransferTotals
 from kvflow.runtime.disagg.transport import KVTransferOptions
 from kvflow.runtime.scheduler import Req, SchedulerPort
@@ -103,8 +103,9 @@ class Role:
 
 class KVRole(Role):
     """A role that moves KV (prefill and decode): this rank's transport, from
-    ``transfer``, with every K and V buffer of its pool registered, and the pool's
-    :class:`~kvflow.runtime.disagg.layout.KVLayout` as the peer sees it."""
+    ``transfer``, with every K and V buffer of its pool registered (and an EAGLE target's
+    features), and the pool's :class:`~kvflow.runtime.disagg.layout.KVLayout` as the peer
+    sees it."""
 
     def __init__(
         self,
@@ -115,8 +116,14 @@ class KVRole(Role):
         super().__init__(port, wake)
         self.lockstep = port.lockstep
         self.transport = transfer.transport()
-        self.layout = layout_of(port.kv_pool, port.model_config, port.page_size, port.kv_heads)
-        for buffer in (*port.kv_pool.k_buffer, *port.kv_pool.v_buffer):
+        features = None
+        if port.feature_pool is not None:
+            features = FeatureBuffer(port.feature_kind, port.feature_pool)
+        self.layout = layout_of(
+            port.kv_pool, port.model_config, port.page_size, port.kv_heads, features
+        )
+        extra = () if features is None else (features.buffer,)
+        for buffer in (*port.kv_pool.k_buffer, *port.kv_pool.v_buffer, *extra):
             self.transport.register_buffer(buffer)
 
 

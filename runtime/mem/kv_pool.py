@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+from collections.abc import Sequence
 
 import torch
 
@@ -98,13 +99,14 @@ class KVPool:
             dequantize_kv(v, self.v_scales[layer_id], dtype),
         )
 
-    def zero_slots(self, loc: torch.Tensor) -> None:
+    def zero_slots(self, loc: torch.Tensor, extra: Sequence[torch.Tensor] = ()) -> None:
         """Zero K and V of every layer at slots ``loc`` ``[tokens]`` (int64, the pool's
-        device), and wait for it: a PD decode clears the slots it reserved for a prompt
-        before the prefill may write them, so a slot the transfer did not write holds no
-        other request's KV."""
+        device), and the rows ``loc`` of ``extra`` (other per-slot buffers: an EAGLE
+        target's features), and wait for it: a PD decode clears the slots it reserved for a
+        prompt before the prefill may write them, so a slot the transfer did not write holds
+        no other request's KV."""
         # as bytes: index_fill_ has no float8 kernel on CPU; zero bits are 0.0 anyway
-        buffers = [buf.view(torch.uint8) for buf in (*self.k_buffer, *self.v_buffer)]
+        buffers = [buf.view(torch.uint8) for buf in (*self.k_buffer, *self.v_buffer, *extra)]
         runs = None if loc.is_cuda else _runs(loc)
         if runs is not None:
             # NOTE: a slice per run of consecutive slots: index_fill_ runs on the OpenMP

@@ -46,7 +46,11 @@ def draft_footprint(
     the meta device, so its parameters are counted without allocating them (an EAGLE head
     drops the embedding and LM head it shares with the target, and is counted without)."""
     path = config.speculative_draft_model_path
-    if config.speculative_algorithm not in _WITH_DRAFT_MODEL or not path:
+    if (
+        config.speculative_algorithm not in _WITH_DRAFT_MODEL
+        or not path
+        or config.speculative_features_only  # a PD prefill: its decode drafts
+    ):
         return None
     draft = ModelConfig.from_path(resolve_model_path(path, config.load_format))
     with torch.device("meta"):

@@ -22,6 +22,13 @@ class FeatureSpec(NamedTuple):
     # hidden state (EAGLE-1/2)
     layers: tuple[int, ...]
 
+    def label(self, dtype: str) -> str:
+        """What a slot's row holds, in ``dtype``: two targets whose labels are equal keep
+        features one head reads alike (what PD peers compare)."""
+        states = "final-norm hidden state" if not self.layers else "inputs of layers "
+        states += ",".join(str(layer) for layer in self.layers)
+        return f"{states} x{self.width} {dtype}"
+
 
 def check_draft_model(config: EngineConfig, target: ModelConfig) -> Path | None:
     """The EAGLE / EAGLE-3 head's folder (or, for dummy weights, config file); None for

@@ -32,6 +32,13 @@ class SchedulerPort:
         self.model_config = runner.model_config
         self.kv_heads = runner.heads.num_kv_heads  # this rank's share under TP
         self.page_size = runner.page_size
+        # an EAGLE target's features, a row per KV slot (None: none kept), sent and
+        # received with the KV, and what a row holds (what peers compare)
+        self.feature_pool = runner.hidden_pool
+        self.feature_kind = ""
+        if runner.hidden_pool is not None and runner.features is not None:
+            dtype = str(runner.hidden_pool.dtype).removeprefix("torch.")
+            self.feature_kind = runner.features.label(dtype)
         # what the ranks of a tensor-parallel group must decide alike (a no-op for one rank)
         self.lockstep = scheduler.lockstep
         # decode: pre-allocated requests not yet running, by rid -> their LoRA adapter
@@ -96,13 +103,14 @@ class SchedulerPort:
         return True
 
     def zero_prompt_slots(self, req: Req) -> list[int]:
-        """Zero the KV of a pre-allocated request's prompt slots (every layer, K and V) and
-        return them: what the prefill does not write there reads as zeros, never as another
-        request's KV."""
+        """Zero the KV of a pre-allocated request's prompt slots (every layer, K and V, and
+        an EAGLE target's features) and return them: what the prefill does not write there
+        reads as zeros, never as another request's KV."""
         slots = self._scheduler.runner.req_to_token.read(
             req.req_pool_idx, len(req.origin_input_ids)
         )
-        self.kv_pool.zero_slots(slots)
+        extra = () if self.feature_pool is None else (self.feature_pool,)
+        self.kv_pool.zero_slots(slots, extra)
         return slots.tolist()
 
     def free(self, req: Req) -> None:

@@ -230,8 +230,9 @@ def _logprobs(
 
 
 def make_spec_worker(config: EngineConfig, runner: ModelRunner, kv: KVManager) -> SpecWorker | None:
-    """The scheduler's verify step for ``config`` (resolved), or None without speculation."""
-    if config.speculative_algorithm is None:
+    """The scheduler's verify step for ``config`` (resolved), or None without speculation
+    (or where the engine only keeps features for a PD decode's head)."""
+    if config.speculative_algorithm is None or config.speculative_features_only:
         return None
     check_speculative(config)
     drafter = DRAFTERS.get(config.speculative_algorithm)(config, runner)

@@ -105,7 +105,13 @@ class ServerArgs:
 
 
 def _engine_fields() -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(EngineConfig) if f.name != "model_path"]
+    """EngineConfig's fields that are ``kvflow serve`` flags (a field whose metadata says
+    ``flag: False`` is set by the runtime itself)."""
+    return [
+        f
+        for f in dataclasses.fields(EngineConfig)
+        if f.name != "model_path" and f.metadata.get("flag", True)
+    ]
 
 
 def _base_type(tp: object) -> type:

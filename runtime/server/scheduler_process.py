@@ -288,6 +288,7 @@ class SchedulerLoop:
             dp_rank=self.place.dp_rank,
             spec_verified_reqs=sched.spec.verified_reqs if sched.spec else 0,
             spec_emitted_tokens=sched.spec.emitted_tokens if sched.spec else 0,
+            spec_draft_kv_tokens=sched.spec.drafter.held_tokens() if sched.spec else 0,
         )
 
     def _publish_stats(self, force: bool = False) -> None:

@@ -54,24 +54,27 @@ def check_speculative(config: EngineConfig, role: str = "unified") -> None:
         raise ValueError(
             f"--speculative-algorithm {algorithm}: choose from {', '.join(DRAFTERS.choices())}"
         )
+    eagle = algorithm.startswith("EAGLE")
     refusals = [
         (config.tp_size > 1, "--tp-size > 1"),
         (config.dp_size > 1, "--dp-size > 1"),
         (config.enable_lora, "--enable-lora"),
         (config.is_embedding, "--is-embedding"),
-        (role == "prefill", "--role prefill (the decode side speculates)"),
+        # NOTE: an EAGLE prefill drafts nothing either: it keeps the target's features and
+        # sends them with the KV to its decode, whose head reads them (disagg/prefill.py)
+        (
+            role == "prefill" and not eagle,
+            f"{algorithm} and --role prefill (the decode side speculates; a prefill takes "
+            "the flags of EAGLE and EAGLE3 only, to send the features their heads read)",
+        ),
     ]
-    if algorithm.startswith("EAGLE"):  # the head reads the target's states of every position
-        refusals += [
-            (
-                role == "decode",
-                f"{algorithm} and --role decode (the prefill sends no hidden states)",
-            ),
+    if eagle:  # the head reads the target's states of every position
+        refusals.append(
             (
                 config.hicache_host_memory_gb > 0,
                 f"{algorithm} and --hicache-host-memory-gb (the host tier keeps no hidden states)",
-            ),
-        ]
+            )
+        )
     for refused, what in refusals:
         if refused:
             raise ValueError(f"speculative decoding is not built with {what}")

@@ -41,6 +41,10 @@ class Drafter(ABC):
         """True when no request holds the drafter's memory (the leak check)."""
         return True
 
+    def held_tokens(self) -> int:
+        """KV slots of the drafter's own pool that requests hold (0: none, or no pool)."""
+        return 0
+
 
 class TreeDrafter(Drafter):
     """A drafter of trees (``--speculative-eagle-topk`` > 1): the verify step calls

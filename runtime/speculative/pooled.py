@@ -154,6 +154,10 @@ class PooledDrafter(Drafter):
             self.runner.allocator.free(self.runner.req_to_token.read(seq.row, end))
         self.runner.req_to_token.free(seq.row)
 
+    def held_tokens(self) -> int:
+        allocator = self.runner.allocator
+        return allocator.size - allocator.available_size()
+
     def is_memory_free(self) -> bool:
         runner = self.runner
         return (

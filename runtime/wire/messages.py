@@ -121,6 +121,7 @@ class SchedulerStats:
     # speculative decoding: request-steps verified, and the tokens they kept, since start
     spec_verified_reqs: int = 0
     spec_emitted_tokens: int = 0
+    spec_draft_kv_tokens: int = 0  # a draft model's KV slots held (0 when idle: the leak check)
 
     @property
     def spec_accept_length(self) -> float:

@@ -132,6 +132,7 @@ class ServerProcess:
             if (
                 info["in_flight_requests"] == 0
                 and stats["kv_request_tokens"] == 0
+                and stats.get("spec_draft_kv_tokens", 0) == 0
                 and stats["free_request_rows"] == stats["total_request_rows"]
                 and stats["num_running_reqs"] == 0
                 and stats["num_queue_reqs"] == 0

@@ -4,10 +4,12 @@ does not run refused at parse time with one line (exit 2)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from kvflow.runtime.server.args import parse_args
 
 EAGLE_HEAD = ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "/head"]
+STANDALONE = ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "/m"]
 
 
 def test_ngram_and_standalone_parse() -> None:
@@ -64,6 +66,26 @@ def test_eagle_trees_parse_with_sglangs_flags(algorithm) -> None:
     assert resolved.speculative_num_draft_tokens == 6  # auto: num_steps + 1
 
 
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3"])
+def test_eagle_parses_on_both_pd_roles(algorithm) -> None:
+    """The decode drafts; the prefill, given the same flags, keeps the target's features for
+    it and drafts nothing (no head, no draft memory, no spare rows for trees)."""
+    from kvflow.runtime.disagg.prefill import PrefillRole
+    from kvflow.runtime.models.draft_footprint import draft_footprint
+
+    head = ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", "/head"]
+    tree = ["--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "4"]
+    trusted = ["--disaggregation-trusted-prefills", "127.0.0.1:8998"]
+    decode = parse_args([*head, *tree, "--role", "decode", *trusted]).engine.resolved()
+    assert decode.speculative_algorithm == algorithm and decode.spec_tree_rows > 0
+    prefill = parse_args([*head, *tree, "--role", "prefill"]).engine
+    assert not prefill.speculative_features_only
+    kept = PrefillRole.engine_config(prefill).resolved()
+    assert kept.speculative_features_only and kept.speculative_algorithm == algorithm
+    assert kept.spec_tree_rows == 0 and kept.page_size == decode.page_size == 1
+    assert draft_footprint(kept, torch.float32, torch.float32) is None
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -110,10 +132,6 @@ def test_eagle_trees_parse_with_sglangs_flags(algorithm) -> None:
             "EAGLE drafts a chain",
         ),
         (
-            [*EAGLE_HEAD, "--role", "decode"],
-            "EAGLE and --role decode",
-        ),
-        (
             [*EAGLE_HEAD, "--hicache-host-memory-gb", "4"],
             "EAGLE and --hicache-host-memory-gb",
         ),
@@ -131,7 +149,15 @@ def test_eagle_trees_parse_with_sglangs_flags(algorithm) -> None:
             ],
             "not built with --enable-lora",
         ),
-        (["--speculative-algorithm", "NGRAM", "--role", "prefill"], "--role prefill"),
+        (["--speculative-algorithm", "NGRAM", "--role", "prefill"], "NGRAM and --role prefill"),
+        (
+            [*STANDALONE, "--role", "prefill"],
+            "STANDALONE and --role prefill (the decode side speculates",
+        ),
+        (
+            [*EAGLE_HEAD, "--role", "prefill", "--hicache-host-memory-gb", "4"],
+            "EAGLE and --hicache-host-memory-gb",
+        ),
         (["--speculative-algorithm", "STANDALONE"], "needs --speculative-draft-model-path"),
         (
             ["--speculative-algorithm", "NGRAM", "--speculative-eagle-topk", "4"],

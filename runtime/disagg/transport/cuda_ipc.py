@@ -304,7 +304,8 @@ class CudaIpcTransport(KVTransport):
 
     def write_plan(self, session_id: str, plan: SlotPlan, after: Any = None) -> None:
         """The plan's runs in every K and V buffer: one kernel on this GPU writing the
-        decode's memory (mapped into this GPU's address space)."""
+        decode's memory (mapped into this GPU's address space); an EAGLE target's features
+        (rows of another size) after it as pieces, on the same stream."""
         if not plan.counts.size:
             return
         remote = self._remote(session_id)
@@ -324,6 +325,9 @@ class CudaIpcTransport(KVTransport):
                 stream.wait_event(after)
             on_device = host.to(f"cuda:{self.device}", non_blocking=True)
             copy_slot_runs(on_device, len(pairs), plan.src.slot_bytes, int(plan.counts.max()), word)
+            features = plan.feature_writes()
+            if features:
+                copy_pieces(features, self._local, remote)
         stream.synchronize()
 
     def _remote(self, session_id: str) -> Buffers:
