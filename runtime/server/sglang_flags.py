@@ -181,8 +181,10 @@ SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
     ),
     "--speculative-algorithm": Same(
         "EAGLE | EAGLE3 (Llama heads, chains or trees) | NGRAM | STANDALONE; not with --tp-size > 1, "
-        "--dp-size > 1, --enable-lora, --is-embedding or --role prefill (EAGLE, EAGLE3: nor "
-        "--role decode, --hicache-host-memory-gb); verify in the decode CUDA graphs, drafts eager"
+        "--dp-size > 1, --enable-lora or --is-embedding; NGRAM, STANDALONE: not --role prefill "
+        "(EAGLE, EAGLE3: both PD roles, with the same flags; not --hicache-host-memory-gb); "
+        "verify in the decode CUDA graphs, a chain's later draft steps in the draft's own, "
+        "trees eager"
     ),
     "--speculative-draft-model-path": Same(
         "STANDALONE's draft model (the same vocabulary) or the EAGLE / EAGLE3 head "
