@@ -626,8 +626,7 @@ def tiny_llama(
     """A random-weight Llama (4 heads, 2 KV heads: one per rank at TP 2) with the embedded
     model's tokenizer, in a folder the pods mount; and transformers' greedy output for
     `TP_PROMPTS`, the reference."""
-    import torch
-    from tiny_llama import EOS, save_tiny_llama
+    from tiny_llama import hf_greedy, save_tiny_llama
 
     folder = tmp_path_factory.mktemp("tiny-llama")
     hf = save_tiny_llama(folder)
@@ -636,14 +635,7 @@ def tiny_llama(
         shutil.copyfile(seed / "models" / MODEL / name, folder / name)
     for path in [folder, *folder.iterdir()]:
         path.chmod(0o755 if path.is_dir() else 0o644)
-    greedy = {}
-    with torch.no_grad():
-        for ids in TP_PROMPTS:
-            full = hf.generate(
-                torch.tensor([ids]), max_new_tokens=TP_MAX_NEW, do_sample=False,
-                eos_token_id=EOS, pad_token_id=0,
-            )  # fmt: skip
-            greedy[tuple(ids)] = full[0, len(ids) :].tolist()
+    greedy = {tuple(ids): hf_greedy(hf, list(ids), TP_MAX_NEW) for ids in TP_PROMPTS}
     return folder, greedy
 
 

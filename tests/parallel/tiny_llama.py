@@ -31,3 +31,13 @@ def save_tiny_llama(folder: Path) -> torch.nn.Module:
             param.data.normal_(0, 0.08)
     hf.save_pretrained(folder)
     return hf.eval()
+
+
+def hf_greedy(hf: torch.nn.Module, ids: list[int], max_new: int) -> list[int]:
+    """transformers' greedy continuation of ``ids`` (at most ``max_new`` tokens, EOS ends)."""
+    with torch.no_grad():
+        full = hf.generate(
+            torch.tensor([ids]), max_new_tokens=max_new, do_sample=False, eos_token_id=EOS,
+            pad_token_id=0,
+        )  # fmt: skip
+    return full[0, len(ids) :].tolist()
