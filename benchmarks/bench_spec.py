@@ -207,17 +207,19 @@ def _drafting_rows(
     prompt: list[int],
     reference: list[int],
     args: argparse.Namespace,
+    eager_too: bool = False,
 ) -> list[dict[str, Any]]:
     """A drafter's rows: as it drafts (``None``) or with every verify step keeping ``a``
     tokens (forced, the head still drafting), its decode steps in its CUDA graphs, then,
-    unless ``--skip-draft-eager``, the same with the drafter's graphs detached (eager
-    draft forwards, the verify step still graphed)."""
+    unless ``--skip-draft-eager`` (and not ``eager_too``), the same with the drafter's
+    graphs detached (eager draft forwards, the verify step still graphed)."""
     worker = engine.scheduler.spec
     assert worker is not None
     accept_plain = worker._accept
     graphs = getattr(worker.drafter, "graphs", None)
     rows: list[dict[str, Any]] = []
-    runs = [graphs] if graphs is None or args.skip_draft_eager else [graphs, None]
+    skip_eager = args.skip_draft_eager and not eager_too
+    runs = [graphs] if graphs is None or skip_eager else [graphs, None]
     for attached in runs:
         worker.drafter.graphs = attached
         for accept in accepts:
@@ -307,28 +309,38 @@ def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
     del spec, worker
     gc.collect()
 
-    # label, engine arguments, forced accept lengths (None: as it drafts)
-    drafting: dict[str, tuple[str, dict[str, Any], list[int | None]]] = {
+    # label, engine arguments, forced accept lengths (None: as it drafts), eager rows too
+    drafting: dict[str, tuple[str, dict[str, Any], list[int | None], bool]] = {
         "standalone": (
             f"STANDALONE, {args.draft_layers}-layer draft of the same config",
             {"speculative_algorithm": "STANDALONE",
              "speculative_draft_model_path": str(folder / "config.json")},
             [None],
+            False,
         ),
         "eagle": (
             "EAGLE, 1-layer head (random weights)",
             {"speculative_algorithm": "EAGLE", "speculative_draft_model_path": str(head)},
             [None, k],
+            False,
+        ),
+        "eagle-tree": (
+            "EAGLE tree (top-k 4, 8 draft tokens), 1-layer head (random weights)",
+            {"speculative_algorithm": "EAGLE", "speculative_draft_model_path": str(head),
+             "speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8},
+            [None],
+            True,  # the frontiers' graphs against eager frontiers
         ),
         "eagle3": (
             "EAGLE3, 1-layer head (random weights)",
             {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": str(head3)},
             [k],
+            False,
         ),
     }  # fmt: skip
-    for label, spec_args, accepts in drafting.values():
+    for label, spec_args, accepts, eager_too in drafting.values():
         engine = Engine(model, **settings, **spec_args, speculative_num_steps=k - 1)
-        rows += _drafting_rows(engine, label, accepts, prompt, reference, args)
+        rows += _drafting_rows(engine, label, accepts, prompt, reference, args, eager_too)
         del engine
         gc.collect()
     return {

@@ -71,10 +71,11 @@ class EagleDrafter(PooledDrafter):
     speculative_draft_model_path``; the head's class comes from its checkpoint)."""
 
     def __init__(
-        self, config: EngineConfig, target: ModelRunner, spare_rows: int = 0, graphs: bool = True
+        self, config: EngineConfig, target: ModelRunner, spare_rows: int = 0, graph_rows: int = 1
     ) -> None:
         """``spare_rows``: rows of the head's ``req_to_token`` kept for tree drafts;
-        ``graphs``: capture the head's decode steps (where CUDA graphs are on)."""
+        ``graph_rows``: a decode step's rows per running request (a tree's ``topk``), what
+        the head's CUDA graphs are captured for (where they are on)."""
         if target.hidden_pool is None:
             raise ValueError("the target keeps no hidden states (not started for EAGLE)")
         super().__init__(ModelRunner(_head_config(config, target), spare_rows=spare_rows))
@@ -82,11 +83,11 @@ class EagleDrafter(PooledDrafter):
         assert isinstance(head, LlamaEagleHead)
         head.share_target(target.model)
         self.head, self.target = head, target
-        if graphs:  # (after share_target: the captured forward reads the target's embedding)
-            own = FeatureInput(self.runner.model_config.hidden_size, self.runner.dtype)
-            self.graphs = capture_draft_graphs(
-                config, self.runner, target, self.runner.run_hidden, own
-            )
+        # (after share_target: the captured forward reads the target's embedding)
+        own = FeatureInput(self.runner.model_config.hidden_size, self.runner.dtype)
+        self.graphs = capture_draft_graphs(
+            config, self.runner, target, self.runner.run_hidden, own, graph_rows
+        )
 
     def _head_out(self, fb: ForwardBatch) -> torch.Tensor:
         """The head's output at each request's last new token, ``[B, hidden]`` (a decode

@@ -13,8 +13,9 @@ below ``L - 1`` is all that stays. A frontier node of depth ``d`` runs at head p
 tree_rows`), so it attends to its own branch only; those slots and rows are given back
 before :meth:`EagleTreeDrafter.propose_trees` returns.
 
-The head's forwards of a tree run eagerly (no draft CUDA graphs: a frontier's rows are
-spare rows, ``topk`` per request, run as an extend batch).
+A frontier's forward is a decode batch (one token per node, in the node's spare row), so
+on CUDA it replays the head's CUDA graphs, captured for ``topk`` rows per running request
+(:mod:`~kvflow.runtime.speculative.draft_graphs`); the catch-up is the chain's.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.core import Req
 from kvflow.runtime.model_runner import ModelRunner
 from kvflow.runtime.speculative.base import Drafter, TreeDrafter
-from kvflow.runtime.speculative.batch import build_token_batch
+from kvflow.runtime.speculative.batch import build_decode_batch
 from kvflow.runtime.speculative.eagle import EagleDrafter
 from kvflow.runtime.speculative.pooled import DraftSeq
 from kvflow.runtime.speculative.tree import ROOT, Candidate, DraftTree, select_tree
@@ -74,7 +75,7 @@ class EagleTreeDrafter(EagleDrafter, TreeDrafter):
         self.num_steps = config.speculative_num_steps
         self.max_nodes = config.speculative_num_draft_tokens - 1
         spare = config.max_running_requests * self.topk
-        super().__init__(config, target, spare_rows=spare, graphs=False)
+        super().__init__(config, target, spare_rows=spare, graph_rows=self.topk)
 
     def _new_slots(self, req: Req, seq: DraftSeq, num_drafts: int) -> int:
         return req.seq_len - 1 - seq.kv_len  # the catch-up's; the branches' come per step
@@ -149,7 +150,10 @@ class EagleTreeDrafter(EagleDrafter, TreeDrafter):
     ) -> tuple[torch.Tensor, list[tuple[int, _Node]]] | None:
         """One head forward over the frontier nodes (depth ``depth``, features rows of
         ``hidden``) of every tree that grows deeper: their outputs and the nodes, or None
-        when no tree does. A tree without head slots or spare rows left stops growing."""
+        when no tree does. A tree without head slots or spare rows left stops growing. The
+        forward is a decode batch: node ``r`` at position ``start + depth - 1`` of its row,
+        which holds the prefix and its path (replayed in the head's graphs where it fits;
+        the output is then the graph's, valid until the next replay)."""
         runner = self.runner
         nodes: list[tuple[int, _Node]] = []
         rows: list[int] = []
@@ -175,13 +179,13 @@ class EagleTreeDrafter(EagleDrafter, TreeDrafter):
         starts = [growths[g].seq.seq_len - 1 for g, _ in nodes]
         spare.write_paths(rows, starts, [node.path for _, node in nodes])
         device = runner.device
-        fb = build_token_batch(
+        fb = build_decode_batch(
             rows,
             [start + depth - 1 for start in starts],
-            [[growths[g].cands[node.cand].token] for g, node in nodes],
+            [growths[g].cands[node.cand].token for g, node in nodes],
             torch.tensor([node.path[-1] for _, node in nodes], dtype=torch.int64, device=device),
             device,
         )
-        fb.input_hidden = hidden[[node.feature for _, node in nodes]]
-        out = runner.forward_hidden(fb)[fb.logits_rows()]
+        fb.input_hidden = hidden[[node.feature for _, node in nodes]]  # (a copy)
+        out = self._head_out(fb)
         return out, [(g, _Node(node.cand, r, node.path)) for r, (g, node) in enumerate(nodes)]

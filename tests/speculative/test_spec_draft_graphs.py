@@ -1,7 +1,9 @@
 """Draft steps in CUDA graphs, the parts that run without CUDA: a draft step's forwards
-after its first are decode batches (one token per request; an EAGLE head's carry its own
-outputs as features), the graph runner's static buffers (rows, padding, an EAGLE head's
-features) feed the drafters what an eager forward would, and graphs stay off on CPU.
+after its first are decode batches (one token per request, or per frontier node of an
+EAGLE tree; an EAGLE head's carry its own outputs as features), the graph runner's static
+buffers (rows, padding, an EAGLE head's features) feed the drafters what an eager forward
+would, trees included (a frontier larger than the graphs runs eagerly), and graphs stay
+off on CPU.
 The captures themselves run in tests/gpu/test_gpu_spec.py."""
 
 from __future__ import annotations
@@ -133,6 +135,76 @@ def test_graph_buffers_draft_what_eager_drafts(tiny_models, tiny_engine, eagle_h
     if name == "standalone":  # the target's own weights: every draft is right
         worker = engine.scheduler.spec
         assert worker.accepted_tokens == worker.drafted_tokens > 0
+    assert engine.is_memory_free()
+
+
+def _tree_spec(eagle_heads, head: str, topk: int) -> dict:
+    algorithm = "EAGLE3" if head.startswith("eagle3") else "EAGLE"
+    return dict(
+        speculative_algorithm=algorithm,
+        speculative_draft_model_path=eagle_heads[head],
+        speculative_eagle_topk=topk,
+        speculative_num_steps=3,
+        speculative_num_draft_tokens=6,
+    )
+
+
+def _record_trees_and_forwards(drafter) -> tuple[list, list[ForwardBatch]]:
+    """Every tree the drafter makes, and the head's eager forwards."""
+    trees: list = []
+    forwards: list[ForwardBatch] = []
+    propose_trees, forward = drafter.propose_trees, drafter.runner.forward_hidden
+
+    def spy_trees(reqs, max_depths):
+        made = propose_trees(reqs, max_depths)
+        trees.extend(made)
+        return made
+
+    def spy_forward(fb):
+        forwards.append(fb)
+        return forward(fb)
+
+    drafter.propose_trees, drafter.runner.forward_hidden = spy_trees, spy_forward
+    return trees, forwards
+
+
+@pytest.mark.parametrize("head,topk", [("random", 2), ("eagle3", 4)])
+def test_tree_frontiers_are_decode_batches_and_replay_what_eager_drafts(
+    tiny_models, tiny_engine, eagle_heads, head, topk
+):
+    # a frontier runs one token per node, each in its own spare row (seq_len: position + 1),
+    # with the head's own outputs as features; the same engine then drafts through the
+    # stand-in's buffers (8 rows: three requests' frontiers of topk 2 fit, of topk 4 not,
+    # and those run eagerly until one request is done): the same trees, the same greedy
+    # tokens, nothing leaked
+    params = [{**PARAMS, "max_new_tokens": n} for n in (20, 14, 8)]
+    engine = tiny_engine(tiny_models["target"], **_tree_spec(eagle_heads, head, topk))
+    drafter = engine.scheduler.spec.drafter
+    assert drafter.graphs is None  # CPU: eager
+    trees, forwards = _record_trees_and_forwards(drafter)
+    want = engine.generate(input_ids=PROMPTS, sampling_params=params)
+    rows = drafter.runner.req_to_token.size  # spare rows come after the requests' rows
+    frontiers = [fb for fb in forwards if int(fb.req_pool_indices.min()) >= rows]
+    assert len(frontiers) > 10
+    for fb in frontiers:
+        assert fb.is_decode and len(fb.input_ids) == fb.batch_size
+        assert fb.input_hidden is not None and fb.input_hidden.shape == (fb.batch_size, 64)
+        assert fb.seq_lens_cpu == [p + 1 for p in fb.positions.tolist()]
+    assert any(fb.batch_size > 3 for fb in frontiers)  # several nodes of one request
+    eager_trees = trees[:]
+    trees.clear()
+    graphs = _EagerReplay(
+        drafter.runner.run_hidden, drafter.runner, 8, FeatureInput(64, drafter.runner.dtype)
+    )
+    drafter.graphs = graphs
+    forwards.clear()
+    assert engine.flush_cache()
+    got = engine.generate(input_ids=PROMPTS, sampling_params=params)
+    assert [r.output_ids for r in got] == [r.output_ids for r in want]
+    assert trees == eager_trees
+    assert graphs.replays > 0
+    if topk == 4:  # frontiers of 12 rows ran eagerly, as decode batches
+        assert any(fb.is_decode and fb.batch_size > 8 for fb in forwards)
     assert engine.is_memory_free()
 
 
