@@ -6,8 +6,13 @@ prompts, 128 new tokens, EOS ignored) through ``Engine.generate`` at batch 1 and
 - lora-graphs base-only: ``--enable-lora``, decode CUDA graphs, no request on an adapter
   (what serving the base model costs once LoRA is on);
 - lora-graphs mixed: the batch's requests cycle over the four adapters;
+- lora-graphs mixed, one stream: the same with ``$KVFLOW_LORA_SHRINK_STREAM=0`` (each
+  shrink after its base projection instead of beside it on a second stream);
 - lora-eager mixed: the same with ``--disable-cuda-graph`` (what LoRA cost before its
   decode ran in graphs).
+
+``--adapter-ranks`` sets the four adapters' ranks (default 16 each; issue 28's serving
+bar: 16,64,16,64).
 
 Part ``kernels``: the LoRA kernels in the decode graphs' layout against the layout before
 and a per-request loop. For each merged layer of the 8B shapes (qkv, o, gate_up, down, as
@@ -36,6 +41,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -243,28 +249,39 @@ def kernel_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def engine_rows(sizes: list[int], rows: list[dict], save=lambda: None) -> None:
-    """The four engine runs of the module's docstring at each batch size, appended to
-    ``rows``; ``save`` after each."""
+def engine_rows(sizes: list[int], rows: list[dict], ranks: list[int], save=lambda: None) -> None:
+    """The engine runs of the module's docstring at each batch size, appended to ``rows``
+    (the adapters of ``ranks``); ``save`` after each."""
     root = Path(tempfile.mkdtemp(prefix="kvflow-lora-bench-"))
-    for seed, name in enumerate(ADAPTERS):
-        write_adapter(root / name, MODULES, layers=32, rank=16, seed=seed)
+    for seed, (name, rank) in enumerate(zip(ADAPTERS, ranks, strict=True)):
+        write_adapter(root / name, MODULES, layers=32, rank=rank, seed=seed)
     lora = dict(
         enable_lora=True,
         lora_paths=tuple(f"{n}={root / n}" for n in ADAPTERS),
         max_loras_per_batch=len(ADAPTERS),
     )
-    runs = [
-        ("base", {}, [None]),
-        ("lora-graphs base-only", lora, [None]),
-        ("lora-graphs mixed", lora, list(ADAPTERS)),
-        ("lora-eager mixed", {**lora, "disable_cuda_graph": True}, list(ADAPTERS)),
+    one_stream = {"KVFLOW_LORA_SHRINK_STREAM": "0"}
+    runs = [  # label, engine arguments, the requests' adapters, environment at start-up
+        ("base", {}, [None], {}),
+        ("lora-graphs base-only", lora, [None], {}),
+        ("lora-graphs mixed", lora, list(ADAPTERS), {}),
+        ("lora-graphs mixed, one stream", lora, list(ADAPTERS), one_stream),
+        ("lora-eager mixed", {**lora, "disable_cuda_graph": True}, list(ADAPTERS), {}),
     ]
-    for label, kwargs, adapters in runs:
-        engine = make_engine(MODEL, max_running_requests=max(sizes), **kwargs)
+    for label, kwargs, adapters, env in runs:
+        before = {name: os.environ.get(name) for name in env}
+        os.environ.update(env)
+        try:
+            engine = make_engine(MODEL, max_running_requests=max(sizes), **kwargs)
+        finally:
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name)
+                else:
+                    os.environ[name] = value
         for bs in sizes:
             rate = decode_rate(engine, bs, adapters)
-            rows.append({"run": label, "batch": bs, "output_tok_s": rate})
+            rows.append({"run": label, "batch": bs, "output_tok_s": rate, "ranks": ranks})
             print(label, bs, f"{rate:.1f} tok/s", flush=True)
             save()
         del engine
@@ -282,8 +299,14 @@ def main() -> None:
     parser.add_argument("--md-out", type=Path, default=None, help="the kernels' table")
     parser.add_argument("--batch-sizes", default="1,32", help="the engine part's")
     parser.add_argument("--kernel-iters", type=int, default=200)
+    parser.add_argument(
+        "--adapter-ranks", default="16,16,16,16", help="the engine part's four adapters' ranks"
+    )
     args = parser.parse_args()
     args.parts = args.parts or ["engine", "kernels"]
+    ranks = [int(r) for r in args.adapter_ranks.split(",")]
+    if len(ranks) != len(ADAPTERS):
+        parser.error(f"--adapter-ranks takes {len(ADAPTERS)} ranks, got {args.adapter_ranks}")
     if set(args.parts) - {"engine", "kernels"}:
         parser.error(f"parts are engine and kernels, got {args.parts}")
     results: dict = {"gpu": gpu_name(), "torch": torch.__version__, "driver": _driver_version()}
@@ -301,7 +324,8 @@ def main() -> None:
         save()
     if "engine" in args.parts:
         results["rows"] = []
-        engine_rows([int(b) for b in args.batch_sizes.split(",")], results["rows"], save)
+        sizes = [int(b) for b in args.batch_sizes.split(",")]
+        engine_rows(sizes, results["rows"], ranks, save)
         print(json.dumps(results["rows"], indent=1))
         save()
 
