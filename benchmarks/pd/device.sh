@@ -37,8 +37,12 @@ if [ "$LOCAL" = 1 ]; then
 else
   PYTHON=python3
   source scripts/device_env.sh
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    .whl/grammar/*.whl .whl/http/*.whl || exit 1
+  # (once per machine: a second script of the same call finds them in place)
+  if [ ! -e /tmp/site/.kvflow-carried ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+      .whl/grammar/*.whl .whl/http/*.whl || exit 1
+    touch /tmp/site/.kvflow-carried
+  fi
   export PYTHONPATH="$PYTHONPATH:/tmp/site"
   # The trimmed Mooncake CUDA wheel: site/ (mooncake/ with engine.so, libasio, libetcd_wrapper
   # and mooncake_transfer_engine.libs/), lib/ (libcudart.so.12: the image has CUDA 13) and
@@ -46,7 +50,7 @@ else
   # only those the machine lacks go on the library path.
   MC=/tmp/mooncake-cuda
   mkdir -p $MC/missing
-  tar -C $MC -xJf .whl/mooncake-cuda.tar.xz || exit 1
+  [ -e $MC/site/mooncake ] || tar -C $MC -xJf .whl/mooncake-cuda.tar.xz || exit 1
   HAVE=$(ldconfig -p | awk '{print $1}')
   for f in $MC/syslibs/*; do
     n=$(basename "$f")
