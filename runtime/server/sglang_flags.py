@@ -183,8 +183,8 @@ SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
         "EAGLE | EAGLE3 (Llama heads, chains or trees) | NGRAM | STANDALONE; not with --tp-size > 1, "
         "--dp-size > 1, --enable-lora or --is-embedding; NGRAM, STANDALONE: not --role prefill "
         "(EAGLE, EAGLE3: both PD roles, with the same flags; not --hicache-host-memory-gb); "
-        "verify in the decode CUDA graphs, a chain's later draft steps in the draft's own, "
-        "trees eager"
+        "verify in the decode CUDA graphs, the later draft steps (a tree's frontiers) in the "
+        "draft's own"
     ),
     "--speculative-draft-model-path": Same(
         "STANDALONE's draft model (the same vocabulary) or the EAGLE / EAGLE3 head "
