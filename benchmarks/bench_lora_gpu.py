@@ -66,6 +66,7 @@ LAYERS = {
 KERNEL_BATCHES = (1, 8, 32, 128)
 # name -> (the slots' width, --max-lora-rank; each of the four slots' adapter rank): the
 # last is issue 28's serving bar (a, c rank 16; b, d rank 64)
+RUN_KEYS = ("base", "base-only", "mixed", "mixed-one-stream", "eager")  # engine_rows' runs
 RANK_MIXES = {"16": (16, [16] * 4), "64": (64, [64] * 4), "16+64": (64, [16, 64, 16, 64])}
 
 
@@ -249,9 +250,17 @@ def kernel_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def engine_rows(sizes: list[int], rows: list[dict], ranks: list[int], save=lambda: None) -> None:
-    """The engine runs of the module's docstring at each batch size, appended to ``rows``
-    (the adapters of ``ranks``); ``save`` after each."""
+def engine_rows(
+    sizes: list[int],
+    rows: list[dict],
+    ranks: list[int],
+    save=lambda: None,
+    keys: list[str] | None = None,
+    profile: bool = False,
+) -> None:
+    """The engine runs of the module's docstring (``keys``: some of them, None: all) at each
+    batch size, appended to ``rows`` (the adapters of ``ranks``); ``save`` after each. With
+    ``profile``, each run's kernels at the largest batch too (:func:`kernel_profile`)."""
     root = Path(tempfile.mkdtemp(prefix="kvflow-lora-bench-"))
     for seed, (name, rank) in enumerate(zip(ADAPTERS, ranks, strict=True)):
         write_adapter(root / name, MODULES, layers=32, rank=rank, seed=seed)
@@ -261,14 +270,15 @@ def engine_rows(sizes: list[int], rows: list[dict], ranks: list[int], save=lambd
         max_loras_per_batch=len(ADAPTERS),
     )
     one_stream = {"KVFLOW_LORA_SHRINK_STREAM": "0"}
-    runs = [  # label, engine arguments, the requests' adapters, environment at start-up
-        ("base", {}, [None], {}),
-        ("lora-graphs base-only", lora, [None], {}),
-        ("lora-graphs mixed", lora, list(ADAPTERS), {}),
-        ("lora-graphs mixed, one stream", lora, list(ADAPTERS), one_stream),
-        ("lora-eager mixed", {**lora, "disable_cuda_graph": True}, list(ADAPTERS), {}),
-    ]
-    for label, kwargs, adapters, env in runs:
+    runs = {  # key: label, engine arguments, the requests' adapters, environment at start-up
+        "base": ("base", {}, [None], {}),
+        "base-only": ("lora-graphs base-only", lora, [None], {}),
+        "mixed": ("lora-graphs mixed", lora, list(ADAPTERS), {}),
+        "mixed-one-stream": ("lora-graphs mixed, one stream", lora, list(ADAPTERS), one_stream),
+        "eager": ("lora-eager mixed", {**lora, "disable_cuda_graph": True}, list(ADAPTERS), {}),
+    }
+    for key in keys or list(runs):
+        label, kwargs, adapters, env = runs[key]
         before = {name: os.environ.get(name) for name in env}
         os.environ.update(env)
         try:
@@ -284,12 +294,40 @@ def engine_rows(sizes: list[int], rows: list[dict], ranks: list[int], save=lambd
             rows.append({"run": label, "batch": bs, "output_tok_s": rate, "ranks": ranks})
             print(label, bs, f"{rate:.1f} tok/s", flush=True)
             save()
+        if profile:
+            rows.append({"run": label, "batch": max(sizes), "ranks": ranks,
+                         "kernels": kernel_profile(engine, max(sizes), adapters)})  # fmt: skip
+            save()
         del engine
         gc.collect()
         torch.cuda.empty_cache()
     base = {r["batch"]: r["output_tok_s"] for r in rows if r["run"] == "base"}
     for r in rows:
-        r["vs_base"] = r["output_tok_s"] / base[r["batch"]]
+        if "output_tok_s" in r and r["batch"] in base:
+            r["vs_base"] = r["output_tok_s"] / base[r["batch"]]
+
+
+def kernel_profile(engine, bs: int, adapters: list[str | None], new_tokens: int = 32) -> list[dict]:
+    """The GPU kernels of :func:`decode_rate`'s two runs of ``bs`` requests and
+    ``new_tokens`` tokens (its warm-up and its timed run, under torch.profiler: kernels
+    inside CUDA graphs are reported one by one): the 30 with the most device time, each
+    with its count and microseconds per decode step (``2 * new_tokens`` steps; the two
+    prefills are in it too)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        decode_rate(engine, bs, adapters, new_tokens)
+    steps = 2 * new_tokens
+    events = []
+    for event in prof.key_averages():
+        total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if total:
+            events.append({"kernel": event.key[:120], "count": event.count,
+                           "us_per_step": total / steps})  # fmt: skip
+    events.sort(key=lambda e: -e["us_per_step"])
+    for e in events[:30]:
+        print(f"{e['us_per_step']:9.1f} us/step {e['count']:7d}x  {e['kernel']}", flush=True)
+    return events[:30]
 
 
 def main() -> None:
@@ -302,9 +340,23 @@ def main() -> None:
     parser.add_argument(
         "--adapter-ranks", default="16,16,16,16", help="the engine part's four adapters' ranks"
     )
+    parser.add_argument(
+        "--runs",
+        default="",
+        help="the engine part's runs, comma-separated keys of base, base-only, mixed, "
+        "mixed-one-stream, eager (default: all)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="the engine part: each run's kernels (torch.profiler)",
+    )
     args = parser.parse_args()
     args.parts = args.parts or ["engine", "kernels"]
     ranks = [int(r) for r in args.adapter_ranks.split(",")]
+    keys = [k for k in args.runs.split(",") if k] or None
+    if keys and set(keys) - set(RUN_KEYS):
+        parser.error(f"--runs takes keys of {', '.join(RUN_KEYS)}, got {args.runs}")
     if len(ranks) != len(ADAPTERS):
         parser.error(f"--adapter-ranks takes {len(ADAPTERS)} ranks, got {args.adapter_ranks}")
     if set(args.parts) - {"engine", "kernels"}:
@@ -325,7 +377,7 @@ def main() -> None:
     if "engine" in args.parts:
         results["rows"] = []
         sizes = [int(b) for b in args.batch_sizes.split(",")]
-        engine_rows(sizes, results["rows"], ranks, save)
+        engine_rows(sizes, results["rows"], ranks, save, keys, args.profile)
         print(json.dumps(results["rows"], indent=1))
         save()
 

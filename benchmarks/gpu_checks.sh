@@ -5,9 +5,10 @@
 #   PART=spec   tests/gpu/test_gpu_spec.py and tests/pd/test_pd_eagle_gpu.py (EAGLE under PD
 #               over cuda_ipc and Mooncake), then `bench_spec.py gpu --skip-draft-eager`
 #               (benchmarks/results/spec-gpu*.md)
-#   PART=lora   tests/gpu/test_gpu_lora.py and tests/kernels/test_lora_kernel.py, then
-#               `bench_lora_gpu.py engine` with the serving bar's adapter ranks (16,64,16,64)
-#               at batch 8 and 32 (benchmarks/results/lora.md)
+#   PART=lora   tests/gpu/test_gpu_lora.py, then `bench_lora_gpu.py engine` with the serving
+#               bar's adapter ranks (16,64,16,64) at batch 8, 32 and 8 again: the base model,
+#               mixed adapters, and mixed with the shrink on one stream, each run's kernels
+#               profiled at batch 32 (benchmarks/results/lora.md)
 #
 #   OUT=/tmp/out STOP_AT=540 PART=spec bash benchmarks/gpu_checks.sh
 #
@@ -36,12 +37,12 @@ case "$PART" in
     ;;
   lora)
     timeout "$(budget)" $PYTHON -P -m pytest -m gpu -q -p no:cacheprovider -rfEs \
-      tests/gpu/test_gpu_lora.py tests/kernels/test_lora_kernel.py --junitxml "$OUT/pytest.xml" \
-      > "$OUT/pytest.txt" 2>&1
+      tests/gpu/test_gpu_lora.py --junitxml "$OUT/pytest.xml" > "$OUT/pytest.txt" 2>&1
     echo "pytest rc $? after $(elapsed) s"
     tail -5 "$OUT/pytest.txt"
-    timeout "$(budget)" $PYTHON -P benchmarks/bench_lora_gpu.py engine --batch-sizes 8,32 \
-      --adapter-ranks 16,64,16,64 --json-out "$OUT/lora-engine.json"
+    timeout "$(budget)" $PYTHON -P benchmarks/bench_lora_gpu.py engine --batch-sizes 8,32,8 \
+      --adapter-ranks 16,64,16,64 --runs base,mixed,mixed-one-stream --profile \
+      --json-out "$OUT/lora-engine.json"
     echo "bench_lora_gpu rc $? after $(elapsed) s"
     ;;
   *)

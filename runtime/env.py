@@ -22,7 +22,7 @@ def cpu_decode_graph() -> bool:
 
 
 def lora_shrink_stream() -> bool:
-    """Whether CUDA LoRA layers run their shrink on a second stream, beside the base
-    projection (:class:`kvflow.runtime.lora.layers.LoraLinear`): on unless
-    ``$KVFLOW_LORA_SHRINK_STREAM`` is ``0`` (for measuring what it buys)."""
+    """Whether CUDA LoRA layers capture their shrink on a second stream in the decode CUDA
+    graphs, beside the base projection (:class:`kvflow.runtime.lora.layers.LoraLinear`):
+    on unless ``$KVFLOW_LORA_SHRINK_STREAM`` is ``0`` (for measuring what it buys)."""
     return os.environ.get("KVFLOW_LORA_SHRINK_STREAM", "1") != "0"

@@ -15,7 +15,8 @@ class LoraContext:
     """The adapter layout of the forward being run (``batch``, None: no adapter in it),
     shared by every :class:`LoraLinear` of a model; set for one forward by
     :meth:`~kvflow.runtime.lora.LoraManager.active`. ``shrink_stream``: the CUDA stream
-    the layers' shrinks run on beside their base projections (None: one stream)."""
+    the layers' shrinks are captured on in CUDA graphs, beside their base projections
+    (None: one stream)."""
 
     def __init__(self, shrink_stream: torch.cuda.Stream | None = None) -> None:
         self.batch: LoraBatch | None = None
@@ -67,17 +68,18 @@ class LoraLinear(nn.Module):
         self.b_slots[slot, row : row + b.shape[0], first : first + rank].copy_(b)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The base projection plus the delta. With a shrink stream, the shrink (``x @
-        A.T``, a few small kernels that leave most of the GPU idle) runs on it while the
-        base projection runs on the current stream, which waits for it before the expand
-        adds the delta; inside a CUDA graph capture the two streams become parallel
-        branches of the graph."""
+        """The base projection plus the delta. While a CUDA graph is captured (the decode
+        steps) with a shrink stream, the shrink (``x @ A.T``, a few small kernels that leave
+        most of the GPU idle) is captured on it, beside the base projection on the current
+        stream, which waits for it before the expand adds the delta: two parallel branches
+        of the graph. Eager forwards (prefills: their projections fill the GPU) run both
+        on one stream."""
         batch = self.context.batch
         if batch is None:
             return self.base(x)
         shards = len(self.output_sizes)
         side = self.context.shrink_stream
-        if side is None or not x.is_cuda:
+        if side is None or not torch.cuda.is_current_stream_capturing():
             out = self.base.method.apply(self.base, x)
             h = batch.shrink(x, self.a_slots, shards)
         else:
