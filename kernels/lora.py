@@ -179,6 +179,11 @@ def _expand_kernel(
     if (slot >= 0) & any_row:
         rank = _slot_rank(slot_ranks_ptr, slot, WIDTH, HAS_RANKS)
         offs_n = first_n + tl.arange(0, BLOCK_N)
+        # NOTE: the output tile is loaded first, so its latency overlaps the products'
+        # (it is added last, as before: the same sums)
+        out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
+        mask = mask_m[:, None] & (offs_n < N)[None, :]
+        prior = tl.load(out_ptrs, mask=mask, other=0.0)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for shard in tl.static_range(NUM_SHARDS):
             lo = SHARD_BOUNDS[shard]
@@ -206,9 +211,7 @@ def _expand_kernel(
                     acc += tl.dot(h, b.to(h.dtype), input_precision=PRECISION)
                     h_ptrs += BLOCK_K
                     b_ptrs += BLOCK_K
-        out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
-        mask = mask_m[:, None] & (offs_n < N)[None, :]
-        acc += tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
+        acc += prior.to(tl.float32)
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
