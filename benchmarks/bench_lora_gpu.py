@@ -6,8 +6,6 @@ prompts, 128 new tokens, EOS ignored) through ``Engine.generate`` at batch 1 and
 - lora-graphs base-only: ``--enable-lora``, decode CUDA graphs, no request on an adapter
   (what serving the base model costs once LoRA is on);
 - lora-graphs mixed: the batch's requests cycle over the four adapters;
-- lora-graphs mixed, one stream: the same with ``$KVFLOW_LORA_SHRINK_STREAM=0`` (each
-  shrink after its base projection instead of beside it on a second stream);
 - lora-eager mixed: the same with ``--disable-cuda-graph`` (what LoRA cost before its
   decode ran in graphs).
 
@@ -41,7 +39,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -66,7 +63,7 @@ LAYERS = {
 KERNEL_BATCHES = (1, 8, 32, 128)
 # name -> (the slots' width, --max-lora-rank; each of the four slots' adapter rank): the
 # last is issue 28's serving bar (a, c rank 16; b, d rank 64)
-RUN_KEYS = ("base", "base-only", "mixed", "mixed-one-stream", "eager")  # engine_rows' runs
+RUN_KEYS = ("base", "base-only", "mixed", "eager")  # engine_rows' runs
 RANK_MIXES = {"16": (16, [16] * 4), "64": (64, [64] * 4), "16+64": (64, [16, 64, 16, 64])}
 
 
@@ -269,26 +266,15 @@ def engine_rows(
         lora_paths=tuple(f"{n}={root / n}" for n in ADAPTERS),
         max_loras_per_batch=len(ADAPTERS),
     )
-    one_stream = {"KVFLOW_LORA_SHRINK_STREAM": "0"}
-    runs = {  # key: label, engine arguments, the requests' adapters, environment at start-up
-        "base": ("base", {}, [None], {}),
-        "base-only": ("lora-graphs base-only", lora, [None], {}),
-        "mixed": ("lora-graphs mixed", lora, list(ADAPTERS), {}),
-        "mixed-one-stream": ("lora-graphs mixed, one stream", lora, list(ADAPTERS), one_stream),
-        "eager": ("lora-eager mixed", {**lora, "disable_cuda_graph": True}, list(ADAPTERS), {}),
+    runs = {  # key: label, engine arguments, the requests' adapters
+        "base": ("base", {}, [None]),
+        "base-only": ("lora-graphs base-only", lora, [None]),
+        "mixed": ("lora-graphs mixed", lora, list(ADAPTERS)),
+        "eager": ("lora-eager mixed", {**lora, "disable_cuda_graph": True}, list(ADAPTERS)),
     }
     for key in keys or list(runs):
-        label, kwargs, adapters, env = runs[key]
-        before = {name: os.environ.get(name) for name in env}
-        os.environ.update(env)
-        try:
-            engine = make_engine(MODEL, max_running_requests=max(sizes), **kwargs)
-        finally:
-            for name, value in before.items():
-                if value is None:
-                    os.environ.pop(name)
-                else:
-                    os.environ[name] = value
+        label, kwargs, adapters = runs[key]
+        engine = make_engine(MODEL, max_running_requests=max(sizes), **kwargs)
         for bs in sizes:
             rate = decode_rate(engine, bs, adapters)
             rows.append({"run": label, "batch": bs, "output_tok_s": rate, "ranks": ranks})
@@ -344,7 +330,7 @@ def main() -> None:
         "--runs",
         default="",
         help="the engine part's runs, comma-separated keys of base, base-only, mixed, "
-        "mixed-one-stream, eager (default: all)",
+        "eager (default: all)",
     )
     parser.add_argument(
         "--profile",

@@ -6,9 +6,9 @@
 #               over cuda_ipc and Mooncake), then `bench_spec.py gpu --skip-draft-eager`
 #               (benchmarks/results/spec-gpu*.md)
 #   PART=lora   tests/gpu/test_gpu_lora.py, then `bench_lora_gpu.py engine` with the serving
-#               bar's adapter ranks (16,64,16,64) at batch 8, 32 and 8 again: the base model,
-#               mixed adapters, and mixed with the shrink on one stream, each run's kernels
-#               profiled at batch 32 (benchmarks/results/lora.md)
+#               bar's adapter ranks (16,64,16,64) at batch 8, 32 and 8 again: the base model
+#               and mixed adapters, each run's kernels profiled at batch 32
+#               (benchmarks/results/lora.md)
 #
 #   OUT=/tmp/out STOP_AT=540 PART=spec bash benchmarks/gpu_checks.sh
 #
@@ -41,7 +41,7 @@ case "$PART" in
     echo "pytest rc $? after $(elapsed) s"
     tail -5 "$OUT/pytest.txt"
     timeout "$(budget)" $PYTHON -P benchmarks/bench_lora_gpu.py engine --batch-sizes 8,32,8 \
-      --adapter-ranks 16,64,16,64 --runs base,mixed,mixed-one-stream --profile \
+      --adapter-ranks 16,64,16,64 --runs base,mixed --profile \
       --json-out "$OUT/lora-engine.json"
     echo "bench_lora_gpu rc $? after $(elapsed) s"
     ;;

@@ -28,14 +28,9 @@ The shrink's output is narrow and its reduction wide (``K``: the hidden or inter
 size), so a decode batch gives it one or two column blocks per segment, and one program per
 block would walk all of ``K`` alone (12-49 us a projection on an H200, against 2.5-5 us
 split). It is split over ``K`` (split-K, as Punica's and SGLang's shrink kernels): ``S``
-programs per output tile write float32 partial products ``[S, T, R]``, and the tile's last
-program to finish (a counter per tile, taken with an atomic add) sums them in split order
-and writes the tile (deterministic: the order does not depend on which program is last),
-then sets the counter back to zero for the next launch, as cuBLAS's in-kernel split-K
-does. The counters are a zeroed int32 buffer per device kept between launches. (A separate
-kernel summing the partials cost 4.9 us a projection at decode on an H200, as much as the
-shrink itself: every LoRA kernel there is bound by its latency, not its bytes. Summing them
-inside the expand re-read them once per output column block.)
+programs per block write float32 partial products ``[S, T, R]``, summed in a fixed order by
+a small kernel (deterministic, no atomics). Once per projection: summing them inside the
+expand re-read them once per output column block.
 """
 
 from __future__ import annotations
@@ -86,22 +81,19 @@ def _slot_rank(slot_ranks_ptr, slot, WIDTH, HAS_RANKS: tl.constexpr):
 
 # NOTE: the token count enters only through strides and sizes that vary every step: not
 # specialized on, so a new batch size compiles nothing
-@triton.jit(do_not_specialize=["stride_ps"])
+@triton.jit(do_not_specialize=["stride_os"])
 def _shrink_kernel(
-    x_ptr, a_ptr, h_ptr, part_ptr, counter_ptr, seg_indptr_ptr, seg_slots_ptr, row_order_ptr,
-    slot_ranks_ptr, K, WIDTH, K_PER_SPLIT, stride_xm, stride_as, stride_an, stride_hm,
-    stride_ps,
-    SPLITS: tl.constexpr, NUM_SHARDS: tl.constexpr, HAS_ROW_ORDER: tl.constexpr,
-    HAS_RANKS: tl.constexpr, UPCAST_DOT: tl.constexpr, PRECISION: tl.constexpr,
+    x_ptr, a_ptr, out_ptr, seg_indptr_ptr, seg_slots_ptr, row_order_ptr, slot_ranks_ptr,
+    K, WIDTH, K_PER_SPLIT, stride_xm, stride_as, stride_an, stride_os, stride_om,
+    NUM_SHARDS: tl.constexpr, HAS_ROW_ORDER: tl.constexpr, HAS_RANKS: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """``h[positions of g, block] = x[rows, :] @ a[slot_g, block, :].T`` for one output tile
-    (row block, shard, column block of the shard) of segment ``g = program_id(1)``, its K
-    split ``split = program_id(2)`` (``K_PER_SPLIT`` columns each, a multiple of
-    ``BLOCK_K``). With ``SPLITS`` > 1 each split writes its float32 partial to ``part[split]``
-    (rows of ``h``'s stride) and the tile's last split to arrive (``counter[tile]``) sums
-    them in split order into ``h``. Columns past the slot's rank, and every column of a
-    segment without a slot: zeros, ``a`` not read."""
+    """``out[split, positions of g, block] = x[rows, k of split] @ a[slot_g, block, k of
+    split].T`` for one (row block, shard, column block of the shard) of segment ``g =
+    program_id(1)`` and K split ``split = program_id(2)`` (``K_PER_SPLIT`` columns each, a
+    multiple of ``BLOCK_K``). Columns past the slot's rank, and every column of a segment
+    without a slot: zeros written, ``a`` not read."""
     seg = tl.program_id(1)
     split = tl.program_id(2)
     slot = tl.load(seg_slots_ptr + seg)
@@ -134,24 +126,12 @@ def _shrink_kernel(
                 acc += tl.dot(x, a.to(x.dtype), input_precision=PRECISION)
                 x_ptrs += BLOCK_K
                 a_ptrs += BLOCK_K
-        offs = offs_m[:, None].to(tl.int64) * stride_hm + (shard * WIDTH + offs_c)[None, :]
+        out_ptrs = (
+            out_ptr + split.to(tl.int64) * stride_os + offs_m[:, None].to(tl.int64) * stride_om
+            + (shard * WIDTH + offs_c)[None, :]
+        )  # fmt: skip
         mask = mask_m[:, None] & (offs_c < WIDTH)[None, :]
-        if SPLITS == 1:
-            tl.store(h_ptr + offs, acc.to(h_ptr.dtype.element_ty), mask=mask)
-        else:
-            tl.store(part_ptr + split.to(tl.int64) * stride_ps + offs, acc, mask=mask)
-            # NOTE: every thread's partial is stored before the counter moves (the atomic
-            # is acq_rel at GPU scope); the last split reads the others' past L1 (.cg)
-            tl.debug_barrier()
-            tile = tl.program_id(0) * tl.num_programs(1) + seg
-            if tl.atomic_add(counter_ptr + tile, 1) == SPLITS - 1:
-                total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                for s in tl.static_range(SPLITS):
-                    total += tl.load(
-                        part_ptr + s * stride_ps + offs, mask=mask, other=0.0, cache_modifier=".cg"
-                    )
-                tl.store(h_ptr + offs, total.to(h_ptr.dtype.element_ty), mask=mask)
-                tl.atomic_xchg(counter_ptr + tile, 0)  # zero again for the next launch
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -179,11 +159,6 @@ def _expand_kernel(
     if (slot >= 0) & any_row:
         rank = _slot_rank(slot_ranks_ptr, slot, WIDTH, HAS_RANKS)
         offs_n = first_n + tl.arange(0, BLOCK_N)
-        # NOTE: the output tile is loaded first, so its latency overlaps the products'
-        # (it is added last, as before: the same sums)
-        out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
-        mask = mask_m[:, None] & (offs_n < N)[None, :]
-        prior = tl.load(out_ptrs, mask=mask, other=0.0)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for shard in tl.static_range(NUM_SHARDS):
             lo = SHARD_BOUNDS[shard]
@@ -211,8 +186,21 @@ def _expand_kernel(
                     acc += tl.dot(h, b.to(h.dtype), input_precision=PRECISION)
                     h_ptrs += BLOCK_K
                     b_ptrs += BLOCK_K
-        acc += prior.to(tl.float32)
+        out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
+        mask = mask_m[:, None] & (offs_n < N)[None, :]
+        acc += tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["numel"])
+def _sum_splits_kernel(partials_ptr, out_ptr, numel, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+    """``out[i] = sum over s of partials[s * numel + i]`` (in order, float32)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in range(SPLITS):
+        acc += tl.load(partials_ptr + s * numel + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _check(x: torch.Tensor, weights: torch.Tensor, *layout: torch.Tensor | None) -> None:
@@ -293,39 +281,25 @@ def lora_shrink(
         splits = _num_splits(x, busy * col_blocks, k, block_k)
     k_per_split = triton.cdiv(triton.cdiv(k, max(1, splits)), block_k) * block_k
     splits = triton.cdiv(k, k_per_split)  # (rounding to whole blocks may leave fewer)
-    grid = (row_blocks * col_blocks, num_segments, splits)
-    # split-K: float32 partial products [splits, T, R], summed into h by each tile's last
-    # split (an empty tensor is no kernel: inside a CUDA graph it is graph memory)
-    part = h if splits == 1 else x.new_empty((splits, *h.shape), dtype=torch.float32)
-    counters = h if splits == 1 else _tile_counters(x.device, grid[0] * grid[1])
+    # split-K: float32 partial products [splits, T, R], summed into h below
+    target = h if splits == 1 else x.new_empty((splits, *h.shape), dtype=torch.float32)
     interpreted = is_interpreted(_shrink_kernel)
-    _shrink_kernel[grid](
-        x, a_weights, h, part, counters, seg_indptr, seg_slots,
+    _shrink_kernel[(row_blocks * col_blocks, num_segments, splits)](
+        x, a_weights, target, seg_indptr, seg_slots,
         K=k, WIDTH=width, K_PER_SPLIT=k_per_split, stride_xm=x.stride(0),
-        stride_as=a_weights.stride(0), stride_an=a_weights.stride(1), stride_hm=h.stride(0),
-        stride_ps=part.stride(0) if splits > 1 else 0,
-        SPLITS=splits, NUM_SHARDS=num_shards, UPCAST_DOT=interpreted,
+        stride_as=a_weights.stride(0), stride_an=a_weights.stride(1),
+        stride_os=target.stride(0) if splits > 1 else 0, stride_om=target.stride(-2),
+        NUM_SHARDS=num_shards, UPCAST_DOT=interpreted,
         PRECISION="ieee" if interpreted else dot_precision(x.dtype),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         **_flags(row_order, slot_ranks, seg_slots),
     )  # fmt: skip
-    return h
-
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """A zeroed int32 counter per output tile of a split shrink, on ``device``: kept between
-    launches (each launch leaves every counter at zero again), grown when a grid has more
-    tiles. A decode graph's warm-up runs its shapes before the capture, so the buffer a
-    graph captures is never replaced."""
-    counters = _COUNTERS.get(device)
-    if counters is None or counters.numel() < tiles:
-        counters = _COUNTERS[device] = torch.zeros(
-            max(tiles, 4096), dtype=torch.int32, device=device
+    if splits > 1:
+        block = 1024
+        _sum_splits_kernel[(triton.cdiv(h.numel(), block),)](
+            target, h, h.numel(), SPLITS=splits, BLOCK=block
         )
-    return counters
+    return h
 
 
 def lora_expand(

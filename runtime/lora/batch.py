@@ -52,29 +52,19 @@ class LoraBatch:
         packed = torch.tensor(bounds + seg_slots, dtype=torch.int32).to(device)
         return cls(packed[: len(bounds)], packed[len(bounds) :], max_len, slot_ranks=slot_ranks)
 
-    def shrink(self, x: torch.Tensor, a_slots: torch.Tensor, num_shards: int) -> torch.Tensor:
-        """``h[p] = x[row p] @ A[slot].T`` by position (``x`` ``[..., K]``): Triton's
-        segmented kernel on CUDA, torch matmuls per segment elsewhere."""
-        x = x.reshape(-1, x.shape[-1]).contiguous()
-        indptr, slots, order, ranks = (
-            self.seg_indptr,
-            self.seg_slots,
-            self.row_order,
-            self.slot_ranks,
-        )
-        if x.is_cuda:
-            return kernels.lora_shrink(
-                x, a_slots, indptr, slots, self.max_seg_len,
-                row_order=order, slot_ranks=ranks, num_shards=num_shards,
-            )  # fmt: skip
-        return kernels.lora_shrink_ref(
-            x, a_slots, indptr, slots, row_order=order, slot_ranks=ranks, num_shards=num_shards
-        )
-
-    def expand(
-        self, h: torch.Tensor, out: torch.Tensor, b_slots: torch.Tensor, shard_rows: tuple[int, ...]
+    def add_delta(
+        self,
+        x: torch.Tensor,
+        out: torch.Tensor,
+        a_slots: torch.Tensor,
+        b_slots: torch.Tensor,
+        shard_rows: tuple[int, ...],
     ) -> torch.Tensor:
-        """``out[row p] += h[p] @ B[slot].T`` in place (``out`` ``[..., N]``); returns ``out``."""
+        """``out[rows of g] += (x @ A[slot].T) @ B[slot].T`` for each adapter segment, in
+        place, each shard (``shard_rows``: its output rows) through its own block of the
+        slots at the adapter's rank: Triton's segmented kernels on CUDA, torch matmuls per
+        segment elsewhere."""
+        x = x.reshape(-1, x.shape[-1]).contiguous()
         flat = out.view(-1, out.shape[-1])
         indptr, slots, order, ranks = (
             self.seg_indptr,
@@ -82,12 +72,20 @@ class LoraBatch:
             self.row_order,
             self.slot_ranks,
         )
-        if h.is_cuda:
+        shards = len(shard_rows)
+        if x.is_cuda:
+            h = kernels.lora_shrink(
+                x, a_slots, indptr, slots, self.max_seg_len,
+                row_order=order, slot_ranks=ranks, num_shards=shards,
+            )  # fmt: skip
             kernels.lora_expand(
                 h, b_slots, flat, indptr, slots, self.max_seg_len,
                 row_order=order, slot_ranks=ranks, shard_rows=shard_rows,
             )  # fmt: skip
         else:
+            h = kernels.lora_shrink_ref(
+                x, a_slots, indptr, slots, row_order=order, slot_ranks=ranks, num_shards=shards
+            )
             kernels.lora_expand_ref(
                 h, b_slots, flat, indptr, slots,
                 row_order=order, slot_ranks=ranks, shard_rows=shard_rows,

@@ -14,13 +14,10 @@ __all__ = ["LoraContext", "LoraLinear"]
 class LoraContext:
     """The adapter layout of the forward being run (``batch``, None: no adapter in it),
     shared by every :class:`LoraLinear` of a model; set for one forward by
-    :meth:`~kvflow.runtime.lora.LoraManager.active`. ``shrink_stream``: the CUDA stream
-    the layers' shrinks are captured on in CUDA graphs, beside their base projections
-    (None: one stream)."""
+    :meth:`~kvflow.runtime.lora.LoraManager.active`."""
 
-    def __init__(self, shrink_stream: torch.cuda.Stream | None = None) -> None:
+    def __init__(self) -> None:
         self.batch: LoraBatch | None = None
-        self.shrink_stream = shrink_stream
 
 
 class LoraLinear(nn.Module):
@@ -68,33 +65,13 @@ class LoraLinear(nn.Module):
         self.b_slots[slot, row : row + b.shape[0], first : first + rank].copy_(b)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The base projection plus the delta. While a CUDA graph is captured (the decode
-        steps) with a shrink stream, the shrink (``x @ A.T``, a few small kernels that leave
-        most of the GPU idle) is captured on it, beside the base projection on the current
-        stream, which waits for it before the expand adds the delta: two parallel branches
-        of the graph. Eager forwards (prefills: their projections fill the GPU) run both
-        on one stream."""
         batch = self.context.batch
         if batch is None:
             return self.base(x)
-        shards = len(self.output_sizes)
-        side = self.context.shrink_stream
-        if side is None or not torch.cuda.is_current_stream_capturing():
-            out = self.base.method.apply(self.base, x)
-            h = batch.shrink(x, self.a_slots, shards)
-        else:
-            # NOTE: every use of the side stream starts by waiting for the current one, so
-            # ``h`` (allocated there, freed here after the expand is queued) is never reused
-            # on the side stream before the expand has read it
-            main = torch.cuda.current_stream(x.device)
-            side.wait_stream(main)
-            with torch.cuda.stream(side):
-                h = batch.shrink(x, self.a_slots, shards)
-            out = self.base.method.apply(self.base, x)
-            main.wait_stream(side)
         # NOTE: a row-parallel projection's delta joins its partial product before the
         # all-reduce (this rank's input columns times its columns of A), summed with it
-        out = batch.expand(h, out, self.b_slots, self.output_sizes)
+        out = self.base.method.apply(self.base, x)
+        out = batch.add_delta(x, out, self.a_slots, self.b_slots, self.output_sizes)
         return self.base.reduce(out)
 
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:

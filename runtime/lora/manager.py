@@ -10,7 +10,6 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from kvflow.runtime.env import lora_shrink_stream
 from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.layers import LinearBase
 from kvflow.runtime.lora.adapter import LoraAdapter, LoraLimits, load_adapter
@@ -63,10 +62,7 @@ class LoraManager:
                 "--max-lora-rank and --lora-target-modules"
             )
         self.limits = self._shape_limits(layers, targets, max_rank)
-        on_cuda = torch.device(device).type == "cuda"
-        self.context = LoraContext(
-            torch.cuda.Stream(device) if on_cuda and lora_shrink_stream() else None
-        )
+        self.context = LoraContext()
         self.wrapped = self._wrap(layers, targets, options.max_loras_per_batch, max_rank)
         self.slots = LoraSlots(options.max_loras_per_batch)
         # each slot's adapter rank, read by the kernels (a slot never written: rank 0, no work)

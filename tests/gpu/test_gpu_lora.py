@@ -136,24 +136,17 @@ def _fp32_lora_engine(root, max_loras_per_batch: int, **engine):
 
 
 @pytest.mark.parametrize(
-    ("max_loras_per_batch", "disable_cuda_graph", "shrink_stream"),
-    [(3, False, True), (1, False, True), (3, True, True), (3, False, False), (3, True, False)],
+    ("max_loras_per_batch", "disable_cuda_graph"), [(3, False), (1, False), (3, True)]
 )
-def test_mixed_adapters_match_merged_weights_fp32(
-    setup, max_loras_per_batch, disable_cuda_graph, shrink_stream, monkeypatch
-):
+def test_mixed_adapters_match_merged_weights_fp32(setup, max_loras_per_batch, disable_cuda_graph):
     """Decode runs in CUDA graphs (the rows grouped by adapter slot) unless disabled;
-    with one slot, adapters are swapped between steps, under the graphs too. The shrinks
-    run on their own stream beside the base projections (graph branches when captured),
-    or, with ``$KVFLOW_LORA_SHRINK_STREAM=0``, on one stream: the same tokens."""
+    with one slot, adapters are swapped between steps, under the graphs too."""
     root, hf, merged = setup
     batch = _prompts()
     adapters = ["a", None, "b", "c", "a", "b", None, "c"]
     want = _merged_greedy(hf, merged, batch, adapters)
-    monkeypatch.setenv("KVFLOW_LORA_SHRINK_STREAM", "1" if shrink_stream else "0")
     engine = _fp32_lora_engine(root, max_loras_per_batch, disable_cuda_graph=disable_cuda_graph)
     assert (engine.runner.graph_runner is None) == disable_cuda_graph
-    assert (engine.runner.lora.context.shrink_stream is not None) == shrink_stream
     results = engine.generate(input_ids=batch, sampling_params=GREEDY, lora_path=adapters)
     got = [r.output_ids for r in results]
     assert got == [want[name][i] for i, name in enumerate(adapters)]
