@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -78,6 +79,16 @@ def pairs(models, tmp_path_factory) -> Iterator[dict[str, Pair]]:
         specs[f"{algorithm}-prefill"] = ("--role", "prefill", "--bootstrap-port", port)
         specs[f"{algorithm}-prefill"] += (*common, *spec)
         specs[f"{algorithm}-decode"] = ("--role", "decode", *trusted, *common, *spec)
+    with started_servers(specs, logs) as started:
+        yield {
+            a: Pair(started[f"{a}-prefill"], ports[a], started[f"{a}-decode"]) for a in ALGORITHMS
+        }
+
+
+@contextmanager
+def started_servers(specs: dict[str, tuple[str, ...]], logs: Path) -> Iterator[dict[str, Any]]:
+    """A server per name with its flags, started at once (logs ``logs/<name>.log``), all
+    stopped on exit; the first start-up error is raised once the others have stopped."""
     with ThreadPoolExecutor(len(specs)) as pool:
         futures = {
             name: pool.submit(ServerProcess, *flags, log=logs / f"{name}.log")
@@ -88,9 +99,7 @@ def pairs(models, tmp_path_factory) -> Iterator[dict[str, Pair]]:
         failed = [f.exception() for f in futures.values() if f.exception() is not None]
         if failed:
             raise failed[0]  # type: ignore[misc]
-        yield {
-            a: Pair(started[f"{a}-prefill"], ports[a], started[f"{a}-decode"]) for a in ALGORITHMS
-        }
+        yield started
     finally:
         for server in started.values():
             server.stop()
@@ -116,9 +125,9 @@ def _generate(pair: Pair, body: dict[str, Any]) -> httpx.Response:
         return decoded.result()
 
 
-def _engine(models: dict[str, Path], algorithm: str | None = None) -> Any:
+def _engine(models: dict[str, Path], algorithm: str | None = None, device: str = "cpu") -> Any:
     """The unified engine the pair is compared with, set up as the servers (float32, chunks
-    of 64); with ``algorithm``, drafting with the same head."""
+    of 64, on ``device``); with ``algorithm``, drafting with the same head."""
     from kvflow.runtime.engine import Engine
 
     spec: dict[str, Any] = {}
@@ -132,7 +141,7 @@ def _engine(models: dict[str, Path], algorithm: str | None = None) -> Any:
         str(models["target"]),
         skip_tokenizer_init=True,
         dtype="float32",
-        device="cpu",
+        device=device,
         max_total_tokens=6000,
         context_length=2048,
         chunked_prefill_size=64,
@@ -148,7 +157,13 @@ def plain_tokens(models) -> list[list[int]]:
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_decode_drafts_from_the_prefills_features(algorithm, pairs, models, plain_tokens):
-    pair = pairs[algorithm]
+    check_drafts_as_unified(pairs[algorithm], _engine(models, algorithm), plain_tokens, algorithm)
+
+
+def check_drafts_as_unified(pair: Pair, unified: Any, plain_tokens: list, algorithm: str) -> None:
+    """The prompts through ``pair`` one at a time give ``plain_tokens`` (the last one a
+    prefix hit on the prefill), and its decode drafted as the ``unified`` EAGLE engine does
+    over the same prompts: the same verified request-steps and kept tokens."""
     before = pair.decode.server_info()["stats"]
     got, cached = [], []
     for ids in _prompts():  # one at a time, as the unified engine below runs them
@@ -160,7 +175,6 @@ def test_decode_drafts_from_the_prefills_features(algorithm, pairs, models, plai
     assert cached[3] >= 64 and cached[:3] == [0, 0, 0]  # the prefix hit, on the prefill
     after = pair.decode.wait_idle_and_free()["stats"]
     pair.prefill.wait_idle_and_free()
-    unified = _engine(models, algorithm)
     for ids in _prompts():
         unified.generate(input_ids=ids, sampling_params=GREEDY)
     spec = unified.scheduler.spec

@@ -13,17 +13,22 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 from pd_flags import COMMON
-from server_process import ServerProcess, free_port
+from server_process import free_port
 
-# the CPU module's models (a fixture), prompts and request helper
-from test_pd_eagle import GREEDY, Pair, _generate, _prompts, models  # noqa: F401
+# the CPU module's models (a fixture), prompts, servers and checks
+from test_pd_eagle import (  # noqa: F401
+    GREEDY,
+    Pair,
+    _engine,
+    _prompts,
+    check_drafts_as_unified,
+    models,
+    started_servers,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -52,56 +57,24 @@ def cuda_pairs(models, tmp_path_factory) -> Iterator[dict[tuple[str, str], Pair]
         specs[f"{name}-prefill"] = ("--role", "prefill", "--bootstrap-port", str(port), *flags)
         trusted = ("--disaggregation-trusted-prefills", f"127.0.0.1:{port}")
         specs[f"{name}-decode"] = ("--role", "decode", *trusted, *flags)
-    with ThreadPoolExecutor(len(specs)) as pool:
-        futures = {
-            name: pool.submit(ServerProcess, *flags, log=logs / f"{name}.log")
-            for name, flags in specs.items()
-        }
-    started = {name: f.result() for name, f in futures.items() if f.exception() is None}
-    try:
-        failed = [f.exception() for f in futures.values() if f.exception() is not None]
-        if failed:
-            raise failed[0]  # type: ignore[misc]
+    with started_servers(specs, logs) as started:
         yield {
             (a, t): Pair(started[f"{a}-{t}-prefill"], ports[(a, t)], started[f"{a}-{t}-decode"])
             for a, t in PAIRS
         }
-    finally:
-        for server in started.values():
-            server.stop()
 
 
-def _cuda_engine(models: dict[str, Path], algorithm: str | None = None) -> Any:  # noqa: F811
-    """A unified engine on the GPU set up as the servers (float32, chunks of 64, CUDA
-    graphs on); with ``algorithm``, drafting with the same head."""
-    from kvflow.runtime.engine import Engine
-
-    spec: dict[str, Any] = {}
-    if algorithm is not None:
-        spec = {
-            "speculative_algorithm": algorithm,
-            "speculative_draft_model_path": str(models[algorithm]),
-            "speculative_num_steps": 3,
-        }
-    return Engine(
-        str(models["target"]),
-        skip_tokenizer_init=True,
-        dtype="float32",
-        device="cuda",
-        max_total_tokens=6000,
-        context_length=2048,
-        chunked_prefill_size=64,
-        **spec,
-    )
+def _release(engine) -> None:
+    del engine
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 @pytest.fixture(scope="module")
 def cuda_plain_tokens(models) -> list[list[int]]:  # noqa: F811
-    plain = _cuda_engine(models)
+    plain = _engine(models, device="cuda")
     tokens = [plain.generate(input_ids=p, sampling_params=GREEDY).output_ids for p in _prompts()]
-    del plain
-    gc.collect()
-    torch.cuda.empty_cache()
+    _release(plain)
     return tokens
 
 
@@ -113,28 +86,9 @@ def test_cuda_decode_drafts_from_the_prefills_features(
     models,  # noqa: F811
     cuda_plain_tokens,
 ):
+    unified = _engine(models, algorithm, device="cuda")  # CUDA graphs on, as the servers'
     pair = cuda_pairs[(algorithm, transport)]
-    before = pair.decode.server_info()["stats"]
-    got, cached = [], []
-    for ids in _prompts():  # one at a time, as the unified engine below runs them
-        response = _generate(pair, {"input_ids": ids, "sampling_params": GREEDY})
-        assert response.status_code == 200, response.text
-        got.append(response.json()["output_ids"])
-        cached.append(response.json()["meta_info"]["cached_tokens"])
-    assert got == cuda_plain_tokens
-    assert cached[3] >= 64 and cached[:3] == [0, 0, 0]  # the prefix hit, on the prefill
-    after = pair.decode.wait_idle_and_free()["stats"]
-    pair.prefill.wait_idle_and_free()
-    unified = _cuda_engine(models, algorithm)
-    for ids in _prompts():
-        unified.generate(input_ids=ids, sampling_params=GREEDY)
-    spec = unified.scheduler.spec
-    verified = after["spec_verified_reqs"] - before["spec_verified_reqs"]
-    emitted = after["spec_emitted_tokens"] - before["spec_emitted_tokens"]
-    assert (verified, emitted) == (spec.verified_reqs, spec.emitted_tokens)
-    if algorithm == "EAGLE":  # the identity head's repeats are kept where the target repeats
-        assert emitted > verified
-    assert spec.drafter.graphs is not None and spec.drafter.graphs.replays > 0
-    del unified, spec
-    gc.collect()
-    torch.cuda.empty_cache()
+    check_drafts_as_unified(pair, unified, cuda_plain_tokens, algorithm)
+    graphs = unified.scheduler.spec.drafter.graphs
+    assert graphs is not None and graphs.replays > 0
+    _release(unified)
