@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_llama import hf_greedy
 from tp_ranks import run_ranks
 
 MAX_NEW = 24
@@ -54,27 +55,11 @@ def _prompts() -> list[list[int]]:
     ]
 
 
-def _hf_greedy(hf: torch.nn.Module, prompts: list[list[int]]) -> list[list[int]]:
-    outputs = []
-    with torch.no_grad():
-        for ids in prompts:
-            full = hf.generate(
-                torch.tensor([ids]),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long),  # id 0 is no pad
-                max_new_tokens=MAX_NEW,
-                do_sample=False,
-                eos_token_id=2,
-                pad_token_id=0,
-            )
-            outputs.append(full[0, len(ids) :].tolist())
-    return outputs
-
-
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_tp2_equals_tp1_and_transformers(tmp_path, family):
     hf = _build(tmp_path, family)
     prompts = _prompts()
-    expected = _hf_greedy(hf, prompts)
+    expected = [hf_greedy(hf, ids, MAX_NEW) for ids in prompts]
     greedy = {"temperature": 0, "max_new_tokens": MAX_NEW}
     # the same prompts again: their prefixes hit the radix cache
     calls = [{"input_ids": prompts, "sampling_params": greedy}] * 2

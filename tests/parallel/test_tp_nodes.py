@@ -14,11 +14,10 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
 from server_process import ServerProcess, assert_refused_at_start, free_port, processes_left
-from tiny_llama import EOS, save_tiny_llama
+from tiny_llama import hf_greedy, save_tiny_llama
 
 MAX_NEW = 12
 
@@ -39,15 +38,6 @@ def _flags(folder: Path, tokenizer: Path, rank: int, addr: str) -> list[str]:
         "--tp-size", "2", "--nnodes", "2", "--node-rank", str(rank), "--dist-init-addr", addr,
         "--max-total-tokens", "2000",
     ]  # fmt: skip
-
-
-def _hf_greedy(hf: torch.nn.Module, ids: list[int]) -> list[int]:
-    with torch.no_grad():
-        full = hf.generate(
-            torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=EOS,
-            pad_token_id=0,
-        )  # fmt: skip
-    return full[0, len(ids) :].tolist()
 
 
 def _family(pid: int) -> list[int]:
@@ -74,7 +64,9 @@ def test_two_nodes_serve_as_one_and_end_together(tmp_path, model_path, victim):
         }
         reply = httpx.post(f"{server.url}/generate", json=body, timeout=120)
         assert reply.status_code == 200, reply.text
-        assert [r["output_ids"] for r in reply.json()] == [_hf_greedy(hf, p) for p in prompts]
+        assert [r["output_ids"] for r in reply.json()] == [
+            hf_greedy(hf, p, MAX_NEW) for p in prompts
+        ]
         assert server.server_info()["tp_size"] == 2
         assert worker.poll() is None
         killed = server.proc if victim == 0 else worker

@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
 from server_process import ServerProcess, assert_refused_at_start, processes_left
-from tiny_llama import EOS, save_tiny_llama
+from tiny_llama import hf_greedy, save_tiny_llama
 
 MAX_NEW = 16
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -60,18 +60,6 @@ def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def _hf_greedy(hf, ids: list[int]) -> list[int]:
-    with torch.no_grad():
-        full = hf.generate(
-            torch.tensor([ids]),
-            max_new_tokens=MAX_NEW,
-            do_sample=False,
-            eos_token_id=EOS,
-            pad_token_id=0,
-        )
-    return full[0, len(ids) :].tolist()
-
-
 def test_generate_equals_transformers(server, tiny_llama, tokenizer):
     prompts = [tokenizer.encode(t) for t in ("Hello", "The sky is blue because", "1 2 3 4")]
     bodies = [
@@ -80,7 +68,9 @@ def test_generate_equals_transformers(server, tiny_llama, tokenizer):
     ]
     with httpx.Client(timeout=120) as http:
         replies = [http.post(f"{server.url}/generate", json=b).json() for b in bodies]
-    assert [r["output_ids"] for r in replies] == [_hf_greedy(tiny_llama[1], p) for p in prompts]
+    assert [r["output_ids"] for r in replies] == [
+        hf_greedy(tiny_llama[1], p, MAX_NEW) for p in prompts
+    ]
     assert server.server_info()["tp_size"] == 2
     server.wait_idle_and_free()
 
@@ -88,7 +78,7 @@ def test_generate_equals_transformers(server, tiny_llama, tokenizer):
 def test_chat_streaming_and_n2(client, server, tiny_llama, tokenizer):
     text = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=False)
     ids = tokenizer.encode(text)
-    expected = tokenizer.decode(_hf_greedy(tiny_llama[1], ids), skip_special_tokens=True)
+    expected = tokenizer.decode(hf_greedy(tiny_llama[1], ids, MAX_NEW), skip_special_tokens=True)
     reply = client.chat.completions.create(
         model="m", messages=QUESTION, temperature=0, max_tokens=MAX_NEW
     )

@@ -34,10 +34,12 @@ def save_tiny_llama(folder: Path) -> torch.nn.Module:
 
 
 def hf_greedy(hf: torch.nn.Module, ids: list[int], max_new: int) -> list[int]:
-    """transformers' greedy continuation of ``ids`` (at most ``max_new`` tokens, EOS ends)."""
+    """transformers' greedy continuation of ``ids`` (at most ``max_new`` tokens, EOS ends;
+    any model of SmolLM2's EOS id)."""
     with torch.no_grad():
         full = hf.generate(
-            torch.tensor([ids]), max_new_tokens=max_new, do_sample=False, eos_token_id=EOS,
-            pad_token_id=0,
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),  # id 0 is no pad
+            max_new_tokens=max_new, do_sample=False, eos_token_id=EOS, pad_token_id=0,
         )  # fmt: skip
     return full[0, len(ids) :].tolist()
