@@ -64,17 +64,13 @@ def cuda_pairs(models, tmp_path_factory) -> Iterator[dict[tuple[str, str], Pair]
         }
 
 
-def _release(engine) -> None:
-    del engine
-    gc.collect()
-    torch.cuda.empty_cache()
-
-
 @pytest.fixture(scope="module")
 def cuda_plain_tokens(models) -> list[list[int]]:  # noqa: F811
     plain = _engine(models, device="cuda")
     tokens = [plain.generate(input_ids=p, sampling_params=GREEDY).output_ids for p in _prompts()]
-    _release(plain)
+    del plain  # (its KV pool and graphs, before the next engine on this GPU)
+    gc.collect()
+    torch.cuda.empty_cache()
     return tokens
 
 
@@ -87,8 +83,13 @@ def test_cuda_decode_drafts_from_the_prefills_features(
     cuda_plain_tokens,
 ):
     unified = _engine(models, algorithm, device="cuda")  # CUDA graphs on, as the servers'
-    pair = cuda_pairs[(algorithm, transport)]
-    check_drafts_as_unified(pair, unified, cuda_plain_tokens, algorithm)
-    graphs = unified.scheduler.spec.drafter.graphs
-    assert graphs is not None and graphs.replays > 0
-    _release(unified)
+    try:
+        check_drafts_as_unified(
+            cuda_pairs[(algorithm, transport)], unified, cuda_plain_tokens, algorithm
+        )
+        graphs = unified.scheduler.spec.drafter.graphs
+        assert graphs is not None and graphs.replays > 0
+    finally:
+        del unified
+        gc.collect()
+        torch.cuda.empty_cache()
