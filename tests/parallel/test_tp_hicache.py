@@ -4,8 +4,13 @@ transformers while prompts are evicted to host and loaded back."""
 
 from __future__ import annotations
 
-from test_tp_engine import MAX_NEW, _build, _hf_greedy
+from test_tp_engine import MAX_NEW, _build
+from tiny_llama import hf_greedy
 from tp_ranks import run_ranks
+
+
+def _greedy(hf, prompts: list[list[int]]) -> list[list[int]]:
+    return [hf_greedy(hf, ids, MAX_NEW) for ids in prompts]
 
 
 def _prompt_sets() -> tuple[list[list[int]], list[list[int]]]:
@@ -29,7 +34,7 @@ def test_host_tier_tp2_equals_tp1_and_transformers(tmp_path):
         "dtype": "float32",
         "skip_tokenizer_init": True,
     }
-    expected = [_hf_greedy(hf, first), _hf_greedy(hf, second), _hf_greedy(hf, first)]
+    expected = [_greedy(hf, first), _greedy(hf, second), _greedy(hf, first)]
     one = run_ranks(1, str(tmp_path), calls, **engine)[0]
     two = run_ranks(2, str(tmp_path), calls, **engine)
     assert one["outputs"] == expected
@@ -51,7 +56,7 @@ def test_storage_tier_tp2_equals_tp1_and_transformers(tmp_path):
     g = torch.Generator().manual_seed(11)  # past MIN_PREFETCH_TOKENS (64) uncached each
     first = [torch.randint(0, 500, (n,), generator=g).tolist() for n in (130, 100, 121)]
     greedy = {"temperature": 0, "max_new_tokens": MAX_NEW}
-    expected = _hf_greedy(hf, first)
+    expected = _greedy(hf, first)
 
     def engine(store: str) -> dict:
         return {
