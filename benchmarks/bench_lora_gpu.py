@@ -61,9 +61,9 @@ LAYERS = {
     "gate_up_proj": (4096, (14336, 14336)), "down_proj": (14336, (4096,)),
 }  # fmt: skip
 KERNEL_BATCHES = (1, 8, 32, 128)
+RUN_KEYS = ("base", "base-only", "mixed", "eager")  # engine_rows' runs, in their order
 # name -> (the slots' width, --max-lora-rank; each of the four slots' adapter rank): the
 # last is issue 28's serving bar (a, c rank 16; b, d rank 64)
-RUN_KEYS = ("base", "base-only", "mixed", "eager")  # engine_rows' runs
 RANK_MIXES = {"16": (16, [16] * 4), "64": (64, [64] * 4), "16+64": (64, [16, 64, 16, 64])}
 
 
@@ -266,13 +266,13 @@ def engine_rows(
         lora_paths=tuple(f"{n}={root / n}" for n in ADAPTERS),
         max_loras_per_batch=len(ADAPTERS),
     )
-    runs = {  # key: label, engine arguments, the requests' adapters
-        "base": ("base", {}, [None]),
-        "base-only": ("lora-graphs base-only", lora, [None]),
-        "mixed": ("lora-graphs mixed", lora, list(ADAPTERS)),
-        "eager": ("lora-eager mixed", {**lora, "disable_cuda_graph": True}, list(ADAPTERS)),
-    }
-    for key in keys or list(runs):
+    runs = dict(zip(RUN_KEYS, [  # label, engine arguments, the requests' adapters
+        ("base", {}, [None]),
+        ("lora-graphs base-only", lora, [None]),
+        ("lora-graphs mixed", lora, list(ADAPTERS)),
+        ("lora-eager mixed", {**lora, "disable_cuda_graph": True}, list(ADAPTERS)),
+    ], strict=True))  # fmt: skip
+    for key in keys or RUN_KEYS:
         label, kwargs, adapters = runs[key]
         engine = make_engine(MODEL, max_running_requests=max(sizes), **kwargs)
         for bs in sizes:

@@ -39,7 +39,7 @@ else
   source scripts/device_env.sh
   # (once per machine: a second script of the same call finds them in place)
   if [ ! -e /tmp/site/.kvflow-carried ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    python3 -P -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
       .whl/grammar/*.whl .whl/http/*.whl || exit 1
     touch /tmp/site/.kvflow-carried
   fi
