@@ -5,7 +5,8 @@
 #   PART=spec   tests/gpu/test_gpu_spec.py and tests/pd/test_pd_eagle_gpu.py (EAGLE under PD
 #               over cuda_ipc and Mooncake), then `bench_spec.py gpu --skip-draft-eager`
 #               (benchmarks/results/spec-gpu*.md)
-#   PART=lora   tests/gpu/test_gpu_lora.py, then `bench_lora_gpu.py engine` with the serving
+#   PART=lora   tests/kernels/test_lora_kernel.py's grouped layout (what the decode graphs
+#               run, segmented and dense shrinks) and tests/gpu/test_gpu_lora.py, then `bench_lora_gpu.py engine` with the serving
 #               bar's adapter ranks (16,64,16,64) at batch 8, 32 and 8 again: the base model
 #               and mixed adapters, each run's kernels profiled at batch 32
 #               (benchmarks/results/lora.md)
@@ -37,7 +38,9 @@ case "$PART" in
     ;;
   lora)
     timeout "$(budget)" $PYTHON -P -m pytest -m gpu -q -p no:cacheprovider -rfEs \
-      tests/gpu/test_gpu_lora.py --junitxml "$OUT/pytest.xml" > "$OUT/pytest.txt" 2>&1
+      tests/kernels/test_lora_kernel.py::test_lora_grouped_mixed_ranks_gpu tests/gpu/test_gpu_lora.py \
+      --junitxml "$OUT/pytest.xml" \
+      > "$OUT/pytest.txt" 2>&1
     echo "pytest rc $? after $(elapsed) s"
     tail -5 "$OUT/pytest.txt"
     timeout "$(budget)" $PYTHON -P benchmarks/bench_lora_gpu.py engine --batch-sizes 8,32,8 \

@@ -19,6 +19,12 @@
 #   EXTRA_FLAGS="--quantization fp8" STEPS=ci bash benchmarks/gpu_http_run.sh http
 #       more `kvflow serve` flags (split on spaces): FP8 weights, --kv-cache-dtype fp8_e4m3
 #   MODEL=qwen3-30b-a3b STEPS=ci bash benchmarks/gpu_http_run.sh http   # another family's shape
+#   EMULATE_GPU_MIB=81559 ... bash benchmarks/gpu_http_run.sh http
+#       the KV pool an 80 GB H100 (81,559 MiB) would get at --mem-fraction-static 0.88:
+#       the fraction is scaled by that total over this GPU's, so the reserve left out of
+#       the pool is this GPU's total minus 0.88 of the emulated one (the pool's size, not
+#       the H100's bandwidth or compute)
+#   PORT=30001 CUDA_VISIBLE_DEVICES=1 ...    # a second server on another GPU of the host
 #   TESTS="tests/kernels/x.py ..." bash benchmarks/gpu_http_run.sh smoke
 #       those tests, then the server and a small bench_serving run (32 prompts, input <= 1024,
 #       output <= 128, CUDA graphs up to batch 32): checks the chain works
@@ -46,8 +52,12 @@ T0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - T0 )); }
 left() { echo $(( STOP_AT - $(elapsed) )); }
 source scripts/device_env.sh
-python3 -P -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  .whl/grammar/*.whl .whl/http/*.whl || exit 1
+# (once per machine: a second script of the same call finds them in place)
+if [ ! -e /tmp/site/.kvflow-carried ]; then
+  python3 -P -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    .whl/grammar/*.whl .whl/http/*.whl || exit 1
+  touch /tmp/site/.kvflow-carried
+fi
 export PYTHONPATH="$PYTHONPATH:/tmp/site"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 {
@@ -61,6 +71,12 @@ cat "$OUT/env.txt"
 
 SERVER_FLAGS=(--max-running-requests 256 --cuda-graph-max-bs 256)
 read -r -a EXTRA <<< "${EXTRA_FLAGS:-}"  # more serve flags, e.g. --quantization fp8
+if [ -n "${EMULATE_GPU_MIB:-}" ]; then
+  GPU_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i "${CUDA_VISIBLE_DEVICES:-0}" | head -1)
+  FRACTION=$(python3 -c "print(round(0.88 * $EMULATE_GPU_MIB / $GPU_MIB, 4))")
+  echo "KV pool as on a $EMULATE_GPU_MIB MiB GPU: --mem-fraction-static $FRACTION of $GPU_MIB MiB" | tee -a "$OUT/env.txt"
+  SERVER_FLAGS+=(--mem-fraction-static "$FRACTION")
+fi
 CI=(--num-prompts 500 --random-input-len 4096 --random-output-len 2048)
 ONLINE=(--num-prompts 100 --random-input-len 4096 --random-output-len 2048 --request-rate 1)
 CLIENT=(--backend sglang-oai)
@@ -85,10 +101,10 @@ case "$MODE" in
   *) echo "unknown mode $MODE"; exit 2 ;;
 esac
 
-PORT=30000
+PORT=${PORT:-30000}
 # The embedded tokenizer resized to this shape's vocabulary (benchmarks/bench_tokenizer.py).
 VOCAB=$(python3 -P -c "import json; from kvflow.runtime.config import DUMMY_CONFIGS as C; print(json.load(open(C['$MODEL']))['vocab_size'])") || exit 1
-TOK=/tmp/bench-tokenizer-$VOCAB
+TOK=/tmp/bench-tokenizer-$VOCAB-$PORT  # (one per server: two may start at once)
 python3 -P benchmarks/bench_tokenizer.py .bench_http/tokenizer "$TOK" "$VOCAB" || exit 1
 python3 -P -m kvflow serve --model-path "$MODEL" --tp-size "$TP" --load-format dummy \
   --tokenizer-path "$TOK" --dtype bfloat16 "${SERVER_FLAGS[@]}" ${EXTRA[@]+"${EXTRA[@]}"} \

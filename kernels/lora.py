@@ -13,6 +13,12 @@ delta is ``lora_expand(lora_shrink(x, A), B, out)``:
   on the base model's positions);
 - :func:`lora_expand`: ``out[row p] += h[p] @ B[slot].T``, in place.
 
+A small batch (a decode step) may shrink densely instead: :func:`lora_shrink_dense` multiplies every row by every slot's ``A`` in one GEMM
+(``[T, slots * R]`` by token row, cuBLAS on CUDA), and the expand reads each row's slot's
+block of it (``h_by_slot``). One library GEMM replaces the segmented shrink and the sum of
+its split-K partials (two latency-bound kernels a projection); it reads every slot's ``A``
+at the full width, a few MB a layer.
+
 Ranks: ``R`` is ``shards * width`` (one block of ``width`` = ``--max-lora-rank`` per shard
 of a merged QKV or gate-up layer), and an adapter of rank ``r = slot_ranks[slot]`` fills
 the first ``r`` rows of each block of ``A`` and columns of ``B``; ``B`` is block-diagonal
@@ -47,9 +53,15 @@ from kvflow.kernels._launch import (
     multiprocessor_count,
     next_power_of_2,
 )
-from kvflow.kernels.lora_ref import lora_expand_ref, lora_shrink_ref
+from kvflow.kernels.lora_ref import lora_expand_ref, lora_shrink_dense, lora_shrink_ref
 
-__all__ = ["lora_expand", "lora_expand_ref", "lora_shrink", "lora_shrink_ref"]
+__all__ = [
+    "lora_expand",
+    "lora_expand_ref",
+    "lora_shrink",
+    "lora_shrink_dense",
+    "lora_shrink_ref",
+]
 
 _MIN_K_PER_SPLIT = 256  # a split's share of K: below this the partials cost more than it saves
 _MAX_SPLITS = 16
@@ -137,16 +149,18 @@ def _shrink_kernel(
 @triton.jit
 def _expand_kernel(
     h_ptr, b_ptr, out_ptr, seg_indptr_ptr, seg_slots_ptr, row_order_ptr, slot_ranks_ptr,
-    WIDTH, stride_hm, stride_bs, stride_bn, stride_om,
+    WIDTH, stride_hm, stride_hs, stride_bs, stride_bn, stride_om,
     SHARD_BOUNDS: tl.constexpr, NUM_SHARDS: tl.constexpr, HAS_ROW_ORDER: tl.constexpr,
-    HAS_RANKS: tl.constexpr, UPCAST_DOT: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_RANKS: tl.constexpr, H_BY_SLOT: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """``out[rows of g, block] += h[positions of g, shard's first rank columns] @ b[slot_g,
     block, the same columns].T`` for one (row block, output column block) of segment ``g =
     program_id(1)``; an output block across a shard boundary takes each shard's part with
     its own columns (``SHARD_BOUNDS``: the shards' first output rows, then ``N``). Rows of a
-    segment without a slot are left alone."""
+    segment without a slot are left alone. ``H_BY_SLOT``: ``h``'s row is the token row and
+    the slot's block starts at column ``slot * stride_hs`` (the dense shrink's layout)."""
     seg = tl.program_id(1)
     slot = tl.load(seg_slots_ptr + seg)
     N: tl.constexpr = SHARD_BOUNDS[NUM_SHARDS]
@@ -160,18 +174,17 @@ def _expand_kernel(
         rank = _slot_rank(slot_ranks_ptr, slot, WIDTH, HAS_RANKS)
         offs_n = first_n + tl.arange(0, BLOCK_N)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if H_BY_SLOT:
+            h_rows = h_ptr + rows[:, None] * stride_hm + slot.to(tl.int64) * stride_hs
+        else:
+            h_rows = h_ptr + offs_m[:, None].to(tl.int64) * stride_hm
         for shard in tl.static_range(NUM_SHARDS):
             lo = SHARD_BOUNDS[shard]
             hi = SHARD_BOUNDS[shard + 1]
             if (first_n < hi) & (first_n + BLOCK_N > lo):
                 offs_k = tl.arange(0, BLOCK_K)
                 mask_n = (offs_n >= lo) & (offs_n < hi)
-                h_ptrs = (
-                    h_ptr
-                    + offs_m[:, None].to(tl.int64) * stride_hm
-                    + shard * WIDTH
-                    + offs_k[None, :]
-                )
+                h_ptrs = h_rows + shard * WIDTH + offs_k[None, :]
                 b_ptrs = (
                     b_ptr + slot.to(tl.int64) * stride_bs + offs_n[None, :].to(tl.int64) * stride_bn
                     + shard * WIDTH + offs_k[:, None]
@@ -313,16 +326,22 @@ def lora_expand(
     row_order: torch.Tensor | None = None,
     slot_ranks: torch.Tensor | None = None,
     shard_rows: tuple[int, ...] | None = None,
+    h_by_slot: bool = False,
 ) -> torch.Tensor:
     """``out[row p] += h[p] @ b_weights[slot].T`` in place for every position ``p`` of a
     segment with a slot (``h`` ``[T, R]`` by position, ``b_weights`` ``[slots, N, R]``,
     ``out`` ``[T, N]`` with rows of stride ``out.stride(0)`` and contiguous columns);
     returns ``out``. ``shard_rows``: the output rows of each shard (None: one shard), shard
     ``s`` reading only block ``s`` of ``R``, up to the slot's rank (``slot_ranks``);
-    ``row_order`` as :func:`lora_shrink`'s, its rows distinct."""
+    ``row_order`` as :func:`lora_shrink`'s, its rows distinct. ``h_by_slot``: ``h`` is
+    :func:`lora_shrink_dense`'s ``[T, slots * R]`` by token row, read at the row's slot."""
     if out.stride(1) != 1 or out.shape != (h.shape[0], b_weights.shape[1]):
         raise ValueError(f"out must be [T, N] with contiguous columns, got {out.shape}")
-    _check(h, b_weights, seg_indptr, seg_slots, row_order, slot_ranks)
+    slot_width = b_weights.shape[2] if h_by_slot else 0  # h's columns per slot
+    per_slot = h.view(h.shape[0], -1, b_weights.shape[2])[:, 0] if h_by_slot else h
+    if h_by_slot and h.shape[1] != b_weights.shape[0] * b_weights.shape[2]:
+        raise ValueError(f"h by slot is [T, slots * R], got {tuple(h.shape)}")
+    _check(per_slot, b_weights, seg_indptr, seg_slots, row_order, slot_ranks)
     n, stacked = b_weights.shape[1], b_weights.shape[2]
     shard_rows = shard_rows or (n,)
     if sum(shard_rows) != n or stacked % len(shard_rows):
@@ -335,9 +354,10 @@ def lora_expand(
     interpreted = is_interpreted(_expand_kernel)
     _expand_kernel[grid](
         h, b_weights, out, seg_indptr, seg_slots,
-        WIDTH=width, stride_hm=h.stride(0), stride_bs=b_weights.stride(0),
+        WIDTH=width, stride_hm=h.stride(0), stride_hs=slot_width, stride_bs=b_weights.stride(0),
         stride_bn=b_weights.stride(1), stride_om=out.stride(0),
-        SHARD_BOUNDS=(0, *itertools.accumulate(shard_rows)), NUM_SHARDS=len(shard_rows), UPCAST_DOT=interpreted,
+        SHARD_BOUNDS=(0, *itertools.accumulate(shard_rows)), NUM_SHARDS=len(shard_rows),
+        H_BY_SLOT=h_by_slot, UPCAST_DOT=interpreted,
         PRECISION="ieee" if interpreted else dot_precision(h.dtype),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         **_flags(row_order, slot_ranks, seg_slots),

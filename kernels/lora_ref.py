@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["lora_expand_ref", "lora_shrink_ref"]
+__all__ = ["lora_expand_ref", "lora_shrink_dense", "lora_shrink_ref"]
 
 
 def _segments(seg_indptr: torch.Tensor, seg_slots: torch.Tensor) -> list[tuple[int, int, int]]:
@@ -53,6 +53,13 @@ def lora_shrink_ref(
     return h
 
 
+def lora_shrink_dense(x: torch.Tensor, a_weights: torch.Tensor) -> torch.Tensor:
+    """Every row of ``x`` ``[T, K]`` times every slot's ``A`` (``a_weights`` ``[slots, R,
+    K]``, contiguous): ``[T, slots * R]``, slot ``s``'s block at columns ``s * R``; one GEMM
+    (cuBLAS on CUDA), for :func:`~kvflow.kernels.lora.lora_expand`'s ``h_by_slot``."""
+    return torch.nn.functional.linear(x, a_weights.view(-1, a_weights.shape[-1]))
+
+
 def lora_expand_ref(
     h: torch.Tensor,
     b_weights: torch.Tensor,
@@ -63,19 +70,22 @@ def lora_expand_ref(
     row_order: torch.Tensor | None = None,
     slot_ranks: torch.Tensor | None = None,
     shard_rows: tuple[int, ...] | None = None,
+    h_by_slot: bool = False,
 ) -> torch.Tensor:
     """Pure-torch :func:`~kvflow.kernels.lora.lora_expand` (in place on ``out``): B's
     blocks off the shards' diagonal are never read."""
     shard_rows = shard_rows or (b_weights.shape[1],)
-    width = b_weights.shape[2] // len(shard_rows)
+    stacked = b_weights.shape[2]
+    width = stacked // len(shard_rows)
     ranks = None if slot_ranks is None else slot_ranks.tolist()
     for start, end, slot in _segments(seg_indptr, seg_slots):
         rank = _rank(ranks, slot, width)
         rows, first_row = _rows(row_order, start, end), 0
+        h_rows = h[rows, slot * stacked :] if h_by_slot else h[start:end]
         for shard, num_rows in enumerate(shard_rows):
             cols = slice(shard * width, shard * width + rank)
             out_cols = slice(first_row, first_row + num_rows)
-            delta = h[start:end, cols] @ b_weights[slot, out_cols, cols].t()
+            delta = h_rows[:, cols] @ b_weights[slot, out_cols, cols].t()
             out[rows, out_cols] += delta.to(out.dtype)
             first_row += num_rows
     return out

@@ -10,7 +10,12 @@ import torch
 
 from kvflow import kernels
 
-__all__ = ["LoraBatch"]
+__all__ = ["DENSE_SHRINK_ROWS", "LoraBatch"]
+
+# NOTE: up to this many token rows (every decode step) the shrink is one GEMM of each row
+# by every slot's A: at batch 32 on an H200 the segmented shrink and the sum of its split-K
+# partials took 11 us a projection, bound by latency, while every slot's A is a few MB
+DENSE_SHRINK_ROWS = 256
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,8 @@ class LoraBatch:
     ) -> torch.Tensor:
         """``out[rows of g] += (x @ A[slot].T) @ B[slot].T`` for each adapter segment, in
         place, each shard (``shard_rows``: its output rows) through its own block of the
-        slots at the adapter's rank: Triton's segmented kernels on CUDA, torch matmuls per
+        slots at the adapter's rank: Triton's segmented kernels on CUDA (the shrink one
+        GEMM over every slot for up to :data:`DENSE_SHRINK_ROWS` rows), torch matmuls per
         segment elsewhere."""
         x = x.reshape(-1, x.shape[-1]).contiguous()
         flat = out.view(-1, out.shape[-1])
@@ -73,7 +79,13 @@ class LoraBatch:
             self.slot_ranks,
         )
         shards = len(shard_rows)
-        if x.is_cuda:
+        if x.is_cuda and x.shape[0] <= DENSE_SHRINK_ROWS:
+            kernels.lora_expand(
+                kernels.lora_shrink_dense(x, a_slots), b_slots, flat, indptr, slots,
+                self.max_seg_len, row_order=order, slot_ranks=ranks, shard_rows=shard_rows,
+                h_by_slot=True,
+            )  # fmt: skip
+        elif x.is_cuda:
             h = kernels.lora_shrink(
                 x, a_slots, indptr, slots, self.max_seg_len,
                 row_order=order, slot_ranks=ranks, num_shards=shards,

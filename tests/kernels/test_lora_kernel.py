@@ -12,7 +12,13 @@ import pytest
 import torch
 from kernel_testing import device_for, indptr
 
-from kvflow.kernels import lora_expand, lora_expand_ref, lora_shrink, lora_shrink_ref
+from kvflow.kernels import (
+    lora_expand,
+    lora_expand_ref,
+    lora_shrink,
+    lora_shrink_dense,
+    lora_shrink_ref,
+)
 
 _TOLERANCE = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 3e-2}
 
@@ -40,11 +46,12 @@ def _weights(gen, num_slots, width, k, shard_rows, ranks, poison):
 def _check(
     device, dtype, lengths, slots, k, n, rank, num_slots=3, splits=None, *,
     permute=False, ranks: Sequence[int] | None = None, shard_rows=None, max_seg_len=None,
-    poison=False,
+    poison=False, dense=False,
 ):  # fmt: skip
     """``rank``: each shard's width of the slots; ``ranks``: each slot's adapter rank
     (None: the whole width); ``permute``: a random row for each position (the graphs'
-    layout); ``max_seg_len``: the host's bound (the graphs': the whole batch)."""
+    layout); ``max_seg_len``: the host's bound (the graphs': the whole batch); ``dense``:
+    the shrink over every slot by token row, read by the expand at each row's slot."""
     gen = torch.Generator().manual_seed(sum(lengths) * 31 + k + n + num_slots)
     tokens = sum(lengths)
     shard_rows = shard_rows or (n,)
@@ -67,11 +74,24 @@ def _check(
     max_len = max_seg_len or max(lengths)
     on = {key: None if t is None else t.to(device) for key, t in layout.items()}
     x_d, a_d, b_d, indptr_d, slots_d = (t.to(device) for t in (x, a, b, seg_indptr, seg_slots))
-    h = lora_shrink(x_d, a_d, indptr_d, slots_d, max_len, splits, num_shards=len(shard_rows), **on)
+    if dense:
+        h = lora_shrink_dense(x_d, a_d)
+        h_ref = _at_slots(
+            x.double() @ a.double().flatten(0, 1).t(), num_slots, layout, lengths, slots
+        )
+    else:
+        h = lora_shrink(
+            x_d, a_d, indptr_d, slots_d, max_len, splits, num_shards=len(shard_rows), **on
+        )
     out = base.to(device).clone()
-    got = lora_expand(h, b_d, out, indptr_d, slots_d, max_len, shard_rows=shard_rows, **on)
+    got = lora_expand(
+        h, b_d, out, indptr_d, slots_d, max_len, shard_rows=shard_rows, h_by_slot=dense, **on
+    )
     assert got.data_ptr() == out.data_ptr() and got.dtype == dtype
     tol = _TOLERANCE[dtype]
+    if dense:  # (NaN past the ranks with poison, on both sides)
+        h = _at_slots(h.cpu().double(), num_slots, layout, lengths, slots).nan_to_num(0.0)
+        h_ref = h_ref.nan_to_num(0.0)
     torch.testing.assert_close(h.cpu().double(), h_ref, atol=tol, rtol=tol)
     torch.testing.assert_close(got.cpu().double(), want, atol=tol * 4, rtol=tol * 4)
     bounds = seg_indptr.tolist()
@@ -79,6 +99,19 @@ def _check(
     for start, end, slot in zip(bounds, bounds[1:], slots, strict=False):
         if slot < 0 or (ranks is not None and ranks[slot] == 0):  # exactly as they were
             assert torch.equal(got.cpu()[rows[start:end]], base[rows[start:end]])
+
+
+def _at_slots(h_dense, num_slots, layout, lengths, slots) -> torch.Tensor:
+    """The dense shrink's ``[T, slots * R]`` read as the expand reads it: for every
+    position of a segment with a slot, its token row's block of that slot (``[P, R]``)."""
+    order, picked, position = layout["row_order"], [], 0
+    blocks = h_dense.view(h_dense.shape[0], num_slots, -1)
+    for length, slot in zip(lengths, slots, strict=True):
+        for p in range(position, position + length):
+            if slot >= 0:
+                picked.append(blocks[p if order is None else int(order[p]), slot])
+        position += length
+    return torch.stack(picked) if picked else h_dense.new_zeros(0)
 
 
 _CASES = [
@@ -112,11 +145,12 @@ def test_lora_split_k_interpret(splits):
 @pytest.mark.interpret
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("lengths", "slots"), _GROUPED)
-@pytest.mark.parametrize("splits", [1, 3])
-def test_lora_grouped_rows_interpret(dtype, lengths, slots, splits):
-    """Rows permuted into one segment per slot, the grid sized for the whole batch."""
+@pytest.mark.parametrize(("splits", "dense"), [(1, False), (3, False), (None, True)])
+def test_lora_grouped_rows_interpret(dtype, lengths, slots, splits, dense):
+    """Rows permuted into one segment per slot, the grid sized for the whole batch; the
+    shrink segmented (split over K or not) or dense (every slot by token row)."""
     _check(device_for("interpret"), dtype, lengths, slots, k=200, n=40, rank=24,
-           splits=splits, permute=True, max_seg_len=sum(lengths))  # fmt: skip
+           splits=splits, permute=True, max_seg_len=sum(lengths), dense=dense)  # fmt: skip
 
 
 @pytest.mark.interpret
@@ -129,14 +163,15 @@ def test_lora_grouped_rows_interpret(dtype, lengths, slots, splits):
         ((80,), 160, [64, 160, 100]),  # two column blocks of A (the second past rank 64)
     ],
 )
-@pytest.mark.parametrize("permute", [False, True])
-def test_lora_ranks_and_shards_interpret(shard_rows, rank, ranks, permute):
+@pytest.mark.parametrize(("permute", "dense"), [(False, False), (True, False), (True, True)])
+def test_lora_ranks_and_shards_interpret(shard_rows, rank, ranks, permute, dense):
     """Each slot read only up to its rank in each shard's block, B only on its diagonal:
-    the weights there are NaN, and the results still equal the references'."""
+    the weights there are NaN, and the results still equal the references' (the dense
+    shrink's NaN columns, past the ranks and of other slots, never read by the expand)."""
     lengths, slots = ([3, 0, 4, 5], [0, 1, 2, -1]) if permute else ([5, 1, 17, 3], [2, -1, 0, 1])
     _check(device_for("interpret"), torch.float32, lengths, slots, 48, 0, rank,
            permute=permute, ranks=ranks, shard_rows=shard_rows, poison=True,
-           max_seg_len=sum(lengths) if permute else None)  # fmt: skip
+           max_seg_len=sum(lengths) if permute else None, dense=dense)  # fmt: skip
 
 
 @pytest.mark.interpret
@@ -183,14 +218,15 @@ def test_lora_segments_gpu(dtype, lengths, slots, k, n, rank, splits):
     ("k", "shard_rows"),
     [(4096, (4096, 1024, 1024)), (4096, (14336, 14336)), (14336, (4096,)), (4096, (4096,))],
 )
-@pytest.mark.parametrize("splits", [None, 1])
-def test_lora_grouped_mixed_ranks_gpu(dtype, lengths, slots, k, shard_rows, splits):
+@pytest.mark.parametrize(("splits", "dense"), [(None, False), (1, False), (None, True)])
+def test_lora_grouped_mixed_ranks_gpu(dtype, lengths, slots, k, shard_rows, splits, dense):
     """Llama-3.1-8B's projections in the decode graphs' layout (one segment per slot, rows
     permuted, the grid sized for the whole batch), slots of rank 64 holding adapters of
-    rank 16 and 64 with NaN past the ranks and off B's diagonal."""
+    rank 16 and 64 with NaN past the ranks and off B's diagonal; the shrink segmented or
+    dense (cuBLAS over every slot)."""
     _check(device_for("gpu"), dtype, lengths, slots, k, 0, 64, num_slots=4, splits=splits,
            permute=True, ranks=[16, 64, 16, 64], shard_rows=shard_rows, poison=True,
-           max_seg_len=sum(lengths))  # fmt: skip
+           max_seg_len=sum(lengths), dense=dense)  # fmt: skip
 
 
 def test_lora_ref_leaves_base_rows():
@@ -200,6 +236,24 @@ def test_lora_ref_leaves_base_rows():
         lora_shrink_ref(x, a, seg_indptr, seg_slots), b, torch.zeros(3, 5), seg_indptr, seg_slots
     )
     assert out[:2].abs().sum() == 0 and torch.all(out[2] == 8)
+
+
+def test_lora_ref_expand_reads_the_dense_shrink_at_each_rows_slot():
+    """The dense shrink (every row by every slot) read at each row's slot equals the
+    segmented shrink by position, and both expands give the same output."""
+    gen = torch.Generator().manual_seed(5)
+    a, b = _weights(gen, 3, 8, 12, (10, 6), [8, 3, 5], poison=False)
+    x = torch.randn(9, 12, generator=gen)
+    seg_indptr, seg_slots = indptr([2, 3, 0, 4]), torch.tensor([1, -1, 0, 2], dtype=torch.int32)
+    layout = {"row_order": torch.randperm(9, generator=gen).to(torch.int32),
+              "slot_ranks": torch.tensor([8, 3, 5], dtype=torch.int32), "shard_rows": (10, 6)}  # fmt: skip
+    h = lora_shrink_ref(x, a, seg_indptr, seg_slots, num_shards=2, **{
+        k: v for k, v in layout.items() if k != "shard_rows"})  # fmt: skip
+    want = lora_expand_ref(h, b, torch.zeros(9, 16), seg_indptr, seg_slots, **layout)
+    got = lora_expand_ref(lora_shrink_dense(x, a), b, torch.zeros(9, 16), seg_indptr, seg_slots,
+                          h_by_slot=True, **layout)  # fmt: skip
+    torch.testing.assert_close(got, want)
+    assert got.abs().sum() > 0 and torch.all(got[layout["row_order"][2:5].long()] == 0)
 
 
 def test_lora_ref_permuted_rows_and_ranks():
