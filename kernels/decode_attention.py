@@ -21,7 +21,12 @@ The pool may store another dtype than ``q`` (an FP8 KV cache): its tiles are con
 ``q``'s dtype as they load (exact for FP8 into 16-bit floats), ``k_scale`` is folded into the
 score scale and ``v_scale`` into the output, so the result is attention over ``stored *
 scale``. Both are plain floats: under a CUDA graph they are fixed at capture, as the pool's
-scales are once the model is loaded.
+scales are once the model is loaded. With bfloat16 queries over an FP8 pool the tiles meet
+in float16 instead (``KV_F16``): FP8 -> float16 is one conversion instruction per pair of
+values, FP8 -> bfloat16 goes through float32, and on an H200 that conversion left the FP8
+kernel as slow as the bf16 one at half the bytes. The queries are clamped to float16's
+range (+-65,504) first; keys, values and the softmax weights in [0, 1] convert exactly or
+more precisely than in bfloat16.
 
 A request's slice length is ``cdiv(seq_len, num_kv_splits)`` rounded up to whole KV tiles
 and to at least ``MIN_SPLIT_LEN``, computed on the device from ``kv_indptr``; short
@@ -95,6 +100,7 @@ def _decode_partial_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     MIN_SPLIT: tl.constexpr, TABLE: tl.constexpr, SLIDING: tl.constexpr,
     SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_F16: tl.constexpr,
 ):  # fmt: skip
     batch = tl.program_id(0)
     head_block = tl.program_id(1)
@@ -120,6 +126,8 @@ def _decode_partial_kernel(
         )
         if UPCAST_DOT:
             q = q.to(tl.float32)
+        if KV_F16:
+            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
         # NOTE: rows of padding heads (mask_h false) see q = 0, so their scores stay finite;
         # only key positions are masked with -inf, and every split has at least one key.
         e_max = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -232,6 +240,12 @@ def _launch_config(interpreted: bool, element_size: int = 2) -> dict[str, int]:
     return {"BLOCK_N": 64, "MIN_SPLIT": MIN_SPLIT_LEN, "num_warps": 4, "num_stages": stages}
 
 
+def _kv_f16(q: torch.Tensor, k_buffer: torch.Tensor, interpreted: bool) -> bool:
+    """Whether bfloat16 queries meet an FP8 pool in float16 (see the module's docstring;
+    the interpreter upcasts everything to float32 instead)."""
+    return not interpreted and q.dtype == torch.bfloat16 and k_buffer.element_size() == 1
+
+
 def _scratch(q, splits, partial_o, partial_lse):
     batch, num_q_heads, head_dim = q.shape
     if partial_o is None:
@@ -285,7 +299,7 @@ def _decode(q, k_buffer, v_buffer, o, meta, lens, kv_indices, stride_table, tabl
         GROUP_SIZE=group_size, HEADS_PER_PROGRAM=heads_per_program, BLOCK_H=block_h,
         HEAD_DIM=head_dim, BLOCK_D=block_d, TABLE=table, SLIDING=sliding,
         SOFTCAP=logit_cap is not None, UPCAST_DOT=interpreted,
-        DOT_PRECISION=dot_precision(q.dtype), **config,
+        DOT_PRECISION=dot_precision(q.dtype), KV_F16=_kv_f16(q, k_buffer, interpreted), **config,
     )  # fmt: skip
     _decode_merge_kernel[(batch, num_q_heads)](
         partial_o, partial_lse, o, meta, lens, window or 0,
