@@ -205,13 +205,15 @@ def _expand_kernel(
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["numel"])
-def _sum_splits_kernel(partials_ptr, out_ptr, numel, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+# NOTE: the split count varies with the batch's rows: a run-time bound, so a new count
+# compiles nothing
+@triton.jit(do_not_specialize=["numel", "splits"])
+def _sum_splits_kernel(partials_ptr, out_ptr, numel, splits, BLOCK: tl.constexpr):
     """``out[i] = sum over s of partials[s * numel + i]`` (in order, float32)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     acc = tl.zeros([BLOCK], tl.float32)
-    for s in range(SPLITS):
+    for s in range(splits):
         acc += tl.load(partials_ptr + s * numel + offs, mask=mask, other=0.0)
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -310,7 +312,7 @@ def lora_shrink(
     if splits > 1:
         block = 1024
         _sum_splits_kernel[(triton.cdiv(h.numel(), block),)](
-            target, h, h.numel(), SPLITS=splits, BLOCK=block
+            target, h, h.numel(), splits, BLOCK=block
         )
     return h
 

@@ -13,7 +13,7 @@ from torch import nn
 from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.layers import LinearBase
 from kvflow.runtime.lora.adapter import LoraAdapter, LoraLimits, load_adapter
-from kvflow.runtime.lora.batch import LoraBatch
+from kvflow.runtime.lora.batch import DENSE_SHRINK_ROWS, LoraBatch
 from kvflow.runtime.lora.layers import LoraContext, LoraLinear
 from kvflow.runtime.lora.options import LoraOptions, parse_lora_paths
 from kvflow.runtime.lora.slots import LoraSlots
@@ -70,6 +70,8 @@ class LoraManager:
         self.adapters: dict[str, LoraAdapter] = {}
         for name, path in startup:
             self.load(name, path)
+        if torch.device(device).type == "cuda":
+            self.warm_kernels()
 
     # -- model surgery ---------------------------------------------------------------------
     @staticmethod
@@ -108,6 +110,31 @@ class LoraManager:
                 setattr(parent, attr, lora)
                 wrapped[(layer_id, path)] = lora
         return wrapped
+
+    def warm_kernels(self) -> None:
+        """Run each wrapped projection's LoRA kernels once in every eager layout a batch
+        can take (the dense shrink with segments of 16, 32 and 64 rows; the segmented
+        kernels past :data:`~kvflow.runtime.lora.batch.DENSE_SHRINK_ROWS` with segments of
+        16, 32 and more rows), on scratch inputs and outputs, so that Triton compiles them
+        at start-up: on an H200 the first prefill past the dense shrink's rows stalled
+        serving for ~4.5 s while they compiled. Decode graphs compile theirs at capture."""
+        longest = DENSE_SHRINK_ROWS + 1
+        layouts = [
+            ([0], [16]), ([0], [32]), ([0], [64]),  # the dense shrink: the expand's row blocks
+            ([0, -1] * 9, [16] * 18), ([0, -1] * 5, [32] * 10), ([0], [longest]),
+        ]  # fmt: skip
+        shapes: dict[str, LoraLinear] = {}
+        for (_, path), lora in self.wrapped.items():  # (every layer's shapes are layer 0's)
+            shapes.setdefault(path, lora)
+        for slots, rows in layouts:
+            batch = LoraBatch.of(slots, rows, self.device, self.slot_ranks)
+            assert batch is not None
+            for lora in shapes.values():
+                x = torch.zeros(
+                    sum(rows), lora.a_slots.shape[2], dtype=self.dtype, device=self.device
+                )
+                out = x.new_zeros(sum(rows), lora.b_slots.shape[1])
+                batch.add_delta(x, out, lora.a_slots, lora.b_slots, lora.output_sizes)
 
     # -- the registry ----------------------------------------------------------------------
     def load(self, name: str, path: str) -> LoraAdapter:

@@ -7,9 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from lora_adapters import ALL_MODULES, GREEDY, build_adapter, build_base, peft_greedy, prompts
 
 from kvflow.runtime.engine import Engine
+from kvflow.runtime.lora import LoraBatch
+from kvflow.runtime.lora.batch import DENSE_SHRINK_ROWS
 
 LENGTHS = (7, 23, 4, 15, 31, 9)
 # per prompt: adapter "a", the base model, adapter "b", ...
@@ -76,6 +79,43 @@ def test_one_slot_for_two_adapters(checkpoints, expected):
     engine = _engine(checkpoints, max_loras_per_batch=1)
     assert _greedy(engine) == expected
     assert sorted(engine.runner.lora.slots.resident) in (["a"], ["b"])
+
+
+def test_kernel_warm_up_reaches_every_eager_layout_and_changes_nothing(
+    checkpoints, expected, monkeypatch
+):
+    """:meth:`LoraManager.warm_kernels` (run at start-up on CUDA, so Triton compiles there):
+    every wrapped projection shape once per layout, the dense shrink's segments of 16, 32
+    and 64 rows and the segmented kernels' of 16, 32 and more past DENSE_SHRINK_ROWS, on
+    scratch tensors: the slots' weights and ranks are as before, and the engine still
+    answers as PEFT does."""
+    engine = _engine(checkpoints)
+    manager = engine.runner.lora
+    weights = {key: (lora.a_slots.clone(), lora.b_slots.clone())
+               for key, lora in manager.wrapped.items()}  # fmt: skip
+    ranks = manager.slot_ranks.clone()
+    seen: list[tuple[int, int, int]] = []
+    add_delta = LoraBatch.add_delta
+
+    def record(batch, x, out, a_slots, b_slots, shard_rows):
+        seen.append((x.shape[0], batch.max_seg_len, b_slots.shape[1]))
+        return add_delta(batch, x, out, a_slots, b_slots, shard_rows)
+
+    monkeypatch.setattr(LoraBatch, "add_delta", record)
+    manager.warm_kernels()
+    monkeypatch.undo()
+    shapes = {lora.b_slots.shape[1] for lora in manager.wrapped.values()}
+    for out_rows in shapes:
+        dense = {seg for rows, seg, n in seen if n == out_rows and rows <= DENSE_SHRINK_ROWS}
+        split = {seg for rows, seg, n in seen if n == out_rows and rows > DENSE_SHRINK_ROWS}
+        assert dense == {16, 32, 64} and {16, 32} < split and max(split) > 64
+    assert len(seen) == 6 * len({path for _, path in manager.wrapped})
+    assert torch.equal(manager.slot_ranks, ranks)
+    for key, lora in manager.wrapped.items():
+        assert torch.equal(lora.a_slots, weights[key][0]) and torch.equal(
+            lora.b_slots, weights[key][1]
+        )
+    assert _greedy(engine) == expected
 
 
 def test_prefix_cache_is_per_adapter(checkpoints, expected):
