@@ -80,17 +80,24 @@ def paged_indices(batch: int, ctx: int, num_slots: int, gen: torch.Generator) ->
     return slots.flatten().to(torch.int32).to(DEVICE)
 
 
-def decode_row(batch: int, ctx: int, hbm_tbps: float, gen: torch.Generator) -> str:
-    tokens = batch * ctx
-    kv_bytes = 2 * tokens * KV_HEADS * HEAD_DIM * DTYPE.itemsize
+def kv_pools(tokens: int, dtype: torch.dtype) -> tuple[list[tuple[torch.Tensor, ...]], int]:
+    """Random (K, V) pools of ``tokens`` slots and a few spare pages, one per "layer", as
+    many as make at least 256 MiB (so the 50 MB L2 cannot hold them); and their slots."""
+    kv_bytes = 2 * tokens * KV_HEADS * HEAD_DIM * dtype.itemsize
     layers = max(2, math.ceil(256 * 2**20 / kv_bytes))
     num_slots = tokens + PAGE_SIZE * 4
     pools = [
-        tuple(
-            torch.randn(num_slots, KV_HEADS, HEAD_DIM, dtype=DTYPE, device=DEVICE) for _ in range(2)
-        )
+        tuple(torch.randn(num_slots, KV_HEADS, HEAD_DIM, device=DEVICE).to(dtype) for _ in range(2))
         for _ in range(layers)
     ]
+    return pools, num_slots
+
+
+def decode_row(batch: int, ctx: int, hbm_tbps: float, gen: torch.Generator) -> str:
+    tokens = batch * ctx
+    kv_bytes = 2 * tokens * KV_HEADS * HEAD_DIM * DTYPE.itemsize
+    pools, num_slots = kv_pools(tokens, DTYPE)
+    layers = len(pools)
     q = torch.randn(batch, Q_HEADS, HEAD_DIM, dtype=DTYPE, device=DEVICE)
     out = torch.empty_like(q)
     kv_indptr = torch.arange(0, tokens + 1, ctx, dtype=torch.int32, device=DEVICE)

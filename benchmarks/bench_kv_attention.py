@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 import torch
 from bench_kernels import (
     DEVICE,
     HEAD_DIM,
     KV_HEADS,
-    PAGE_SIZE,
     Q_HEADS,
     graph_time_ms,
+    kv_pools,
     paged_indices,
 )
 
@@ -45,15 +44,7 @@ KV_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
 def time_case(batch: int, ctx: int, kv_dtype: torch.dtype, gen: torch.Generator) -> float:
     """Microseconds per layer call of the default-split decode kernel."""
     tokens = batch * ctx
-    kv_bytes = 2 * tokens * KV_HEADS * HEAD_DIM * kv_dtype.itemsize
-    layers = max(2, math.ceil(256 * 2**20 / kv_bytes))
-    num_slots = tokens + PAGE_SIZE * 4
-    pools = [
-        tuple(
-            torch.randn(num_slots, KV_HEADS, HEAD_DIM, device=DEVICE).to(kv_dtype) for _ in range(2)
-        )
-        for _ in range(layers)
-    ]
+    pools, num_slots = kv_pools(tokens, kv_dtype)
     q = torch.randn(batch, Q_HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
     out = torch.empty_like(q)
     kv_indptr = torch.arange(0, tokens + 1, ctx, dtype=torch.int32, device=DEVICE)
