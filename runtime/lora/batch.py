@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from kvflow import kernels
+from kvflow.runtime.host_copy import host_to_device
 
 __all__ = ["DENSE_SHRINK_ROWS", "LoraBatch"]
 
@@ -54,7 +55,9 @@ class LoraBatch:
                 seg_slots.append(slot)
                 bounds.append(bounds[-1] + count)
         max_len = max(b - a for a, b in itertools.pairwise(bounds))
-        packed = torch.tensor(bounds + seg_slots, dtype=torch.int32).to(device)
+        # NOTE: queued behind the work in flight: a pageable copy made the host wait for the
+        # GPU before launching every eager forward with adapters (prefills)
+        packed = host_to_device(bounds + seg_slots, str(device), torch.int32)
         return cls(packed[: len(bounds)], packed[len(bounds) :], max_len, slot_ranks=slot_ranks)
 
     def add_delta(

@@ -8,8 +8,9 @@ import torch
 
 from kvflow.runtime.core import Req
 from kvflow.runtime.forward_batch import ForwardBatch, ForwardMode
+from kvflow.runtime.host_copy import host_to_device
 
-__all__ = ["build_decode_batch", "build_extend_batch", "host_to_device"]
+__all__ = ["build_decode_batch", "build_extend_batch"]
 
 
 def build_extend_batch(
@@ -43,18 +44,6 @@ def build_extend_batch(
         extend_logit_extras_cpu=list(logit_extras),
         lora_paths=_lora_paths(reqs),
     )
-
-
-def host_to_device(rows: list[list[int]] | list[int], device: str) -> torch.Tensor:
-    """int64 ``rows`` on ``device`` without making the host wait for the GPU.
-
-    A copy from pageable memory may wait for the stream's queued work (the driver stages
-    it); from pinned memory it is queued behind that work, and torch's pinned-block cache
-    keeps the block until the copy has run.
-    """
-    on_cuda = device.startswith("cuda")
-    host = torch.tensor(rows, dtype=torch.int64, pin_memory=on_cuda)
-    return host.to(device, non_blocking=True) if on_cuda else host.to(device)
 
 
 def build_decode_batch(

@@ -9,8 +9,8 @@ import torch
 
 from kvflow.runtime.cache import PrefixCache
 from kvflow.runtime.core import Req
+from kvflow.runtime.host_copy import host_to_device
 from kvflow.runtime.mem import ReqToTokenPool, TokenToKVPoolAllocator
-from kvflow.runtime.scheduler.batch import host_to_device
 
 __all__ = ["DecodeGrowth", "KVManager", "TierHits"]
 

@@ -22,9 +22,10 @@ from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.core import Req
 from kvflow.runtime.distributed.lockstep import Lockstep
 from kvflow.runtime.forward_batch import ForwardBatch
+from kvflow.runtime.host_copy import host_to_device
 from kvflow.runtime.model_runner import ModelRunner
 from kvflow.runtime.sampling import PendingSample, SampleOutput, SamplingBatch
-from kvflow.runtime.scheduler.batch import build_decode_batch, build_extend_batch, host_to_device
+from kvflow.runtime.scheduler.batch import build_decode_batch, build_extend_batch
 from kvflow.runtime.scheduler.budget import RESERVE_CLIP, PrefillBudget
 from kvflow.runtime.scheduler.kv import DecodeGrowth, KVManager
 from kvflow.runtime.scheduler.policy import order_waiting

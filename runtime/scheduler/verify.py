@@ -27,9 +27,9 @@ import torch
 
 from kvflow.runtime.config import EngineConfig
 from kvflow.runtime.core import Req
+from kvflow.runtime.host_copy import host_to_device
 from kvflow.runtime.model_runner import ModelRunner
 from kvflow.runtime.sampling import SamplingBatch, needs_adjust
-from kvflow.runtime.scheduler.batch import host_to_device
 from kvflow.runtime.scheduler.kv import KVManager
 from kvflow.runtime.speculative import DRAFTERS, Drafter, TreeDrafter, check_speculative
 from kvflow.runtime.speculative.accept import (
