@@ -135,6 +135,44 @@ def _fp32_lora_engine(root, max_loras_per_batch: int, **engine):
     )  # fmt: skip
 
 
+def test_eager_layouts_compile_at_start_up(setup, monkeypatch):
+    """``LoraManager.warm_kernels`` compiles the eager layouts' kernels while the engine
+    starts: prefills past the dense shrink's 256 rows (one long segment, many short ones)
+    and short ones then compile nothing (on an H200 that first compile stalled serving
+    ~4.5 s). bf16, first in this module: no earlier test compiled this model's shapes."""
+    from kvflow.kernels import lora as lora_kernels
+    from kvflow.runtime.engine import Engine
+
+    root, _, _ = setup
+    engine = Engine(
+        str(root / "base"), device="cuda", dtype="bfloat16", skip_tokenizer_init=True,
+        enable_lora=True, lora_paths=tuple(f"{n}={root / n}" for n in ADAPTERS),
+        mem_fraction_static=0.3,
+    )  # fmt: skip
+    compiled: list[str] = []
+    kernels = (
+        lora_kernels._shrink_kernel,
+        lora_kernels._expand_kernel,
+        lora_kernels._sum_splits_kernel,
+    )
+    for kernel in kernels:
+
+        def counting(*args, _compile=kernel.compile, _name=kernel.fn.__name__, **kwargs):
+            compiled.append(_name)
+            return _compile(*args, **kwargs)
+
+        monkeypatch.setattr(kernel, "compile", counting)
+    # 509 rows in segments of 3-250; 288 rows in segments of 16; 20 rows (the dense shrink)
+    short = [[5 + i] * 16 for i in range(18)]
+    for batch in (_prompts(), short, _prompts()[:2]):
+        adapters = [("a", "b", None, "c", "d")[i % 5] for i in range(len(batch))]
+        engine.generate(input_ids=batch, sampling_params=GREEDY, lora_path=adapters)
+    assert compiled == []
+    assert engine.is_memory_free()
+    del engine
+    torch.cuda.empty_cache()
+
+
 @pytest.mark.parametrize(
     ("max_loras_per_batch", "disable_cuda_graph"), [(3, False), (1, False), (3, True)]
 )
