@@ -13,11 +13,12 @@ delta is ``lora_expand(lora_shrink(x, A), B, out)``:
   on the base model's positions);
 - :func:`lora_expand`: ``out[row p] += h[p] @ B[slot].T``, in place.
 
-A small batch (a decode step) may shrink densely instead: :func:`lora_shrink_dense` multiplies every row by every slot's ``A`` in one GEMM
-(``[T, slots * R]`` by token row, cuBLAS on CUDA), and the expand reads each row's slot's
-block of it (``h_by_slot``). One library GEMM replaces the segmented shrink and the sum of
-its split-K partials (two latency-bound kernels a projection); it reads every slot's ``A``
-at the full width, a few MB a layer.
+A small batch (a decode step) may shrink densely instead: :func:`lora_shrink_dense`
+multiplies every row by every slot's ``A`` in one GEMM (``[T, slots * R]`` by token row,
+cuBLAS on CUDA), and the expand reads each row's slot's block of it (``h_by_slot``). One
+library GEMM replaces the segmented shrink and the sum of its split-K partials (two
+latency-bound kernels a projection); it reads every slot's ``A`` at the full width, a few
+MB a layer.
 
 Ranks: ``R`` is ``shards * width`` (one block of ``width`` = ``--max-lora-rank`` per shard
 of a merged QKV or gate-up layer), and an adapter of rank ``r = slot_ranks[slot]`` fills

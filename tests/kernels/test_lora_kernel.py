@@ -245,13 +245,17 @@ def test_lora_ref_expand_reads_the_dense_shrink_at_each_rows_slot():
     a, b = _weights(gen, 3, 8, 12, (10, 6), [8, 3, 5], poison=False)
     x = torch.randn(9, 12, generator=gen)
     seg_indptr, seg_slots = indptr([2, 3, 0, 4]), torch.tensor([1, -1, 0, 2], dtype=torch.int32)
-    layout = {"row_order": torch.randperm(9, generator=gen).to(torch.int32),
-              "slot_ranks": torch.tensor([8, 3, 5], dtype=torch.int32), "shard_rows": (10, 6)}  # fmt: skip
-    h = lora_shrink_ref(x, a, seg_indptr, seg_slots, num_shards=2, **{
-        k: v for k, v in layout.items() if k != "shard_rows"})  # fmt: skip
-    want = lora_expand_ref(h, b, torch.zeros(9, 16), seg_indptr, seg_slots, **layout)
-    got = lora_expand_ref(lora_shrink_dense(x, a), b, torch.zeros(9, 16), seg_indptr, seg_slots,
-                          h_by_slot=True, **layout)  # fmt: skip
+    layout = {
+        "row_order": torch.randperm(9, generator=gen).to(torch.int32),
+        "slot_ranks": torch.tensor([8, 3, 5], dtype=torch.int32),
+    }
+    h = lora_shrink_ref(x, a, seg_indptr, seg_slots, num_shards=2, **layout)
+    expand = {"shard_rows": (10, 6), **layout}
+    want = lora_expand_ref(h, b, torch.zeros(9, 16), seg_indptr, seg_slots, **expand)
+    dense = lora_shrink_dense(x, a)
+    got = lora_expand_ref(
+        dense, b, torch.zeros(9, 16), seg_indptr, seg_slots, h_by_slot=True, **expand
+    )
     torch.testing.assert_close(got, want)
     assert got.abs().sum() > 0 and torch.all(got[layout["row_order"][2:5].long()] == 0)
 
