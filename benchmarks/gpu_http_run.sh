@@ -52,13 +52,7 @@ T0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - T0 )); }
 left() { echo $(( STOP_AT - $(elapsed) )); }
 source scripts/device_env.sh
-# (once per machine: a second script of the same call finds them in place)
-if [ ! -e /tmp/site/.kvflow-carried ]; then
-  python3 -P -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    .whl/grammar/*.whl .whl/http/*.whl || exit 1
-  touch /tmp/site/.kvflow-carried
-fi
-export PYTHONPATH="$PYTHONPATH:/tmp/site"
+install_server_wheels || exit 1
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 {
   date -u; git log -1 --format='commit %H %s' 2>/dev/null || true

@@ -73,13 +73,7 @@ else
   PYTHON=python3
   CONFIG=runtime/configs/llama-3.1-8b.json
   source scripts/device_env.sh
-  # (once per machine: a second script of the same call finds them in place)
-  if [ ! -e /tmp/site/.kvflow-carried ]; then
-    python3 -P -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-      .whl/grammar/*.whl .whl/http/*.whl || { echo "FAILED: the carried wheels (.whl/) did not install"; exit 1; }
-    touch /tmp/site/.kvflow-carried
-  fi
-  export PYTHONPATH="$PYTHONPATH:/tmp/site"
+  install_server_wheels || { echo "FAILED: the carried wheels (.whl/) did not install"; exit 1; }
   MODEL=(--model-path llama-3.1-8b --load-format dummy --dtype bfloat16)
   # ~20 requests in flight at 8/s and 2.4 s each; room for twice that under churn
   SERVER_FLAGS=(--max-running-requests 128 --cuda-graph-max-bs 128)

@@ -12,9 +12,8 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 T0=$(date +%s)
 source scripts/device_env.sh
-python3 -P -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  .whl/grammar/*.whl .whl/http/*.whl || exit 1
-export PYTHONPATH="$PYTHONPATH:/tmp/site" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+install_server_wheels || exit 1
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 GPUS=$(nvidia-smi -L | wc -l)
 {
   date -u; git log -1 --format='commit %H %s' 2>/dev/null || true

@@ -37,13 +37,7 @@ if [ "$LOCAL" = 1 ]; then
 else
   PYTHON=python3
   source scripts/device_env.sh
-  # (once per machine: a second script of the same call finds them in place)
-  if [ ! -e /tmp/site/.kvflow-carried ]; then
-    python3 -P -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-      .whl/grammar/*.whl .whl/http/*.whl || exit 1
-    touch /tmp/site/.kvflow-carried
-  fi
-  export PYTHONPATH="$PYTHONPATH:/tmp/site"
+  install_server_wheels || exit 1
   # The trimmed Mooncake CUDA wheel: site/ (mooncake/ with engine.so, libasio, libetcd_wrapper
   # and mooncake_transfer_engine.libs/), lib/ (libcudart.so.12: the image has CUDA 13) and
   # syslibs/ (Debian 12's libibverbs, libmlx5, libnuma, libcurl and what they link), of which
