@@ -124,14 +124,14 @@ def _merged_greedy(hf, merged, batch, adapters) -> dict:
     return want
 
 
-def _fp32_lora_engine(root, max_loras_per_batch: int, **engine):
-    """A float32 CUDA engine on the base model with every adapter of ADAPTERS."""
+def _lora_engine(root, dtype: str = "float32", **engine):
+    """A CUDA engine on the base model with every adapter of ADAPTERS."""
     from kvflow.runtime.engine import Engine
 
     return Engine(
-        str(root / "base"), device="cuda", dtype="float32", skip_tokenizer_init=True,
+        str(root / "base"), device="cuda", dtype=dtype, skip_tokenizer_init=True,
         enable_lora=True, lora_paths=tuple(f"{n}={root / n}" for n in ADAPTERS),
-        max_loras_per_batch=max_loras_per_batch, mem_fraction_static=0.3, **engine,
+        mem_fraction_static=0.3, **engine,
     )  # fmt: skip
 
 
@@ -141,14 +141,9 @@ def test_eager_layouts_compile_at_start_up(setup, monkeypatch):
     and short ones then compile nothing (on an H200 that first compile stalled serving
     ~4.5 s). bf16, first in this module: no earlier test compiled this model's shapes."""
     from kvflow.kernels import lora as lora_kernels
-    from kvflow.runtime.engine import Engine
 
     root, _, _ = setup
-    engine = Engine(
-        str(root / "base"), device="cuda", dtype="bfloat16", skip_tokenizer_init=True,
-        enable_lora=True, lora_paths=tuple(f"{n}={root / n}" for n in ADAPTERS),
-        mem_fraction_static=0.3,
-    )  # fmt: skip
+    engine = _lora_engine(root, "bfloat16")
     compiled: list[str] = []
     kernels = (
         lora_kernels._shrink_kernel,
@@ -183,7 +178,9 @@ def test_mixed_adapters_match_merged_weights_fp32(setup, max_loras_per_batch, di
     batch = _prompts()
     adapters = ["a", None, "b", "c", "a", "b", None, "c"]
     want = _merged_greedy(hf, merged, batch, adapters)
-    engine = _fp32_lora_engine(root, max_loras_per_batch, disable_cuda_graph=disable_cuda_graph)
+    engine = _lora_engine(
+        root, max_loras_per_batch=max_loras_per_batch, disable_cuda_graph=disable_cuda_graph
+    )
     assert (engine.runner.graph_runner is None) == disable_cuda_graph
     results = engine.generate(input_ids=batch, sampling_params=GREEDY, lora_path=adapters)
     got = [r.output_ids for r in results]
@@ -203,7 +200,7 @@ def test_grouped_graph_rows_with_mixed_ranks_fp32(setup, max_loras_per_batch):
     batch = _prompts()[:7]
     adapters = ["d", "a", None, "d", "c", "b", "d"]
     want = _merged_greedy(hf, merged, batch, adapters)
-    engine = _fp32_lora_engine(root, max_loras_per_batch)
+    engine = _lora_engine(root, max_loras_per_batch=max_loras_per_batch)
     assert engine.runner.graph_runner is not None
     assert engine.runner.lora.limits.max_rank == 64
     results = engine.generate(input_ids=batch, sampling_params=GREEDY, lora_path=adapters)
@@ -218,14 +215,8 @@ def test_grouped_graph_rows_with_mixed_ranks_fp32(setup, max_loras_per_batch):
 
 def test_bf16_adapters_run_and_differ(setup):
     """bf16 end to end: every adapter's answer differs from the base model's."""
-    from kvflow.runtime.engine import Engine
-
     root, _, _ = setup
-    engine = Engine(
-        str(root / "base"), device="cuda", dtype="bfloat16", skip_tokenizer_init=True,
-        enable_lora=True, lora_paths=tuple(f"{n}={root / n}" for n in ADAPTERS),
-        mem_fraction_static=0.3,
-    )  # fmt: skip
+    engine = _lora_engine(root, "bfloat16")
     batch = _prompts()[:4] * 4
     adapters = [None] * 4 + ["a"] * 4 + ["b"] * 4 + ["c"] * 4
     got = [
