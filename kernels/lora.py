@@ -54,15 +54,9 @@ from kvflow.kernels._launch import (
     multiprocessor_count,
     next_power_of_2,
 )
-from kvflow.kernels.lora_ref import lora_expand_ref, lora_shrink_dense, lora_shrink_ref
+from kvflow.kernels.lora_ref import lora_expand_ref, lora_shrink_ref
 
-__all__ = [
-    "lora_expand",
-    "lora_expand_ref",
-    "lora_shrink",
-    "lora_shrink_dense",
-    "lora_shrink_ref",
-]
+__all__ = ["lora_expand", "lora_expand_ref", "lora_shrink", "lora_shrink_ref"]
 
 _MIN_K_PER_SPLIT = 256  # a split's share of K: below this the partials cost more than it saves
 _MAX_SPLITS = 16
@@ -340,12 +334,11 @@ def lora_expand(
     :func:`lora_shrink_dense`'s ``[T, slots * R]`` by token row, read at the row's slot."""
     if out.stride(1) != 1 or out.shape != (h.shape[0], b_weights.shape[1]):
         raise ValueError(f"out must be [T, N] with contiguous columns, got {out.shape}")
-    slot_width = b_weights.shape[2] if h_by_slot else 0  # h's columns per slot
-    per_slot = h.view(h.shape[0], -1, b_weights.shape[2])[:, 0] if h_by_slot else h
-    if h_by_slot and h.shape[1] != b_weights.shape[0] * b_weights.shape[2]:
-        raise ValueError(f"h by slot is [T, slots * R], got {tuple(h.shape)}")
-    _check(per_slot, b_weights, seg_indptr, seg_slots, row_order, slot_ranks)
     n, stacked = b_weights.shape[1], b_weights.shape[2]
+    if h_by_slot and h.shape[1] != b_weights.shape[0] * stacked:
+        raise ValueError(f"h by slot is [T, slots * R], got {tuple(h.shape)}")
+    per_slot = h[:, :stacked] if h_by_slot else h  # (by slot: slot 0's block stands for all)
+    _check(per_slot, b_weights, seg_indptr, seg_slots, row_order, slot_ranks)
     shard_rows = shard_rows or (n,)
     if sum(shard_rows) != n or stacked % len(shard_rows):
         raise ValueError(f"shards of {shard_rows} rows do not fit B {tuple(b_weights.shape)}")
@@ -357,8 +350,8 @@ def lora_expand(
     interpreted = is_interpreted(_expand_kernel)
     _expand_kernel[grid](
         h, b_weights, out, seg_indptr, seg_slots,
-        WIDTH=width, stride_hm=h.stride(0), stride_hs=slot_width, stride_bs=b_weights.stride(0),
-        stride_bn=b_weights.stride(1), stride_om=out.stride(0),
+        WIDTH=width, stride_hm=h.stride(0), stride_hs=stacked if h_by_slot else 0,
+        stride_bs=b_weights.stride(0), stride_bn=b_weights.stride(1), stride_om=out.stride(0),
         SHARD_BOUNDS=(0, *itertools.accumulate(shard_rows)), NUM_SHARDS=len(shard_rows),
         H_BY_SLOT=h_by_slot, UPCAST_DOT=interpreted,
         PRECISION="ieee" if interpreted else dot_precision(h.dtype),
