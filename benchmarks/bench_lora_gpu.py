@@ -12,6 +12,12 @@ prompts, 128 new tokens, EOS ignored) through ``Engine.generate`` at batch 1 and
 ``--adapter-ranks`` sets the four adapters' ranks (default 16 each; issue 28's serving
 bar: 16,64,16,64).
 
+Each engine run also times eager prefills (``--prefill-tokens`` each, 256 by default, one
+new token, prompts no cache holds): milliseconds per ``Engine.generate`` of 1 and of 2
+requests, the median of 8; with adapters both ways an eager batch can take (the
+per-segment loop of ``kvflow.runtime.lora.batch``, and Triton's kernels with the loop off).
+With ``--profile``, the host's busiest functions (cProfile) in 2-request prefills too.
+
 Part ``kernels``: the LoRA kernels in the decode graphs' layout against the layout before
 and a per-request loop. For each merged layer of the 8B shapes (qkv, o, gate_up, down, as
 the graphs run them), one decode step's delta ``out += (x @ A[slot].T) @ B[slot].T`` at
@@ -37,14 +43,19 @@ largest difference from the loop.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
+import io
 import json
+import pstats
+import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from bench_gpu import _driver_version, gpu_name, make_engine
+from bench_gpu import _driver_version, gpu_name, make_engine, random_ids
 from lora_serving import write_adapter
 
 MODEL = "llama-3.1-8b"
@@ -88,6 +99,64 @@ def decode_rate(engine, bs: int, adapters: list[str | None], new_tokens: int = 1
             f"{short[0].finish_reason}"
         )
     return bs * new_tokens / seconds
+
+
+def prefill_ms(
+    engine, requests: int, tokens: int, adapters: list[str | None], reps: int = 8
+) -> float:
+    """Median wall milliseconds of ``Engine.generate`` of ``requests`` fresh prompts of
+    ``tokens`` tokens and one new token (after two warm ones): an eager prefill step plus
+    the scheduler's round trip."""
+    params = {"temperature": 0, "max_new_tokens": 1, "ignore_eos": True}
+    paths = [adapters[i % len(adapters)] for i in range(requests)]
+    times, vocab = [], engine.runner.model_config.vocab_size
+    rng = random.Random(requests * 1000 + reps)
+    for _ in range(reps + 2):
+        prompts = [random_ids(rng, tokens, vocab) for _ in range(requests)]  # (none cached)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        engine.generate(input_ids=prompts, sampling_params=params, lora_path=paths)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times[2:])
+
+
+def prefill_rows(engine, label: str, adapters: list[str | None], tokens: int, profile: bool):
+    """:func:`prefill_ms` at 1 and 2 requests; with adapters, Triton's kernels with the
+    per-segment loop off too; with ``profile``, :func:`host_profile`."""
+    from kvflow.runtime.lora import batch as lora_batch
+
+    loop = lora_batch.LOOP_SEGMENTS
+    ways = [("", loop)] + ([(" triton", 0)] if any(adapters) else [])
+    rows = []
+    for suffix, segments in ways:
+        lora_batch.LOOP_SEGMENTS = segments
+        try:
+            for requests in (1, 2):
+                ms = prefill_ms(engine, requests, tokens, adapters)
+                rows.append({"run": label + suffix, "prefill_requests": requests,
+                             "prefill_tokens": tokens, "prefill_ms": ms})  # fmt: skip
+                print(f"{label}{suffix} prefill {requests}x{tokens}: {ms:.2f} ms", flush=True)
+            if profile:
+                rows.append({"run": label + suffix, "host_ops": host_profile(
+                    engine, tokens, adapters)})  # fmt: skip
+        finally:
+            lora_batch.LOOP_SEGMENTS = loop
+    return rows
+
+
+def host_profile(engine, tokens: int, adapters: list[str | None]) -> list[str]:
+    """cProfile's 25 functions with the most own time in a 2-request prefill (Python
+    launchers, Triton's among them, and torch's operators as the host spends them)."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    prefill_ms(engine, 2, tokens, adapters, reps=1)
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+    lines = [line for line in text.getvalue().splitlines() if line.strip()]
+    print("\n".join(lines), flush=True)
+    return lines
 
 
 def time_us(fn, iters: int, cuda: bool) -> float:
@@ -254,6 +323,7 @@ def engine_rows(
     save=lambda: None,
     keys: list[str] | None = None,
     profile: bool = False,
+    prefill_tokens: int = 256,
 ) -> None:
     """The engine runs of the module's docstring (``keys``: some of them, None: all) at each
     batch size, appended to ``rows`` (the adapters of ``ranks``); ``save`` after each. With
@@ -275,6 +345,9 @@ def engine_rows(
     for key in keys or RUN_KEYS:
         label, kwargs, adapters = runs[key]
         engine = make_engine(MODEL, max_running_requests=max(sizes), **kwargs)
+        if key in ("base", "mixed"):
+            rows.extend(prefill_rows(engine, label, adapters, prefill_tokens, profile))
+            save()
         for bs in sizes:
             rate = decode_rate(engine, bs, adapters)
             rows.append({"run": label, "batch": bs, "output_tok_s": rate, "ranks": ranks})
@@ -332,6 +405,7 @@ def main() -> None:
         help="the engine part's runs, comma-separated keys of base, base-only, mixed, "
         "eager (default: all)",
     )
+    parser.add_argument("--prefill-tokens", type=int, default=256, help="the engine part's")
     parser.add_argument(
         "--profile",
         action="store_true",
@@ -363,7 +437,7 @@ def main() -> None:
     if "engine" in args.parts:
         results["rows"] = []
         sizes = [int(b) for b in args.batch_sizes.split(",")]
-        engine_rows(sizes, results["rows"], ranks, save, keys, args.profile)
+        engine_rows(sizes, results["rows"], ranks, save, keys, args.profile, args.prefill_tokens)
         print(json.dumps(results["rows"], indent=1))
         save()
 

@@ -59,7 +59,12 @@ if TYPE_CHECKING:
     from kvflow.kernels.kv_store import store_kv_cache
     from kvflow.kernels.logit_cap import softcap_ref
     from kvflow.kernels.lora import lora_expand, lora_shrink
-    from kvflow.kernels.lora_ref import lora_expand_ref, lora_shrink_dense, lora_shrink_ref
+    from kvflow.kernels.lora_ref import (
+        lora_delta_segments,
+        lora_expand_ref,
+        lora_shrink_dense,
+        lora_shrink_ref,
+    )
     from kvflow.kernels.rmsnorm import rmsnorm, rmsnorm_ref
     from kvflow.kernels.rope_cache import build_cos_sin_cache, rope_inv_freq
     from kvflow.kernels.rotary import rotary_embedding
@@ -115,7 +120,12 @@ else:  # torch-free until a name is used (kvflow.lazy)
             ),
             ".kv_store": ("store_kv_cache",),
             ".lora": ("lora_expand", "lora_shrink"),
-            ".lora_ref": ("lora_expand_ref", "lora_shrink_dense", "lora_shrink_ref"),
+            ".lora_ref": (
+                "lora_delta_segments",
+                "lora_expand_ref",
+                "lora_shrink_dense",
+                "lora_shrink_ref",
+            ),
             ".rmsnorm": ("rmsnorm", "rmsnorm_ref"),
             ".rope_cache": ("build_cos_sin_cache", "rope_inv_freq"),
             ".rotary": ("rotary_embedding",),
@@ -155,6 +165,7 @@ __all__ = [
     "gemv",
     "gemv_ref",
     "is_fp8",
+    "lora_delta_segments",
     "lora_expand",
     "lora_expand_ref",
     "lora_shrink",

@@ -1,13 +1,16 @@
 """The segmented LoRA matmuls in pure torch: the contract of :mod:`kvflow.kernels.lora`'s
-Triton kernels (see its docstring for the layout), one matmul per segment and shard; the
-CPU path, torch only.
+Triton kernels (see its docstring for the layout), one matmul per segment and shard; and
+the torch paths serving uses (the dense shrink of a decode step, the per-segment loop of an
+eager batch whose segments are known on the host).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-__all__ = ["lora_expand_ref", "lora_shrink_dense", "lora_shrink_ref"]
+__all__ = ["lora_delta_segments", "lora_expand_ref", "lora_shrink_dense", "lora_shrink_ref"]
 
 
 def _segments(seg_indptr: torch.Tensor, seg_slots: torch.Tensor) -> list[tuple[int, int, int]]:
@@ -58,6 +61,27 @@ def lora_shrink_dense(x: torch.Tensor, a_weights: torch.Tensor) -> torch.Tensor:
     K]``, contiguous): ``[T, slots * R]``, slot ``s``'s block at columns ``s * R``; one GEMM
     (cuBLAS on CUDA), for :func:`~kvflow.kernels.lora.lora_expand`'s ``h_by_slot``."""
     return torch.nn.functional.linear(x, a_weights.view(-1, a_weights.shape[-1]))
+
+
+def lora_delta_segments(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    a_weights: torch.Tensor,
+    b_weights: torch.Tensor,
+    segments: Sequence[tuple[int, int, int]],
+) -> torch.Tensor:
+    """``out[start:end] += (x[start:end] @ A[slot].T) @ B[slot].T`` in place for each
+    ``(start, end, slot)`` of ``segments`` (consecutive token rows, slot >= 0, known on the
+    host): two library matmuls a segment and nothing else (no kernel launch per shard, no
+    device read of the layout). Each matmul spans the slot's whole width, every shard's
+    block and all of B: exact because the slots hold zeros past each adapter's rank and off
+    B's shard diagonal (:class:`~kvflow.runtime.lora.LoraLinear`'s layout), which it reads,
+    unlike the Triton kernels. ``h`` is rounded to ``x``'s dtype and the sum with ``out`` to
+    ``out``'s, as :func:`~kvflow.kernels.lora.lora_expand` rounds."""
+    for start, end, slot in segments:
+        h = x[start:end] @ a_weights[slot].t()
+        out[start:end].addmm_(h, b_weights[slot].t())
+    return out
 
 
 def lora_expand_ref(

@@ -11,12 +11,17 @@ import torch
 from kvflow import kernels
 from kvflow.runtime.host_copy import host_to_device
 
-__all__ = ["DENSE_SHRINK_ROWS", "LoraBatch"]
+__all__ = ["DENSE_SHRINK_ROWS", "LOOP_SEGMENTS", "LoraBatch"]
 
 # NOTE: up to this many token rows (every decode step) the shrink is one GEMM of each row
 # by every slot's A: at batch 32 on an H200 the segmented shrink and the sum of its split-K
 # partials took 11 us a projection, bound by latency, while every slot's A is a few MB
 DENSE_SHRINK_ROWS = 256
+# NOTE: an eager batch with up to this many adapter segments (a prefill's few requests) runs
+# two cuBLAS matmuls a segment: an eager step's LoRA is bound by the host's launches, and
+# the Triton path launched three kernels a projection (shrink, split-K sum, expand) through
+# Triton's slower launcher; the serving bar's LoRA prefill steps took ~2x the base model's
+LOOP_SEGMENTS = 4
 
 
 @dataclass(frozen=True)
@@ -26,13 +31,16 @@ class LoraBatch:
     ``row_order`` is None (eager batches: consecutive requests on one slot form a segment).
     ``max_seg_len`` is the longest segment's positions, known on the host. ``slot_ranks``:
     each slot's adapter rank (the manager's, rewritten when an adapter enters a slot; None:
-    every slot at the layers' ``max_rank``). The layout of :mod:`kvflow.kernels.lora`."""
+    every slot at the layers' ``max_rank``). The layout of :mod:`kvflow.kernels.lora`.
+    ``segments``: the segments with a slot as ``(first row, end, slot)``, when known on the
+    host (eager batches; None in decode graphs)."""
 
     seg_indptr: torch.Tensor  # [G + 1] int32, on the model's device
     seg_slots: torch.Tensor  # [G] int32
     max_seg_len: int
     row_order: torch.Tensor | None = None  # [positions] int32, distinct rows
     slot_ranks: torch.Tensor | None = None  # [slots] int32
+    segments: tuple[tuple[int, int, int], ...] | None = None
 
     @classmethod
     def of(
@@ -58,7 +66,15 @@ class LoraBatch:
         # NOTE: queued behind the work in flight: a pageable copy made the host wait for the
         # GPU before launching every eager forward with adapters (prefills)
         packed = host_to_device(bounds + seg_slots, str(device), torch.int32)
-        return cls(packed[: len(bounds)], packed[len(bounds) :], max_len, slot_ranks=slot_ranks)
+        segments = tuple(
+            (start, end, slot)
+            for start, end, slot in zip(bounds, bounds[1:], seg_slots, strict=False)
+            if slot >= 0 and end > start
+        )
+        return cls(
+            packed[: len(bounds)], packed[len(bounds) :], max_len, slot_ranks=slot_ranks,
+            segments=segments,
+        )  # fmt: skip
 
     def add_delta(
         self,
@@ -70,9 +86,11 @@ class LoraBatch:
     ) -> torch.Tensor:
         """``out[rows of g] += (x @ A[slot].T) @ B[slot].T`` for each adapter segment, in
         place, each shard (``shard_rows``: its output rows) through its own block of the
-        slots at the adapter's rank: Triton's segmented kernels on CUDA (the shrink one
-        GEMM over every slot for up to :data:`DENSE_SHRINK_ROWS` rows), torch matmuls per
-        segment elsewhere."""
+        slots at the adapter's rank. Segments known on the host (an eager batch), up to
+        :data:`LOOP_SEGMENTS` of them on CUDA and any number elsewhere: two torch matmuls
+        a segment (:func:`~kvflow.kernels.lora_delta_segments`). Otherwise Triton's
+        segmented kernels on CUDA (the shrink one GEMM over every slot for up to
+        :data:`DENSE_SHRINK_ROWS` rows), torch matmuls per segment and shard elsewhere."""
         x = x.reshape(-1, x.shape[-1]).contiguous()
         flat = out.view(-1, out.shape[-1])
         indptr, slots, order, ranks = (
@@ -82,7 +100,9 @@ class LoraBatch:
             self.slot_ranks,
         )
         shards = len(shard_rows)
-        if x.is_cuda and x.shape[0] <= DENSE_SHRINK_ROWS:
+        if self.segments is not None and (not x.is_cuda or len(self.segments) <= LOOP_SEGMENTS):
+            kernels.lora_delta_segments(x, flat, a_slots, b_slots, self.segments)
+        elif x.is_cuda and x.shape[0] <= DENSE_SHRINK_ROWS:
             kernels.lora_expand(
                 kernels.lora_shrink_dense(x, a_slots), b_slots, flat, indptr, slots,
                 self.max_seg_len, row_order=order, slot_ranks=ranks, shard_rows=shard_rows,

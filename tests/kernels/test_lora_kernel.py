@@ -2,7 +2,8 @@
 adapters in any slot order, base-model segments (slot -1) left untouched; the decode
 graphs' grouped layout (rows permuted so each slot is one segment, empty segments, padding
 rows in the base segment); adapters of mixed ranks in merged layers' shards, with the
-weights past each rank and off B's diagonal poisoned (NaN) so that reading them shows."""
+weights past each rank and off B's diagonal poisoned (NaN) so that reading them shows; and
+the per-segment loop of eager batches (library matmuls over each slot's whole width)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from kernel_testing import device_for, indptr
 
 from kvflow.kernels import (
+    lora_delta_segments,
     lora_expand,
     lora_expand_ref,
     lora_shrink,
@@ -227,6 +229,55 @@ def test_lora_grouped_mixed_ranks_gpu(dtype, lengths, slots, k, shard_rows, spli
     _check(device_for("gpu"), dtype, lengths, slots, k, 0, 64, num_slots=4, splits=splits,
            permute=True, ranks=[16, 64, 16, 64], shard_rows=shard_rows, poison=True,
            max_seg_len=sum(lengths), dense=dense)  # fmt: skip
+
+
+def _check_loop(device, dtype, lengths, slots, ranks, shard_rows, k=40, width=16) -> None:
+    """:func:`lora_delta_segments` on the segments with a slot equals the references
+    (float64) over the whole layout, base-model rows untouched."""
+    gen = torch.Generator().manual_seed(sum(lengths) + k)
+    a, b = _weights(gen, len(ranks), width, k, shard_rows, ranks, poison=False)
+    x = torch.randn(sum(lengths), k, generator=gen)
+    base = torch.randn(sum(lengths), sum(shard_rows), generator=gen).to(dtype)
+    seg_indptr, seg_slots = indptr(lengths), torch.tensor(slots, dtype=torch.int32)
+    layout = {"slot_ranks": torch.tensor(ranks, dtype=torch.int32)}
+    x, a, b = x.to(dtype), a.to(dtype), b.to(dtype)
+    h = lora_shrink_ref(x.double(), a.double(), seg_indptr, seg_slots,
+                        num_shards=len(shard_rows), **layout)  # fmt: skip
+    want = lora_expand_ref(h, b.double(), base.double().clone(), seg_indptr, seg_slots,
+                           shard_rows=shard_rows, **layout)  # fmt: skip
+    bounds = seg_indptr.tolist()
+    segments = [
+        (start, end, slot)
+        for start, end, slot in zip(bounds, bounds[1:], slots, strict=False)
+        if slot >= 0 and end > start
+    ]
+    out = base.to(device).clone()
+    got = lora_delta_segments(x.to(device), out, a.to(device), b.to(device), segments)
+    assert got.data_ptr() == out.data_ptr()
+    tol = _TOLERANCE[dtype] * 4
+    torch.testing.assert_close(got.cpu().double(), want, atol=tol, rtol=tol)
+    for start, end, slot in zip(bounds, bounds[1:], slots, strict=False):
+        if slot < 0:
+            assert torch.equal(got.cpu()[start:end], base[start:end])
+
+
+_LOOP_CASES = [  # (lengths, slots, each slot's rank, shards' output rows)
+    ([5, 1, 17, 3], [2, -1, 0, 2], [16, 4, 9], (24,)),
+    ([30, 2, 7], [1, -1, 0], [3, 16], (20, 8, 8)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("lengths", "slots", "ranks", "shard_rows"), _LOOP_CASES)
+def test_lora_segments_loop_equals_the_references(dtype, lengths, slots, ranks, shard_rows):
+    _check_loop("cpu", dtype, lengths, slots, ranks, shard_rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("lengths", "slots", "ranks", "shard_rows"), _LOOP_CASES)
+def test_lora_segments_loop_gpu(dtype, lengths, slots, ranks, shard_rows):
+    _check_loop(device_for("gpu"), dtype, lengths, slots, ranks, shard_rows)
 
 
 def test_lora_ref_leaves_base_rows():

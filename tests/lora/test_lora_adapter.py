@@ -105,6 +105,7 @@ def test_segments_merge_neighbours_on_one_slot():
     assert batch is not None
     assert batch.seg_indptr.tolist() == [0, 4, 9, 11, 13]
     assert batch.seg_slots.tolist() == [0, -1, 1, 0] and batch.max_seg_len == 5
+    assert batch.segments == ((0, 4, 0), (9, 11, 1), (11, 13, 0))  # the host's, with a slot
     assert LoraBatch.of([-1, -1], [3, 1], "cpu") is None
 
 
