@@ -121,7 +121,9 @@ def prefill_ms(
     return statistics.median(times[2:])
 
 
-def prefill_rows(engine, label: str, adapters: list[str | None], tokens: int, profile: bool):
+def prefill_rows(
+    engine, label: str, adapters: list[str | None], tokens: int, profile: bool
+) -> list[dict]:
     """:func:`prefill_ms` at 1 and 2 requests; with adapters, Triton's kernels with the
     per-segment loop off too; with ``profile``, :func:`host_profile`."""
     from kvflow.runtime.lora import batch as lora_batch
@@ -138,16 +140,20 @@ def prefill_rows(engine, label: str, adapters: list[str | None], tokens: int, pr
                              "prefill_tokens": tokens, "prefill_ms": ms})  # fmt: skip
                 print(f"{label}{suffix} prefill {requests}x{tokens}: {ms:.2f} ms", flush=True)
             if profile:
-                rows.append({"run": label + suffix, "host_ops": host_profile(
-                    engine, tokens, adapters)})  # fmt: skip
+                rows.append({"run": label + suffix,
+                             "prefill_profile": host_profile(engine, tokens, adapters)})  # fmt: skip
         finally:
             lora_batch.LOOP_SEGMENTS = loop
     return rows
 
 
-def host_profile(engine, tokens: int, adapters: list[str | None]) -> list[str]:
-    """cProfile's 25 functions with the most own time in a 2-request prefill (Python
-    launchers, Triton's among them, and torch's operators as the host spends them)."""
+def host_profile(engine, tokens: int, adapters: list[str | None]) -> dict:
+    """Where a 2-request prefill's time goes: cProfile's 25 functions with the most own
+    time (Python launchers, Triton's among them, and torch's operators as the host spends
+    them), then torch.profiler's GPU kernels (their summed device time a prefill, against
+    its wall time: a prefill whose kernels sum to much less is bound by the host)."""
+    from torch.profiler import ProfilerActivity, profile
+
     profiler = cProfile.Profile()
     profiler.enable()
     prefill_ms(engine, 2, tokens, adapters, reps=1)
@@ -156,7 +162,20 @@ def host_profile(engine, tokens: int, adapters: list[str | None]) -> list[str]:
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
     lines = [line for line in text.getvalue().splitlines() if line.strip()]
     print("\n".join(lines), flush=True)
-    return lines
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        wall = prefill_ms(engine, 2, tokens, adapters, reps=1)  # NOTE: three prefills
+    kernels = []
+    for event in prof.key_averages():
+        total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if total:
+            kernels.append({"kernel": event.key[:100], "count": event.count // 3,
+                            "us_per_prefill": total / 3})  # fmt: skip
+    kernels.sort(key=lambda k: -k["us_per_prefill"])
+    busy = sum(k["us_per_prefill"] for k in kernels) / 1e3
+    print(f"  GPU kernels {busy:.2f} ms a prefill (wall under the profiler {wall:.2f} ms)")
+    for k in kernels[:12]:
+        print(f"  {k['us_per_prefill']:9.1f} us {k['count']:6d}x  {k['kernel']}", flush=True)
+    return {"cprofile": lines, "gpu_ms": busy, "wall_ms": wall, "kernels": kernels[:25]}
 
 
 def time_us(fn, iters: int, cuda: bool) -> float:
@@ -360,7 +379,7 @@ def engine_rows(
         del engine
         gc.collect()
         torch.cuda.empty_cache()
-    base = {r["batch"]: r["output_tok_s"] for r in rows if r["run"] == "base"}
+    base = {r["batch"]: r["output_tok_s"] for r in rows if r["run"] == "base" and "batch" in r}
     for r in rows:
         if "output_tok_s" in r and r["batch"] in base:
             r["vs_base"] = r["output_tok_s"] / base[r["batch"]]

@@ -66,21 +66,26 @@ def lora_shrink_dense(x: torch.Tensor, a_weights: torch.Tensor) -> torch.Tensor:
 def lora_delta_segments(
     x: torch.Tensor,
     out: torch.Tensor,
-    a_weights: torch.Tensor,
-    b_weights: torch.Tensor,
+    a_t: Sequence[torch.Tensor],
+    b_t: Sequence[torch.Tensor],
     segments: Sequence[tuple[int, int, int]],
 ) -> torch.Tensor:
-    """``out[start:end] += (x[start:end] @ A[slot].T) @ B[slot].T`` in place for each
+    """``out[start:end] += (x[start:end] @ a_t[slot]) @ b_t[slot]`` in place for each
     ``(start, end, slot)`` of ``segments`` (consecutive token rows, slot >= 0, known on the
-    host): two library matmuls a segment and nothing else (no kernel launch per shard, no
-    device read of the layout). Each matmul spans the slot's whole width, every shard's
-    block and all of B: exact because the slots hold zeros past each adapter's rank and off
-    B's shard diagonal (:class:`~kvflow.runtime.lora.LoraLinear`'s layout), which it reads,
-    unlike the Triton kernels. ``h`` is rounded to ``x``'s dtype and the sum with ``out`` to
-    ``out``'s, as :func:`~kvflow.kernels.lora.lora_expand` rounds."""
+    host), with ``a_t[slot]`` the slot's ``A.T`` ``[K, R]`` and ``b_t[slot]`` its ``B.T``
+    ``[R, N]``: two library matmuls a segment and nothing else (no launch per shard, no
+    device read of the layout; a segment of every row slices nothing). Each matmul spans
+    the slot's whole width, every shard's block and all of B: exact because the slots hold
+    zeros past each adapter's rank and off B's shard diagonal
+    (:class:`~kvflow.runtime.lora.LoraLinear`'s layout), which it reads, unlike the Triton
+    kernels. ``h`` is rounded to ``x``'s dtype and the sum with ``out`` to ``out``'s, as
+    :func:`~kvflow.kernels.lora.lora_expand` rounds."""
+    rows = x.shape[0]
     for start, end, slot in segments:
-        h = x[start:end] @ a_weights[slot].t()
-        out[start:end].addmm_(h, b_weights[slot].t())
+        if start == 0 and end == rows:
+            out.addmm_(torch.mm(x, a_t[slot]), b_t[slot])
+        else:
+            out[start:end].addmm_(torch.mm(x[start:end], a_t[slot]), b_t[slot])
     return out
 
 

@@ -10,6 +10,7 @@ import torch
 
 from kvflow import kernels
 from kvflow.runtime.host_copy import host_to_device
+from kvflow.runtime.lora.weights import SlotWeights
 
 __all__ = ["DENSE_SHRINK_ROWS", "LOOP_SEGMENTS", "LoraBatch"]
 
@@ -76,23 +77,25 @@ class LoraBatch:
             segments=segments,
         )  # fmt: skip
 
-    def add_delta(
-        self,
-        x: torch.Tensor,
-        out: torch.Tensor,
-        a_slots: torch.Tensor,
-        b_slots: torch.Tensor,
-        shard_rows: tuple[int, ...],
-    ) -> torch.Tensor:
+    def add_delta(self, x: torch.Tensor, out: torch.Tensor, weights: SlotWeights) -> torch.Tensor:
         """``out[rows of g] += (x @ A[slot].T) @ B[slot].T`` for each adapter segment, in
-        place, each shard (``shard_rows``: its output rows) through its own block of the
-        slots at the adapter's rank. Segments known on the host (an eager batch), up to
-        :data:`LOOP_SEGMENTS` of them on CUDA and any number elsewhere: two torch matmuls
-        a segment (:func:`~kvflow.kernels.lora_delta_segments`). Otherwise Triton's
-        segmented kernels on CUDA (the shrink one GEMM over every slot for up to
+        place, each shard (``weights.shard_rows``: its output rows) through its own block
+        of the slots at the adapter's rank. Segments known on the host (an eager batch), up
+        to :data:`LOOP_SEGMENTS` of them on CUDA and any number elsewhere: two torch
+        matmuls a segment (:func:`~kvflow.kernels.lora_delta_segments`). Otherwise
+        Triton's segmented kernels on CUDA (the shrink one GEMM over every slot for up to
         :data:`DENSE_SHRINK_ROWS` rows), torch matmuls per segment and shard elsewhere."""
-        x = x.reshape(-1, x.shape[-1]).contiguous()
-        flat = out.view(-1, out.shape[-1])
+        # NOTE: an eager step is bound by the host, and each torch call costs it
+        # microseconds: none that would change nothing
+        if x.dim() != 2:
+            x = x.reshape(-1, x.shape[-1])
+        if not x.is_contiguous():
+            x = x.contiguous()
+        flat = out if out.dim() == 2 else out.view(-1, out.shape[-1])
+        if self.segments is not None and (not x.is_cuda or len(self.segments) <= LOOP_SEGMENTS):
+            kernels.lora_delta_segments(x, flat, weights.a_t, weights.b_t, self.segments)
+            return out
+        a_slots, b_slots, shard_rows = weights.a, weights.b, weights.shard_rows
         indptr, slots, order, ranks = (
             self.seg_indptr,
             self.seg_slots,
@@ -100,9 +103,7 @@ class LoraBatch:
             self.slot_ranks,
         )
         shards = len(shard_rows)
-        if self.segments is not None and (not x.is_cuda or len(self.segments) <= LOOP_SEGMENTS):
-            kernels.lora_delta_segments(x, flat, a_slots, b_slots, self.segments)
-        elif x.is_cuda and x.shape[0] <= DENSE_SHRINK_ROWS:
+        if x.is_cuda and x.shape[0] <= DENSE_SHRINK_ROWS:
             kernels.lora_expand(
                 kernels.lora_shrink_dense(x, a_slots), b_slots, flat, indptr, slots,
                 self.max_seg_len, row_order=order, slot_ranks=ranks, shard_rows=shard_rows,

@@ -7,6 +7,7 @@ from torch import nn
 
 from kvflow.runtime.layers import LinearBase, silu_and_mul
 from kvflow.runtime.lora.batch import LoraBatch
+from kvflow.runtime.lora.weights import SlotWeights
 
 __all__ = ["LoraContext", "LoraLinear"]
 
@@ -30,7 +31,8 @@ class LoraLinear(nn.Module):
     of the stacked ``A`` and columns of ``B``: ``a_slots`` ``[slots, shards * max_rank,
     input_size]``, ``b_slots`` ``[slots, output_size, shards * max_rank]``, B block-diagonal
     over the shards, zero where an adapter's rank or targets leave room (the kernels read
-    each shard's block only up to the slot's rank, and B only on its diagonal)."""
+    each shard's block only up to the slot's rank, and B only on its diagonal), in
+    ``weights`` (:class:`~kvflow.runtime.lora.weights.SlotWeights`)."""
 
     def __init__(
         self,
@@ -46,9 +48,17 @@ class LoraLinear(nn.Module):
         self.context = context
         self.max_rank = max_rank
         self.output_sizes: tuple[int, ...] = tuple(base.output_sizes)
-        width = len(base.output_sizes) * max_rank
-        self.a_slots = torch.zeros(num_slots, width, base.input_size, dtype=dtype, device=device)
-        self.b_slots = torch.zeros(num_slots, base.output_size, width, dtype=dtype, device=device)
+        self.weights = SlotWeights.zeros(
+            num_slots, max_rank, base.input_size, self.output_sizes, dtype, device
+        )
+
+    @property
+    def a_slots(self) -> torch.Tensor:
+        return self.weights.a
+
+    @property
+    def b_slots(self) -> torch.Tensor:
+        return self.weights.b
 
     def clear_slot(self, slot: int) -> None:
         self.a_slots[slot].zero_()
@@ -71,7 +81,7 @@ class LoraLinear(nn.Module):
         # NOTE: a row-parallel projection's delta joins its partial product before the
         # all-reduce (this rank's input columns times its columns of A), summed with it
         out = self.base.method.apply(self.base, x)
-        out = batch.add_delta(x, out, self.a_slots, self.b_slots, self.output_sizes)
+        out = batch.add_delta(x, out, self.weights)
         return self.base.reduce(out)
 
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:

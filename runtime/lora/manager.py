@@ -139,7 +139,7 @@ class LoraManager:
                     sum(rows), lora.a_slots.shape[2], dtype=self.dtype, device=self.device
                 )
                 out = x.new_zeros(sum(rows), lora.b_slots.shape[1])
-                batch.add_delta(x, out, lora.a_slots, lora.b_slots, lora.output_sizes)
+                batch.add_delta(x, out, lora.weights)
 
     # -- the registry ----------------------------------------------------------------------
     def load(self, name: str, path: str) -> LoraAdapter:

@@ -252,7 +252,9 @@ def _check_loop(device, dtype, lengths, slots, ranks, shard_rows, k=40, width=16
         if slot >= 0 and end > start
     ]
     out = base.to(device).clone()
-    got = lora_delta_segments(x.to(device), out, a.to(device), b.to(device), segments)
+    a_t = tuple(slot.t() for slot in a.to(device))
+    b_t = tuple(slot.t() for slot in b.to(device))
+    got = lora_delta_segments(x.to(device), out, a_t, b_t, segments)
     assert got.data_ptr() == out.data_ptr()
     tol = _TOLERANCE[dtype] * 4
     torch.testing.assert_close(got.cpu().double(), want, atol=tol, rtol=tol)

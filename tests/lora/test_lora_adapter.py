@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from lora_adapters import TINY, build_adapter, build_base
 
 from kvflow.runtime.lora import (
@@ -17,6 +18,7 @@ from kvflow.runtime.lora import (
     parse_lora_paths,
     resolve_target_modules,
 )
+from kvflow.runtime.lora.weights import SlotWeights
 from kvflow.runtime.server.args import parse_args
 
 HIDDEN, INTER = TINY["hidden_size"], TINY["intermediate_size"]
@@ -107,6 +109,20 @@ def test_segments_merge_neighbours_on_one_slot():
     assert batch.seg_slots.tolist() == [0, -1, 1, 0] and batch.max_seg_len == 5
     assert batch.segments == ((0, 4, 0), (9, 11, 1), (11, 13, 0))  # the host's, with a slot
     assert LoraBatch.of([-1, -1], [3, 1], "cpu") is None
+
+
+def test_slot_views_follow_writes_in_place():
+    """Each slot's A.T and B.T are views made once: a slot written later shows in them."""
+    weights = SlotWeights.zeros(2, 4, 8, (3, 5), torch.float32, "cpu")
+    assert weights.a.shape == (2, 8, 8) and weights.b.shape == (2, 8, 8)
+    weights.a[1, 6, 2] = 7.0
+    weights.b[0, 4, 5] = 3.0
+    assert weights.a_t[1][2, 6] == 7.0 and weights.b_t[0][5, 4] == 3.0
+    assert weights.a_t[0].abs().sum() == 0
+    with pytest.raises(ValueError, match="do not fit"):
+        SlotWeights.of(torch.zeros(2, 4, 8), torch.zeros(2, 5, 4), (3,))
+    with pytest.raises(ValueError, match="A \\[slots, R, K\\]"):
+        SlotWeights.of(torch.zeros(2, 4, 8), torch.zeros(2, 5, 3), (5,))
 
 
 def test_names_and_targets():

@@ -97,9 +97,9 @@ def test_kernel_warm_up_reaches_every_eager_layout_and_changes_nothing(
     seen: list[tuple[int, int, int]] = []
     add_delta = LoraBatch.add_delta
 
-    def record(batch, x, out, a_slots, b_slots, shard_rows):
-        seen.append((x.shape[0], batch.max_seg_len, b_slots.shape[1]))
-        return add_delta(batch, x, out, a_slots, b_slots, shard_rows)
+    def record(batch, x, out, weights):
+        seen.append((x.shape[0], batch.max_seg_len, weights.b.shape[1]))
+        return add_delta(batch, x, out, weights)
 
     monkeypatch.setattr(LoraBatch, "add_delta", record)
     manager.warm_kernels()
