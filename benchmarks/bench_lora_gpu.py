@@ -14,8 +14,8 @@ bar: 16,64,16,64).
 
 Each engine run also times eager prefills (``--prefill-tokens`` each, 256 by default, one
 new token, prompts no cache holds): milliseconds per ``Engine.generate`` of 1 and of 2
-requests, the median of 8; with adapters both ways an eager batch can take (the
-per-segment loop of ``kvflow.runtime.lora.batch``, and Triton's kernels with the loop off).
+requests, the median of 8; with adapters each way an eager batch can take (as
+``kvflow.runtime.lora.batch`` chooses, the masked matmuls, Triton's segmented kernels).
 With ``--profile``, the host's busiest functions (cProfile) in 2-request prefills too.
 
 Part ``kernels``: the LoRA kernels in the decode graphs' layout against the layout before
@@ -124,15 +124,19 @@ def prefill_ms(
 def prefill_rows(
     engine, label: str, adapters: list[str | None], tokens: int, profile: bool
 ) -> list[dict]:
-    """:func:`prefill_ms` at 1 and 2 requests; with adapters, Triton's kernels with the
-    per-segment loop off too; with ``profile``, :func:`host_profile`."""
+    """:func:`prefill_ms` at 1 and 2 requests; with adapters, each way an eager batch can
+    run its LoRA: as ``kvflow.runtime.lora.batch`` chooses (a segment: two matmuls;
+    more: the masked matmuls), the masked matmuls for every batch, and Triton's segmented
+    kernels. With ``profile``, :func:`host_profile` for each."""
     from kvflow.runtime.lora import batch as lora_batch
 
-    loop = lora_batch.LOOP_SEGMENTS
-    ways = [("", loop)] + ([(" triton", 0)] if any(adapters) else [])
+    chosen = (lora_batch.LOOP_SEGMENTS, lora_batch.MASKED_ROWS)
+    ways = [("", chosen)]
+    if any(adapters):
+        ways += [(" masked", (0, chosen[1])), (" triton", (0, 0))]
     rows = []
-    for suffix, segments in ways:
-        lora_batch.LOOP_SEGMENTS = segments
+    for suffix, (loop, masked) in ways:
+        lora_batch.LOOP_SEGMENTS, lora_batch.MASKED_ROWS = loop, masked
         try:
             for requests in (1, 2):
                 ms = prefill_ms(engine, requests, tokens, adapters)
@@ -143,7 +147,7 @@ def prefill_rows(
                 rows.append({"run": label + suffix,
                              "prefill_profile": host_profile(engine, tokens, adapters)})  # fmt: skip
         finally:
-            lora_batch.LOOP_SEGMENTS = loop
+            lora_batch.LOOP_SEGMENTS, lora_batch.MASKED_ROWS = chosen
     return rows
 
 

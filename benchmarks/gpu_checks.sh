@@ -9,7 +9,8 @@
 #               at batch 8, 32 and 8 again: the base model and mixed adapters, each run's
 #               kernels profiled at batch 32 (benchmarks/results/lora.md); then
 #               tests/gpu/test_gpu_lora.py and tests/kernels/test_lora_kernel.py's grouped
-#               layout (what the decode graphs run, segmented and dense shrinks)
+#               layout (what the decode graphs run, segmented and dense shrinks) and eager
+#               matmuls (per segment and masked)
 #
 #   OUT=/tmp/out STOP_AT=540 PART=spec bash benchmarks/gpu_checks.sh
 #
@@ -44,6 +45,7 @@ case "$PART" in
     echo "bench_lora_gpu rc $? after $(elapsed) s"
     timeout "$(budget)" $PYTHON -P -m pytest -m gpu -v -p no:cacheprovider -rfEs \
       tests/gpu/test_gpu_lora.py tests/kernels/test_lora_kernel.py::test_lora_grouped_mixed_ranks_gpu \
+      tests/kernels/test_lora_kernel.py::test_lora_eager_matmuls_gpu \
       --junitxml "$OUT/pytest.xml" > "$OUT/pytest.txt" 2>&1
     echo "pytest rc $? after $(elapsed) s"
     tail -5 "$OUT/pytest.txt"

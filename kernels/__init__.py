@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from kvflow.kernels.logit_cap import softcap_ref
     from kvflow.kernels.lora import lora_expand, lora_shrink
     from kvflow.kernels.lora_ref import (
+        lora_delta_masked,
         lora_delta_segments,
         lora_expand_ref,
         lora_shrink_dense,
@@ -121,6 +122,7 @@ else:  # torch-free until a name is used (kvflow.lazy)
             ".kv_store": ("store_kv_cache",),
             ".lora": ("lora_expand", "lora_shrink"),
             ".lora_ref": (
+                "lora_delta_masked",
                 "lora_delta_segments",
                 "lora_expand_ref",
                 "lora_shrink_dense",
@@ -165,6 +167,7 @@ __all__ = [
     "gemv",
     "gemv_ref",
     "is_fp8",
+    "lora_delta_masked",
     "lora_delta_segments",
     "lora_expand",
     "lora_expand_ref",

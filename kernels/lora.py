@@ -144,7 +144,7 @@ def _shrink_kernel(
 @triton.jit
 def _expand_kernel(
     h_ptr, b_ptr, out_ptr, seg_indptr_ptr, seg_slots_ptr, row_order_ptr, slot_ranks_ptr,
-    WIDTH, stride_hm, stride_hs, stride_bs, stride_bn, stride_om,
+    WIDTH, stride_hm, stride_hs, stride_bs, stride_bn, stride_bk, stride_om,
     SHARD_BOUNDS: tl.constexpr, NUM_SHARDS: tl.constexpr, HAS_ROW_ORDER: tl.constexpr,
     HAS_RANKS: tl.constexpr, H_BY_SLOT: tl.constexpr, UPCAST_DOT: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -182,7 +182,7 @@ def _expand_kernel(
                 h_ptrs = h_rows + shard * WIDTH + offs_k[None, :]
                 b_ptrs = (
                     b_ptr + slot.to(tl.int64) * stride_bs + offs_n[None, :].to(tl.int64) * stride_bn
-                    + shard * WIDTH + offs_k[:, None]
+                    + (shard * WIDTH + offs_k[:, None]).to(tl.int64) * stride_bk
                 )  # fmt: skip
                 for step_k in range(0, rank, BLOCK_K):  # NOTE: stops at the adapter's rank
                     mask_k = offs_k + step_k < rank
@@ -193,7 +193,7 @@ def _expand_kernel(
                         b = b.to(tl.float32)
                     acc += tl.dot(h, b.to(h.dtype), input_precision=PRECISION)
                     h_ptrs += BLOCK_K
-                    b_ptrs += BLOCK_K
+                    b_ptrs += BLOCK_K * stride_bk
         out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
         mask = mask_m[:, None] & (offs_n < N)[None, :]
         acc += tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
@@ -213,10 +213,13 @@ def _sum_splits_kernel(partials_ptr, out_ptr, numel, splits, BLOCK: tl.constexpr
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _check(x: torch.Tensor, weights: torch.Tensor, *layout: torch.Tensor | None) -> None:
+def _check(
+    x: torch.Tensor, weights: torch.Tensor, *layout: torch.Tensor | None, any_strides=False
+) -> None:
+    """Shapes, strides (``any_strides``: the weights' are free) and the layout's dtypes."""
     if x.dim() != 2 or weights.dim() != 3 or x.shape[1] != weights.shape[2]:
         raise ValueError(f"x [T, K] and weights [slots, N, K], got {x.shape}, {weights.shape}")
-    if x.stride(1) != 1 or weights.stride(2) != 1:
+    if x.stride(1) != 1 or (weights.stride(2) != 1 and not any_strides):
         raise ValueError("x and weights need a contiguous last dimension")
     if any(t is not None and t.dtype != torch.int32 for t in layout):
         raise ValueError("seg_indptr, seg_slots, row_order and slot_ranks are int32")
@@ -327,8 +330,9 @@ def lora_expand(
 ) -> torch.Tensor:
     """``out[row p] += h[p] @ b_weights[slot].T`` in place for every position ``p`` of a
     segment with a slot (``h`` ``[T, R]`` by position, ``b_weights`` ``[slots, N, R]``,
-    ``out`` ``[T, N]`` with rows of stride ``out.stride(0)`` and contiguous columns);
-    returns ``out``. ``shard_rows``: the output rows of each shard (None: one shard), shard
+    ``out`` ``[T, N]`` with rows of stride ``out.stride(0)`` and contiguous columns;
+    ``b_weights`` of any strides, e.g. a transposed view of ``[slots, R, N]``); returns
+    ``out``. ``shard_rows``: the output rows of each shard (None: one shard), shard
     ``s`` reading only block ``s`` of ``R``, up to the slot's rank (``slot_ranks``);
     ``row_order`` as :func:`lora_shrink`'s, its rows distinct. ``h_by_slot``: ``h`` is
     :func:`lora_shrink_dense`'s ``[T, slots * R]`` by token row, read at the row's slot."""
@@ -338,7 +342,7 @@ def lora_expand(
     if h_by_slot and h.shape[1] != b_weights.shape[0] * stacked:
         raise ValueError(f"h by slot is [T, slots * R], got {tuple(h.shape)}")
     per_slot = h[:, :stacked] if h_by_slot else h  # (by slot: slot 0's block stands for all)
-    _check(per_slot, b_weights, seg_indptr, seg_slots, row_order, slot_ranks)
+    _check(per_slot, b_weights, seg_indptr, seg_slots, row_order, slot_ranks, any_strides=True)
     shard_rows = shard_rows or (n,)
     if sum(shard_rows) != n or stacked % len(shard_rows):
         raise ValueError(f"shards of {shard_rows} rows do not fit B {tuple(b_weights.shape)}")
@@ -351,7 +355,8 @@ def lora_expand(
     _expand_kernel[grid](
         h, b_weights, out, seg_indptr, seg_slots,
         WIDTH=width, stride_hm=h.stride(0), stride_hs=stacked if h_by_slot else 0,
-        stride_bs=b_weights.stride(0), stride_bn=b_weights.stride(1), stride_om=out.stride(0),
+        stride_bs=b_weights.stride(0), stride_bn=b_weights.stride(1),
+        stride_bk=b_weights.stride(2), stride_om=out.stride(0),
         SHARD_BOUNDS=(0, *itertools.accumulate(shard_rows)), NUM_SHARDS=len(shard_rows),
         H_BY_SLOT=h_by_slot, UPCAST_DOT=interpreted,
         PRECISION="ieee" if interpreted else dot_precision(h.dtype),

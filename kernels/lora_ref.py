@@ -10,7 +10,13 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["lora_delta_segments", "lora_expand_ref", "lora_shrink_dense", "lora_shrink_ref"]
+__all__ = [
+    "lora_delta_masked",
+    "lora_delta_segments",
+    "lora_expand_ref",
+    "lora_shrink_dense",
+    "lora_shrink_ref",
+]
 
 
 def _segments(seg_indptr: torch.Tensor, seg_slots: torch.Tensor) -> list[tuple[int, int, int]]:
@@ -87,6 +93,25 @@ def lora_delta_segments(
         else:
             out[start:end].addmm_(torch.mm(x[start:end], a_t[slot]), b_t[slot])
     return out
+
+
+def lora_delta_masked(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    a_cat: torch.Tensor,
+    b_cat: torch.Tensor,
+    row_mask: torch.Tensor,
+) -> torch.Tensor:
+    """``out += ((x @ a_cat.T) * row_mask) @ b_cat`` in place: every row of ``x`` ``[T,
+    K]`` by every slot's A (``a_cat`` ``[slots * R, K]``), each row's columns of other
+    slots zeroed (``row_mask`` ``[T, slots, 1]``: 1 on the row's slot, none on the base
+    model's rows), then by every slot's ``B.T`` (``b_cat`` ``[slots * R, N]``): two library
+    matmuls and one multiply, however many segments the rows form. Reads every slot at
+    its whole width, as :func:`lora_delta_segments` does (exact on the same zeros), and
+    rounds as it does."""
+    h = torch.nn.functional.linear(x, a_cat)
+    h.view(row_mask.shape[0], row_mask.shape[1], -1).mul_(row_mask)
+    return out.addmm_(h, b_cat)
 
 
 def lora_expand_ref(

@@ -12,17 +12,39 @@ from kvflow import kernels
 from kvflow.runtime.host_copy import host_to_device
 from kvflow.runtime.lora.weights import SlotWeights
 
-__all__ = ["DENSE_SHRINK_ROWS", "LOOP_SEGMENTS", "LoraBatch"]
+__all__ = ["DENSE_SHRINK_ROWS", "LOOP_SEGMENTS", "MASKED_ROWS", "LoraBatch", "row_mask"]
 
 # NOTE: up to this many token rows (every decode step) the shrink is one GEMM of each row
 # by every slot's A: at batch 32 on an H200 the segmented shrink and the sum of its split-K
 # partials took 11 us a projection, bound by latency, while every slot's A is a few MB
 DENSE_SHRINK_ROWS = 256
-# NOTE: an eager batch with up to this many adapter segments (a prefill's few requests) runs
-# two cuBLAS matmuls a segment: an eager step's LoRA is bound by the host's launches, and
-# the Triton path launched three kernels a projection (shrink, split-K sum, expand) through
-# Triton's slower launcher; the serving bar's LoRA prefill steps took ~2x the base model's
-LOOP_SEGMENTS = 4
+# NOTE: an eager step is bound by the host's launches (on an H200 host a 2 x 256-token
+# prefill of the 8B shapes ran 5.3 ms of kernels in 19 ms), so an eager batch's LoRA is
+# counted in library calls: with up to LOOP_SEGMENTS adapter segments (one prompt) two
+# cuBLAS matmuls a segment; with more, up to MASKED_ROWS rows, two matmuls over every
+# slot (the shrink's columns of other slots zeroed by the batch's row mask). Triton's
+# eager launches cost the host far more (its segmented path ~120 us a projection)
+LOOP_SEGMENTS = 1
+# NOTE: the masked matmuls read every slot at full width: past this many rows their FLOPs
+# grow past the segmented kernels' (a long prompt is one segment: the loop)
+MASKED_ROWS = 2048
+
+
+def row_mask(
+    segments: Sequence[tuple[int, int, int]],
+    rows: int,
+    num_slots: int,
+    dtype: torch.dtype,
+    device: str,
+) -> torch.Tensor:
+    """``[rows, num_slots, 1]`` in ``dtype``: 1 where the row's segment runs on the slot,
+    0 elsewhere (rows of the base model: all 0); built on the host, its copy queued behind
+    the work in flight (pinned memory on CUDA)."""
+    on_cuda = str(device).startswith("cuda")
+    host = torch.zeros(rows, num_slots, 1, dtype=dtype, pin_memory=on_cuda)
+    for start, end, slot in segments:
+        host[start:end, slot] = 1
+    return host.to(device, non_blocking=True) if on_cuda else host
 
 
 @dataclass(frozen=True)
@@ -34,7 +56,8 @@ class LoraBatch:
     each slot's adapter rank (the manager's, rewritten when an adapter enters a slot; None:
     every slot at the layers' ``max_rank``). The layout of :mod:`kvflow.kernels.lora`.
     ``segments``: the segments with a slot as ``(first row, end, slot)``, when known on the
-    host (eager batches; None in decode graphs)."""
+    host (eager batches; None in decode graphs). ``row_mask``: :func:`row_mask`, where the
+    batch takes the masked matmuls (:meth:`add_delta`)."""
 
     seg_indptr: torch.Tensor  # [G + 1] int32, on the model's device
     seg_slots: torch.Tensor  # [G] int32
@@ -42,6 +65,7 @@ class LoraBatch:
     row_order: torch.Tensor | None = None  # [positions] int32, distinct rows
     slot_ranks: torch.Tensor | None = None  # [slots] int32
     segments: tuple[tuple[int, int, int], ...] | None = None
+    row_mask: torch.Tensor | None = None  # [rows, slots, 1] in the model's dtype
 
     @classmethod
     def of(
@@ -50,9 +74,14 @@ class LoraBatch:
         rows: Sequence[int],
         device: str,
         slot_ranks: torch.Tensor | None = None,
+        *,
+        num_slots: int = 0,
+        dtype: torch.dtype | None = None,
     ) -> LoraBatch | None:
         """Request ``i`` runs ``rows[i]`` token rows on slot ``slots[i]``; None when no
-        request has an adapter."""
+        request has an adapter. ``num_slots`` and ``dtype`` (the layers'): on CUDA, a batch
+        of more than :data:`LOOP_SEGMENTS` adapter segments and up to :data:`MASKED_ROWS`
+        rows gets its :func:`row_mask`."""
         if all(slot < 0 for slot in slots):
             return None
         bounds: list[int] = [0]
@@ -72,9 +101,15 @@ class LoraBatch:
             for start, end, slot in zip(bounds, bounds[1:], seg_slots, strict=False)
             if slot >= 0 and end > start
         )
+        mask = None
+        if (
+            str(device).startswith("cuda") and num_slots and dtype is not None
+            and len(segments) > LOOP_SEGMENTS and bounds[-1] <= MASKED_ROWS
+        ):  # fmt: skip
+            mask = row_mask(segments, bounds[-1], num_slots, dtype, str(device))
         return cls(
             packed[: len(bounds)], packed[len(bounds) :], max_len, slot_ranks=slot_ranks,
-            segments=segments,
+            segments=segments, row_mask=mask,
         )  # fmt: skip
 
     def add_delta(self, x: torch.Tensor, out: torch.Tensor, weights: SlotWeights) -> torch.Tensor:
@@ -82,9 +117,11 @@ class LoraBatch:
         place, each shard (``weights.shard_rows``: its output rows) through its own block
         of the slots at the adapter's rank. Segments known on the host (an eager batch), up
         to :data:`LOOP_SEGMENTS` of them on CUDA and any number elsewhere: two torch
-        matmuls a segment (:func:`~kvflow.kernels.lora_delta_segments`). Otherwise
-        Triton's segmented kernels on CUDA (the shrink one GEMM over every slot for up to
-        :data:`DENSE_SHRINK_ROWS` rows), torch matmuls per segment and shard elsewhere."""
+        matmuls a segment (:func:`~kvflow.kernels.lora_delta_segments`); with a
+        ``row_mask``, two over every slot (:func:`~kvflow.kernels.lora_delta_masked`).
+        Otherwise Triton's segmented kernels on CUDA (the shrink one GEMM over every slot
+        for up to :data:`DENSE_SHRINK_ROWS` rows: the decode graphs), torch matmuls per
+        segment and shard elsewhere."""
         # NOTE: an eager step is bound by the host, and each torch call costs it
         # microseconds: none that would change nothing
         if x.dim() != 2:
@@ -94,6 +131,9 @@ class LoraBatch:
         flat = out if out.dim() == 2 else out.view(-1, out.shape[-1])
         if self.segments is not None and (not x.is_cuda or len(self.segments) <= LOOP_SEGMENTS):
             kernels.lora_delta_segments(x, flat, weights.a_t, weights.b_t, self.segments)
+            return out
+        if self.row_mask is not None:
+            kernels.lora_delta_masked(x, flat, weights.a_cat, weights.b_cat, self.row_mask)
             return out
         a_slots, b_slots, shard_rows = weights.a, weights.b, weights.shard_rows
         indptr, slots, order, ranks = (

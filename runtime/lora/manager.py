@@ -13,7 +13,7 @@ from torch import nn
 from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.layers import LinearBase
 from kvflow.runtime.lora.adapter import LoraAdapter, LoraLimits, load_adapter
-from kvflow.runtime.lora.batch import DENSE_SHRINK_ROWS, LOOP_SEGMENTS, LoraBatch
+from kvflow.runtime.lora.batch import LOOP_SEGMENTS, MASKED_ROWS, LoraBatch
 from kvflow.runtime.lora.layers import LoraContext, LoraLinear
 from kvflow.runtime.lora.options import LoraOptions, parse_lora_paths
 from kvflow.runtime.lora.slots import LoraSlots
@@ -114,20 +114,18 @@ class LoraManager:
     def warm_kernels(self) -> None:
         """Run each wrapped projection's LoRA kernels once in every eager layout that
         reaches Triton (past :data:`~kvflow.runtime.lora.batch.LOOP_SEGMENTS` adapter
-        segments: the dense shrink's expand with segments of up to 16, 32 and 64 rows; past
-        :data:`~kvflow.runtime.lora.batch.DENSE_SHRINK_ROWS` rows, the segmented kernels
-        with segments of up to 16, 32 and more rows), on scratch inputs and outputs, so that
-        Triton compiles them at start-up: on an H200 the first prefill past the dense
-        shrink's rows stalled serving for ~4.5 s while they compiled. Decode graphs compile
-        theirs at capture."""
-        many = 2 * (LOOP_SEGMENTS + 1)  # segments: as many on slot 0 as on the base model
+        segments and :data:`~kvflow.runtime.lora.batch.MASKED_ROWS` rows: the segmented
+        kernels, with segments of up to 16, 32 and more rows), on scratch inputs and
+        outputs, so that Triton compiles them at start-up: on an H200 the first prefill
+        that took them stalled serving for ~4.5 s while they compiled. Decode graphs
+        compile theirs at capture."""
 
         def alternating(rows: list[int]) -> tuple[list[int], list[int]]:
-            return [(0, -1)[i % 2] for i in range(len(rows))], rows
+            return [(0, -1)[i % 2] for i in range(len(rows))], rows  # slot 0, the base model
 
-        layouts = [alternating([n] + [1] * (many - 1)) for n in (16, 32, 64)]  # dense shrink
-        layouts += [alternating([n] * max(many, DENSE_SHRINK_ROWS // n + 1)) for n in (16, 32)]
-        layouts.append(alternating([DENSE_SHRINK_ROWS + 1] + [1] * (many - 1)))
+        many = 2 * (LOOP_SEGMENTS + 1)
+        layouts = [alternating([n] * max(many, MASKED_ROWS // n + 1)) for n in (16, 32)]
+        layouts.append(alternating([MASKED_ROWS + 1] + [1] * (many - 1)))
         shapes: dict[str, LoraLinear] = {}
         for (_, path), lora in self.wrapped.items():  # (every layer's shapes are layer 0's)
             shapes.setdefault(path, lora)
@@ -222,7 +220,10 @@ class LoraManager:
             yield
             return
         rows = [1] * fb.batch_size if fb.is_decode else fb.extend_seq_lens_cpu
-        self.context.batch = LoraBatch.of(slots, rows, self.device, self.slot_ranks)
+        self.context.batch = LoraBatch.of(
+            slots, rows, self.device, self.slot_ranks,
+            num_slots=self.slots.num_slots, dtype=self.dtype,
+        )  # fmt: skip
         try:
             yield
         finally:

@@ -14,25 +14,37 @@ class SlotWeights:
     """``a`` ``[slots, shards * max_rank, input_size]`` and ``b`` ``[slots, output_size,
     shards * max_rank]`` (:class:`~kvflow.runtime.lora.LoraLinear`'s layout: each shard's
     block of ``max_rank`` rows of A and columns of B, B block-diagonal, zeros where an
-    adapter's rank or targets leave room); ``shard_rows``: each shard's output rows. ``a_t``
-    and ``b_t``: each slot's ``A.T`` ``[input_size, R]`` and ``B.T`` ``[R, output_size]``,
-    views of ``a`` and ``b`` made once, so an eager batch's per-segment matmuls take no
-    view operation a call (slots are written in place: the views stay valid)."""
+    adapter's rank or targets leave room); ``shard_rows``: each shard's output rows.
+
+    B is stored transposed (``b`` is a view of ``[slots, R, output_size]`` memory), so
+    every other form is a view made once, taking no operation a call (slots are written
+    in place: the views stay valid): ``a_t`` and ``b_t``, each slot's ``A.T`` ``[K, R]``
+    and ``B.T`` ``[R, N]`` (an eager batch's per-segment matmuls), and ``a_cat`` ``[slots
+    * R, K]`` and ``b_cat`` ``[slots * R, N]``, every slot stacked (the masked matmuls)."""
 
     a: torch.Tensor
     b: torch.Tensor
     shard_rows: tuple[int, ...]
     a_t: tuple[torch.Tensor, ...]
     b_t: tuple[torch.Tensor, ...]
+    a_cat: torch.Tensor
+    b_cat: torch.Tensor
 
     @classmethod
-    def of(cls, a: torch.Tensor, b: torch.Tensor, shard_rows: tuple[int, ...]) -> SlotWeights:
-        if a.dim() != 3 or b.dim() != 3 or a.shape[:2] != (b.shape[0], b.shape[2]):
-            raise ValueError(f"A [slots, R, K] and B [slots, N, R], got {a.shape}, {b.shape}")
-        if sum(shard_rows) != b.shape[1]:
-            raise ValueError(f"shards of {shard_rows} rows do not fit B {tuple(b.shape)}")
-        slots = range(a.shape[0])
-        return cls(a, b, shard_rows, tuple(a[s].t() for s in slots), tuple(b[s].t() for s in slots))
+    def of(cls, a: torch.Tensor, b_t: torch.Tensor, shard_rows: tuple[int, ...]) -> SlotWeights:
+        """From ``a`` ``[slots, R, K]`` and ``b_t`` ``[slots, R, N]``, both contiguous."""
+        if a.dim() != 3 or b_t.dim() != 3 or a.shape[:2] != b_t.shape[:2]:
+            raise ValueError(f"A [slots, R, K] and B.T [slots, R, N], got {a.shape}, {b_t.shape}")
+        if not (a.is_contiguous() and b_t.is_contiguous()):
+            raise ValueError("A and B.T must be contiguous")
+        if sum(shard_rows) != b_t.shape[2]:
+            raise ValueError(f"shards of {shard_rows} rows do not fit B.T {tuple(b_t.shape)}")
+        slots, width = a.shape[0], a.shape[1]
+        return cls(
+            a, b_t.transpose(1, 2), shard_rows, tuple(a[s].t() for s in range(slots)),
+            tuple(b_t[s] for s in range(slots)), a.view(slots * width, -1),
+            b_t.view(slots * width, -1),
+        )  # fmt: skip
 
     @classmethod
     def zeros(
@@ -46,5 +58,5 @@ class SlotWeights:
     ) -> SlotWeights:
         width = len(shard_rows) * max_rank
         a = torch.zeros(num_slots, width, input_size, dtype=dtype, device=device)
-        b = torch.zeros(num_slots, sum(shard_rows), width, dtype=dtype, device=device)
-        return cls.of(a, b, shard_rows)
+        b_t = torch.zeros(num_slots, width, sum(shard_rows), dtype=dtype, device=device)
+        return cls.of(a, b_t, shard_rows)

@@ -1,5 +1,7 @@
-"""Multi-LoRA on a GPU: the segmented Triton kernels inside the engine, against
-transformers with each adapter merged into the weights (``W + scaling * B @ A``).
+"""Multi-LoRA on a GPU: every LoRA path inside the engine (an eager batch's per-segment or
+masked matmuls, the Triton kernels of decode graphs and of eager batches past
+``MASKED_ROWS``), against transformers with each adapter merged into the weights (``W +
+scaling * B @ A``).
 
 Self-contained (no peft on the GPU machine): the adapters are written in PEFT's format by
 hand. Skipped without CUDA; run on the accelerator machine with
@@ -136,11 +138,13 @@ def _lora_engine(root, dtype: str = "float32", **engine):
 
 
 def test_eager_layouts_compile_at_start_up(setup, monkeypatch):
-    """``LoraManager.warm_kernels`` compiles the eager layouts' kernels while the engine
-    starts: prefills past the dense shrink's 256 rows (one long segment, many short ones)
-    and short ones then compile nothing (on an H200 that first compile stalled serving
-    ~4.5 s). bf16, first in this module: no earlier test compiled this model's shapes."""
+    """``LoraManager.warm_kernels`` compiles the eager layouts' Triton kernels while the
+    engine starts: prefills past MASKED_ROWS rows in several segments (the segmented
+    kernels: long segments, many short ones) and a short one (the masked matmuls) then
+    compile nothing (on an H200 that first compile stalled serving ~4.5 s). bf16, first in
+    this module: no earlier test compiled this model's shapes."""
     from kvflow.kernels import lora as lora_kernels
+    from kvflow.runtime.lora.batch import MASKED_ROWS
 
     root, _, _ = setup
     engine = _lora_engine(root, "bfloat16")
@@ -157,9 +161,11 @@ def test_eager_layouts_compile_at_start_up(setup, monkeypatch):
             return _compile(*args, **kwargs)
 
         monkeypatch.setattr(kernel, "compile", counting)
-    # 509 rows in segments of 3-250; 288 rows in segments of 16; 20 rows (the dense shrink)
-    short = [[5 + i] * 16 for i in range(18)]
-    for batch in (_prompts(), short, _prompts()[:2]):
+    g = torch.Generator().manual_seed(3)
+    long = [torch.randint(0, 1000, (240,), generator=g).tolist() for _ in range(9)]  # 2160 rows
+    short = [torch.randint(0, 1000, (16,), generator=g).tolist() for _ in range(130)]  # 2080
+    assert sum(map(len, long)) > MASKED_ROWS and sum(map(len, short)) > MASKED_ROWS
+    for batch in (long, short, _prompts()[:2]):
         adapters = [("a", "b", None, "c", "d")[i % 5] for i in range(len(batch))]
         engine.generate(input_ids=batch, sampling_params=GREEDY, lora_path=adapters)
     assert compiled == []
@@ -185,6 +191,28 @@ def test_mixed_adapters_match_merged_weights_fp32(setup, max_loras_per_batch, di
     results = engine.generate(input_ids=batch, sampling_params=GREEDY, lora_path=adapters)
     got = [r.output_ids for r in results]
     assert got == [want[name][i] for i, name in enumerate(adapters)]
+    assert engine.is_memory_free()
+    del engine
+    torch.cuda.empty_cache()
+
+
+def test_long_mixed_prefill_matches_merged_weights_fp32(setup):
+    """A prefill past MASKED_ROWS rows in several segments takes the segmented Triton
+    kernels in eager mode (B read through its transposed storage); each request still
+    equals transformers with its adapter merged."""
+    from kvflow.runtime.lora.batch import MASKED_ROWS
+
+    root, hf, merged = setup
+    g = torch.Generator().manual_seed(4)
+    batch = [
+        torch.randint(0, 1000, (n,), generator=g).tolist() for n in (300, 41, 700, 5, 600, 500)
+    ]
+    assert sum(map(len, batch)) > MASKED_ROWS
+    adapters = ["d", "a", None, "c", "b", "d"]
+    want = _merged_greedy(hf, merged, batch, adapters)
+    engine = _lora_engine(root)
+    results = engine.generate(input_ids=batch, sampling_params=GREEDY, lora_path=adapters)
+    assert [r.output_ids for r in results] == [want[name][i] for i, name in enumerate(adapters)]
     assert engine.is_memory_free()
     del engine
     torch.cuda.empty_cache()

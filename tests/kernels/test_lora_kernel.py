@@ -14,6 +14,7 @@ import torch
 from kernel_testing import device_for, indptr
 
 from kvflow.kernels import (
+    lora_delta_masked,
     lora_delta_segments,
     lora_expand,
     lora_expand_ref,
@@ -21,6 +22,8 @@ from kvflow.kernels import (
     lora_shrink_dense,
     lora_shrink_ref,
 )
+from kvflow.runtime.lora.batch import row_mask
+from kvflow.runtime.lora.weights import SlotWeights
 
 _TOLERANCE = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 3e-2}
 
@@ -231,9 +234,11 @@ def test_lora_grouped_mixed_ranks_gpu(dtype, lengths, slots, k, shard_rows, spli
            max_seg_len=sum(lengths), dense=dense)  # fmt: skip
 
 
-def _check_loop(device, dtype, lengths, slots, ranks, shard_rows, k=40, width=16) -> None:
-    """:func:`lora_delta_segments` on the segments with a slot equals the references
-    (float64) over the whole layout, base-model rows untouched."""
+def _check_loop(device, dtype, lengths, slots, ranks, shard_rows, masked, k=40, width=16) -> None:
+    """:func:`lora_delta_segments` on the segments with a slot (``masked``:
+    :func:`lora_delta_masked` with the batch's :func:`row_mask`), the slots held as
+    :class:`SlotWeights` (B stored transposed), equals the references (float64) over the
+    whole layout, base-model rows untouched."""
     gen = torch.Generator().manual_seed(sum(lengths) + k)
     a, b = _weights(gen, len(ranks), width, k, shard_rows, ranks, poison=False)
     x = torch.randn(sum(lengths), k, generator=gen)
@@ -251,10 +256,15 @@ def _check_loop(device, dtype, lengths, slots, ranks, shard_rows, k=40, width=16
         for start, end, slot in zip(bounds, bounds[1:], slots, strict=False)
         if slot >= 0 and end > start
     ]
+    weights = SlotWeights.of(
+        a.to(device), b.transpose(1, 2).contiguous().to(device), tuple(shard_rows)
+    )
     out = base.to(device).clone()
-    a_t = tuple(slot.t() for slot in a.to(device))
-    b_t = tuple(slot.t() for slot in b.to(device))
-    got = lora_delta_segments(x.to(device), out, a_t, b_t, segments)
+    if masked:
+        mask = row_mask(segments, x.shape[0], len(ranks), dtype, device)
+        got = lora_delta_masked(x.to(device), out, weights.a_cat, weights.b_cat, mask)
+    else:
+        got = lora_delta_segments(x.to(device), out, weights.a_t, weights.b_t, segments)
     assert got.data_ptr() == out.data_ptr()
     tol = _TOLERANCE[dtype] * 4
     torch.testing.assert_close(got.cpu().double(), want, atol=tol, rtol=tol)
@@ -269,17 +279,49 @@ _LOOP_CASES = [  # (lengths, slots, each slot's rank, shards' output rows)
 ]
 
 
+@pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("lengths", "slots", "ranks", "shard_rows"), _LOOP_CASES)
-def test_lora_segments_loop_equals_the_references(dtype, lengths, slots, ranks, shard_rows):
-    _check_loop("cpu", dtype, lengths, slots, ranks, shard_rows)
+def test_lora_eager_matmuls_equal_the_references(dtype, lengths, slots, ranks, shard_rows, masked):
+    _check_loop("cpu", dtype, lengths, slots, ranks, shard_rows, masked)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(("lengths", "slots", "ranks", "shard_rows"), _LOOP_CASES)
-def test_lora_segments_loop_gpu(dtype, lengths, slots, ranks, shard_rows):
-    _check_loop(device_for("gpu"), dtype, lengths, slots, ranks, shard_rows)
+def test_lora_eager_matmuls_gpu(dtype, lengths, slots, ranks, shard_rows, masked):
+    _check_loop(device_for("gpu"), dtype, lengths, slots, ranks, shard_rows, masked)
+
+
+def test_row_mask_marks_each_rows_slot():
+    mask = row_mask([(0, 2, 1), (3, 4, 0)], 5, 3, torch.float32, "cpu")
+    assert mask.shape == (5, 3, 1)
+    assert mask[..., 0].tolist() == [[0, 1, 0], [0, 1, 0], [0, 0, 0], [1, 0, 0], [0, 0, 0]]
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dense", [False, True])
+def test_lora_expand_reads_b_stored_transposed_interpret(dense):
+    """B as :class:`SlotWeights` holds it (a transposed view of ``[slots, R, N]``
+    memory): the expand reads it through its strides and gives what contiguous B gives."""
+    gen = torch.Generator().manual_seed(9)
+    a, b = _weights(gen, 3, 16, 24, (20, 12), [16, 5, 9], poison=False)
+    x = torch.randn(11, 24, generator=gen)
+    seg_indptr, seg_slots = indptr([4, 2, 5]), torch.tensor([2, -1, 0], dtype=torch.int32)
+    ranks = torch.tensor([16, 5, 9], dtype=torch.int32)
+    h = lora_shrink_dense(x, a) if dense else lora_shrink_ref(
+        x, a, seg_indptr, seg_slots, slot_ranks=ranks, num_shards=2
+    )  # fmt: skip
+    transposed = b.transpose(1, 2).contiguous().transpose(1, 2)
+    assert transposed.stride(2) != 1
+    outs = [
+        lora_expand(h, weights, torch.zeros(11, 32), seg_indptr, seg_slots, 5,
+                    slot_ranks=ranks, shard_rows=(20, 12), h_by_slot=dense)
+        for weights in (b, transposed)
+    ]  # fmt: skip
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+    assert outs[0].abs().sum() > 0
 
 
 def test_lora_ref_leaves_base_rows():

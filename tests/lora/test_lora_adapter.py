@@ -112,17 +112,19 @@ def test_segments_merge_neighbours_on_one_slot():
 
 
 def test_slot_views_follow_writes_in_place():
-    """Each slot's A.T and B.T are views made once: a slot written later shows in them."""
+    """Each slot's A.T and B.T and every slot stacked are views made once: a slot written
+    later (through ``a`` and ``b``, as LoraLinear writes) shows in them."""
     weights = SlotWeights.zeros(2, 4, 8, (3, 5), torch.float32, "cpu")
     assert weights.a.shape == (2, 8, 8) and weights.b.shape == (2, 8, 8)
     weights.a[1, 6, 2] = 7.0
     weights.b[0, 4, 5] = 3.0
     assert weights.a_t[1][2, 6] == 7.0 and weights.b_t[0][5, 4] == 3.0
-    assert weights.a_t[0].abs().sum() == 0
+    assert weights.a_cat[8 + 6, 2] == 7.0 and weights.b_cat[5, 4] == 3.0
+    assert weights.a_t[0].abs().sum() == 0 and weights.b_t[1].abs().sum() == 0
     with pytest.raises(ValueError, match="do not fit"):
-        SlotWeights.of(torch.zeros(2, 4, 8), torch.zeros(2, 5, 4), (3,))
+        SlotWeights.of(torch.zeros(2, 4, 8), torch.zeros(2, 4, 5), (3,))
     with pytest.raises(ValueError, match="A \\[slots, R, K\\]"):
-        SlotWeights.of(torch.zeros(2, 4, 8), torch.zeros(2, 5, 3), (5,))
+        SlotWeights.of(torch.zeros(2, 4, 8), torch.zeros(2, 3, 5), (5,))
 
 
 def test_names_and_targets():

@@ -12,7 +12,7 @@ from lora_adapters import ALL_MODULES, GREEDY, build_adapter, build_base, peft_g
 
 from kvflow.runtime.engine import Engine
 from kvflow.runtime.lora import LoraBatch
-from kvflow.runtime.lora.batch import DENSE_SHRINK_ROWS
+from kvflow.runtime.lora.batch import MASKED_ROWS
 
 LENGTHS = (7, 23, 4, 15, 31, 9)
 # per prompt: adapter "a", the base model, adapter "b", ...
@@ -85,10 +85,9 @@ def test_kernel_warm_up_reaches_every_eager_layout_and_changes_nothing(
     checkpoints, expected, monkeypatch
 ):
     """:meth:`LoraManager.warm_kernels` (run at start-up on CUDA, so Triton compiles there):
-    every wrapped projection shape once per layout, the dense shrink's segments of 16, 32
-    and 64 rows and the segmented kernels' of 16, 32 and more past DENSE_SHRINK_ROWS, on
-    scratch tensors: the slots' weights and ranks are as before, and the engine still
-    answers as PEFT does."""
+    every wrapped projection shape once per layout, the segmented kernels' segments of 16,
+    32 and more rows past MASKED_ROWS, on scratch tensors: the slots' weights and ranks are
+    as before, and the engine still answers as PEFT does."""
     engine = _engine(checkpoints)
     manager = engine.runner.lora
     weights = {key: (lora.a_slots.clone(), lora.b_slots.clone())
@@ -106,10 +105,10 @@ def test_kernel_warm_up_reaches_every_eager_layout_and_changes_nothing(
     monkeypatch.undo()
     shapes = {lora.b_slots.shape[1] for lora in manager.wrapped.values()}
     for out_rows in shapes:
-        dense = {seg for rows, seg, n in seen if n == out_rows and rows <= DENSE_SHRINK_ROWS}
-        split = {seg for rows, seg, n in seen if n == out_rows and rows > DENSE_SHRINK_ROWS}
-        assert dense == {16, 32, 64} and {16, 32} < split and max(split) > 64
-    assert len(seen) == 6 * len({path for _, path in manager.wrapped})
+        split = {seg for rows, seg, n in seen if n == out_rows and rows > MASKED_ROWS}
+        assert {16, 32} < split and max(split) > 64
+    assert all(rows > MASKED_ROWS for rows, _, _ in seen)
+    assert len(seen) == 3 * len({path for _, path in manager.wrapped})
     assert torch.equal(manager.slot_ranks, ranks)
     for key, lora in manager.wrapped.items():
         assert torch.equal(lora.a_slots, weights[key][0]) and torch.equal(
