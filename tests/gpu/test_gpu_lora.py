@@ -196,6 +196,25 @@ def test_mixed_adapters_match_merged_weights_fp32(setup, max_loras_per_batch, di
     torch.cuda.empty_cache()
 
 
+def test_masked_decode_graphs_match_merged_weights_fp32(setup, monkeypatch):
+    """The decode graphs with GRAPH_MASKED (the masked matmuls, the row mask a graph
+    input) answer as transformers with each adapter merged."""
+    from kvflow.runtime.lora import graph
+
+    monkeypatch.setattr(graph, "GRAPH_MASKED", True)
+    root, hf, merged = setup
+    batch = _prompts()
+    adapters = ["a", None, "b", "c", "a", "d", None, "c"]
+    want = _merged_greedy(hf, merged, batch, adapters)
+    engine = _lora_engine(root)
+    assert engine.runner.graph_runner is not None
+    results = engine.generate(input_ids=batch, sampling_params=GREEDY, lora_path=adapters)
+    assert [r.output_ids for r in results] == [want[name][i] for i, name in enumerate(adapters)]
+    assert engine.is_memory_free()
+    del engine
+    torch.cuda.empty_cache()
+
+
 def test_long_mixed_prefill_matches_merged_weights_fp32(setup):
     """A prefill past MASKED_ROWS rows in several segments takes the segmented Triton
     kernels in eager mode (B read through its transposed storage); each request still
