@@ -6,8 +6,6 @@ prompts, 128 new tokens, EOS ignored) through ``Engine.generate`` at batch 1 and
 - lora-graphs base-only: ``--enable-lora``, decode CUDA graphs, no request on an adapter
   (what serving the base model costs once LoRA is on);
 - lora-graphs mixed: the batch's requests cycle over the four adapters;
-- lora-graphs mixed masked: the same with the graphs' masked matmuls
-  (``kvflow.runtime.lora.graph.GRAPH_MASKED``, an experiment);
 - lora-eager mixed: the same with ``--disable-cuda-graph`` (what LoRA cost before its
   decode ran in graphs).
 
@@ -74,8 +72,7 @@ LAYERS = {
     "gate_up_proj": (4096, (14336, 14336)), "down_proj": (14336, (4096,)),
 }  # fmt: skip
 KERNEL_BATCHES = (1, 8, 32, 128)
-# engine_rows' runs, in their order ("masked": kvflow.runtime.lora.graph.GRAPH_MASKED)
-RUN_KEYS = ("base", "base-only", "mixed", "masked", "eager")
+RUN_KEYS = ("base", "base-only", "mixed", "eager")  # engine_rows' runs, in their order
 # name -> (the slots' width, --max-lora-rank; each of the four slots' adapter rank): the
 # last is issue 28's serving bar (a, c rank 16; b, d rank 64)
 RANK_MIXES = {"16": (16, [16] * 4), "64": (64, [64] * 4), "16+64": (64, [16, 64, 16, 64])}
@@ -366,17 +363,12 @@ def engine_rows(
         ("base", {}, [None]),
         ("lora-graphs base-only", lora, [None]),
         ("lora-graphs mixed", lora, list(ADAPTERS)),
-        ("lora-graphs mixed masked", lora, list(ADAPTERS)),
         ("lora-eager mixed", {**lora, "disable_cuda_graph": True}, list(ADAPTERS)),
     ], strict=True))  # fmt: skip
-    from kvflow.runtime.lora import graph
-
     for key in keys or RUN_KEYS:
         label, kwargs, adapters = runs[key]
-        graph.GRAPH_MASKED = key == "masked"  # read when the engine captures its graphs
         engine = make_engine(MODEL, max_running_requests=max(sizes), **kwargs)
-        graph.GRAPH_MASKED = False
-        if key in ("base", "mixed"):  # (eager prefills: the same with "masked")
+        if key in ("base", "mixed"):
             rows.extend(prefill_rows(engine, label, adapters, prefill_tokens, profile))
             save()
         for bs in sizes:
@@ -391,7 +383,9 @@ def engine_rows(
         del engine
         gc.collect()
         torch.cuda.empty_cache()
-    base = {r["batch"]: r["output_tok_s"] for r in rows if r["run"] == "base" and "batch" in r}
+    base = {
+        r["batch"]: r["output_tok_s"] for r in rows if r["run"] == "base" and "output_tok_s" in r
+    }
     for r in rows:
         if "output_tok_s" in r and r["batch"] in base:
             r["vs_base"] = r["output_tok_s"] / base[r["batch"]]

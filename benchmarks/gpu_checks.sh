@@ -6,8 +6,8 @@
 #               over cuda_ipc and Mooncake), then `bench_spec.py gpu --skip-draft-eager`
 #               (benchmarks/results/spec-gpu*.md)
 #   PART=lora   `bench_lora_gpu.py engine` with the serving bar's adapter ranks (16,64,16,64)
-#               at batch 8, 32 and 8 again: the base model and mixed adapters (decode graphs
-#               grouped, then masked), eager prefills, each run's
+#               at batch 8, 32 and 8 again: the base model and mixed adapters, their eager
+#               prefills (each way an eager batch can run), each run's
 #               kernels profiled at batch 32 (benchmarks/results/lora.md); then
 #               tests/gpu/test_gpu_lora.py and tests/kernels/test_lora_kernel.py's grouped
 #               layout (what the decode graphs run, segmented and dense shrinks) and eager
@@ -41,7 +41,7 @@ case "$PART" in
   lora)
     # the benchmark first (the tests' time varies with what Triton compiles)
     timeout "$(budget)" $PYTHON -P benchmarks/bench_lora_gpu.py engine --batch-sizes 8,32,8 \
-      --adapter-ranks 16,64,16,64 --runs base,mixed,masked --profile \
+      --adapter-ranks 16,64,16,64 --runs base,mixed --profile \
       --json-out "$OUT/lora-engine.json"
     echo "bench_lora_gpu rc $? after $(elapsed) s"
     timeout "$(budget)" $PYTHON -P -m pytest -m gpu -v -p no:cacheprovider -rfEs \

@@ -19,10 +19,6 @@ without rows is an empty segment, whose programs exit at once. The manager's
 the weights of any not resident, queued on the stream before the replay) and writes
 ``packed``. A batch with no adapter runs the same graph with every row in the base segment
 (the kernels skip it).
-
-With :data:`GRAPH_MASKED` (an experiment, off: set before the engine starts) the graphs
-run the masked matmuls instead (:func:`~kvflow.kernels.lora_delta_masked`: every row by
-every slot at full width, a static ``row_mask`` ``[max_bs, S, 1]`` copied per replay).
 """
 
 from __future__ import annotations
@@ -38,9 +34,7 @@ from kvflow.runtime.forward_batch import ForwardBatch
 from kvflow.runtime.lora.batch import LoraBatch
 from kvflow.runtime.lora.manager import LoraManager
 
-__all__ = ["GRAPH_MASKED", "LoraGraphInputs", "RowGroups", "group_rows"]
-
-GRAPH_MASKED = False
+__all__ = ["LoraGraphInputs", "RowGroups", "group_rows"]
 
 
 class RowGroups(NamedTuple):
@@ -71,7 +65,6 @@ class LoraGraphInputs:
         self.num_slots = manager.slots.num_slots
         self.packed: torch.Tensor | None = None
         self.seg_slots: torch.Tensor | None = None
-        self.row_mask: torch.Tensor | None = None  # with GRAPH_MASKED
 
     @property
     def seg_indptr(self) -> torch.Tensor:
@@ -89,10 +82,6 @@ class LoraGraphInputs:
         self.seg_slots = torch.tensor(
             [*range(self.num_slots), -1], dtype=torch.int32, device=device
         )
-        if GRAPH_MASKED:
-            self.row_mask = torch.zeros(
-                max_bs, self.num_slots, 1, dtype=self.manager.dtype, device=device
-            )
 
     def fill_replay(self, fb: ForwardBatch, padded_bs: int) -> None:
         assert self.packed is not None, "init_capture first"
@@ -105,13 +94,6 @@ class LoraGraphInputs:
             groups.seg_indptr + groups.row_order, dtype=torch.int32, pin_memory=on_cuda
         )
         self.packed[: host.shape[0]].copy_(host, non_blocking=on_cuda)
-        if self.row_mask is not None:
-            ones = [0.0] * (padded_bs * self.num_slots)
-            for row, slot in enumerate(slots):
-                if slot >= 0:
-                    ones[row * self.num_slots + slot] = 1.0
-            mask = torch.tensor(ones, dtype=self.row_mask.dtype, pin_memory=on_cuda)
-            self.row_mask[:padded_bs].view(-1).copy_(mask, non_blocking=on_cuda)
 
     @contextmanager
     def capturing(self, bs: int) -> Iterator[None]:
@@ -125,7 +107,6 @@ class LoraGraphInputs:
             bs,
             row_order=self.row_order[:bs],
             slot_ranks=self.manager.slot_ranks,
-            row_mask=None if self.row_mask is None else self.row_mask[:bs],
         )
         try:
             yield

@@ -21,7 +21,7 @@ class _Manager:
     def __init__(self, num_slots: int = 2) -> None:
         from kvflow.runtime.lora import LoraContext, LoraSlots
 
-        self.device, self.dtype = "cpu", torch.float32
+        self.device = "cpu"
         self.context = LoraContext()
         self.slots = LoraSlots(num_slots)
         self.slot_ranks = torch.zeros(num_slots, dtype=torch.int32)
@@ -118,25 +118,3 @@ def test_grouped_layout_gives_each_row_its_adapters_delta():
         s = slot[name]
         want = x[row] @ a[s, :rank].t() @ b[s, :, :rank].t()
         torch.testing.assert_close(out[row], want)
-
-
-def test_masked_graphs_write_each_rows_slot(monkeypatch):
-    """With GRAPH_MASKED, a replay writes the static row mask (1 on each row's slot,
-    padding and the base model's rows all 0) and a captured graph's layers read it."""
-    from kvflow.runtime.lora import graph
-
-    monkeypatch.setattr(graph, "GRAPH_MASKED", True)
-    manager = _Manager()
-    inputs = LoraGraphInputs(manager)  # type: ignore[arg-type]
-    inputs.init_capture(8)
-    inputs.fill_replay(_decode(["a", None, "b", "a"]), 6)
-    slots = manager.slots.plan(["a", "b"]).slots
-    want = [[0.0, 0.0] for _ in range(8)]
-    for row, name in ((0, "a"), (2, "b"), (3, "a")):
-        want[row][slots[name]] = 1.0
-    assert inputs.row_mask is not None and inputs.row_mask[..., 0].tolist() == want
-    with inputs.capturing(4):
-        batch = manager.context.batch
-        assert batch is not None and batch.row_mask is not None
-        assert batch.row_mask.data_ptr() == inputs.row_mask.data_ptr()
-        assert batch.row_mask.shape == (4, 2, 1)
