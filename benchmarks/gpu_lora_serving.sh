@@ -30,6 +30,9 @@
 #     tokens in, 8 out, at 4/s (NUM_PROMPTS, RATE, INPUT_LEN, OUTPUT_LEN override);
 #     CLIENT_SITE: folders (:-joined) with the packages bench_serving needs and the venv lacks
 #
+# PHASE_S covers bench_serving's own start (on the H200 host ~25-40 s: its tokenizer, the
+# prompts) as well as the 50 s of arrivals: 85 s was enough there, 60 s cut every phase.
+#
 # Environment: OUT (/tmp/out), STOP_AT (490), PHASE_S (120), PHASES ("base lora churn"),
 # BACKEND (sglang: /generate with lora_path and --tokenize-prompt; or sglang-oai:
 # /v1/completions with model = lora_path = the adapter), CHURN_PAUSE_S (0: seconds between
