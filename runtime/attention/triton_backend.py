@@ -12,6 +12,7 @@ and convert them, and an extend reads its new tokens' K/V back from the pool as 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,7 @@ import torch
 from kvflow.kernels import decode_attention_table_fwd, extend_attention_fwd
 from kvflow.runtime.attention.base import AttentionBackend
 from kvflow.runtime.forward_batch import ForwardBatch
+from kvflow.runtime.host_copy import host_to_device
 
 __all__ = ["TritonBackend"]
 
@@ -34,9 +36,15 @@ class _Plan:
 
 
 def _indptr(lengths: list[int], device: torch.device) -> torch.Tensor:
-    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-    out[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
-    return out.to(device, non_blocking=True)
+    """``[0, l0, l0 + l1, ...]`` (int32) on ``device``, from pinned memory (queued, no wait)."""
+    return host_to_device([0, *itertools.accumulate(lengths)], str(device), torch.int32)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when its last dimension is contiguous, as the extend kernel needs (it
+    takes the token and head strides): the q, k and v views of a merged QKV output reach it
+    without a copy each (an eager prefill is bound by the host's launches)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
 
 
 class TritonBackend(AttentionBackend):
@@ -79,15 +87,15 @@ class TritonBackend(AttentionBackend):
 
     def forward_extend(self, q, k, v, layer_id, fb):
         plan: _Plan = fb.attn_metadata
-        out = torch.empty_like(q)
+        out = q.new_empty(q.shape)  # contiguous, whatever q's strides
         pool = self.kv_pool
         k_buf, v_buf = pool.k_buffer[layer_id], pool.v_buffer[layer_id]
         if self.reads_stored_kv:  # the new tokens as the pool holds them (FP8, unscaled)
             k, v = pool.stored(layer_id, fb.out_cache_loc)
         extend_attention_fwd(
-            q.contiguous(),
-            k.contiguous(),
-            v.contiguous(),
+            _rows(q),
+            _rows(k),
+            _rows(v),
             out,
             k_buf,
             v_buf,

@@ -21,7 +21,8 @@ def build_extend_batch(
     logit_extras: Sequence[int] = (),
 ) -> ForwardBatch:
     """Prefill step: request i runs tokens ``kv_len : kv_len + extend_lens[i]``; it needs
-    the logits of its ``logit_extras[i]`` tokens before the last one too (prompt logprobs)."""
+    the logits of its ``logit_extras[i]`` tokens before the last one too (prompt logprobs).
+    The per-token and per-request integers travel to the device in one copy."""
     input_ids: list[int] = []
     positions: list[int] = []
     prefix_lens = [r.kv_len for r in reqs]
@@ -29,15 +30,16 @@ def build_extend_batch(
         input_ids += req.all_token_ids()[req.kv_len : req.kv_len + extend_len]
         positions += range(req.kv_len, req.kv_len + extend_len)
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
+    # NOTE: one copy for the four (an eager prefill is bound by the host's calls)
+    tokens, count = len(input_ids), len(reqs)
+    flat = host_to_device(input_ids + positions + [r.req_pool_idx for r in reqs] + seq_lens, device)
     return ForwardBatch(
         mode=ForwardMode.EXTEND,
-        input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
-        positions=torch.tensor(positions, dtype=torch.int64, device=device),
+        input_ids=flat[:tokens],
+        positions=flat[tokens : 2 * tokens],
         out_cache_loc=out_cache_loc,
-        req_pool_indices=torch.tensor(
-            [r.req_pool_idx for r in reqs], dtype=torch.int64, device=device
-        ),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=device),
+        req_pool_indices=flat[2 * tokens : 2 * tokens + count],
+        seq_lens=flat[2 * tokens + count :],
         seq_lens_cpu=seq_lens,
         extend_prefix_lens_cpu=prefix_lens,
         extend_seq_lens_cpu=list(extend_lens),

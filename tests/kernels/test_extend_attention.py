@@ -1,6 +1,6 @@
 """extend_attention_fwd against extend_attention_ref: prefix/no prefix, ragged, GQA, paged;
 a sliding window, with the prefix tiles wholly before it poisoned (NaN) to show they are not
-read; soft-capped scores (Gemma 2)."""
+read; soft-capped scores (Gemma 2); q, k and v as views of one merged QKV output (no copy)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from kvflow.kernels import extend_attention_fwd, extend_attention_ref
 
 def _run_case(
     device, dtype, num_kv_heads, group, head_dim, prefix_lens, extend_lens, page_size,
-    window=None, block_n=16, logit_cap=None,
+    window=None, block_n=16, logit_cap=None, packed=False,
 ):  # fmt: skip
     gen = torch.Generator().manual_seed(sum(prefix_lens) * 13 + sum(extend_lens) + group)
     num_q_heads = num_kv_heads * group
@@ -44,7 +44,14 @@ def _run_case(
         assert not expected.isnan().any()
 
     tensors = [t.to(device) for t in (q, k, v)]
-    out = torch.full_like(tensors[0], float("nan"))
+    if packed:  # views of one [tokens, (q + 2 kv heads) * head_dim] row, as the QKV split's
+        qkv = torch.cat([t.flatten(1) for t in tensors], dim=1)
+        widths = [t.shape[1] * head_dim for t in tensors]
+        tensors = [
+            part.view(total, -1, head_dim) for part in qkv.split(widths, dim=1)
+        ]  # fmt: skip
+        assert not tensors[0].is_contiguous() and tensors[0].stride(-1) == 1
+    out = torch.full((total, num_q_heads, head_dim), float("nan"), dtype=dtype, device=device)
     extend_attention_fwd(
         *tensors,
         out,
@@ -121,6 +128,20 @@ def test_extend_attention_gpu(dtype, case):
 @pytest.mark.parametrize("case", GPU_CASES[1:4])
 def test_extend_attention_softcap_window_gpu(dtype, case):
     _run_case(device_for("gpu"), dtype, *case, window=100, block_n=64, logit_cap=1.0)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("case", INTERPRET_CASES[2:5])
+def test_extend_attention_packed_qkv_interpret(case):
+    """q, k, v as strided views of one merged QKV output: read in place, as the backend
+    passes them (no copies)."""
+    _run_case(device_for("interpret"), *case, packed=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [(BF16, 8, 4, 128, [37, 0], [300, 129], 16)])
+def test_extend_attention_packed_qkv_gpu(case):
+    _run_case(device_for("gpu"), *case, packed=True)
 
 
 def test_extend_attention_ref_matches_sdpa():
