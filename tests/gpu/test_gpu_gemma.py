@@ -56,6 +56,7 @@ def test_gemma_on_cuda_equals_transformers(tmp_path, family, cuda_graph):
         expected = [
             hf.generate(
                 torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),  # (not inferred)
                 max_new_tokens=MAX_NEW,
                 do_sample=False,
                 eos_token_id=2,

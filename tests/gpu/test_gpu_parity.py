@@ -90,6 +90,7 @@ def test_greedy_parity_small_llama_fp32(small_model, cuda_graph):
         for ids, our_ids in zip(_prompts(), ours, strict=True):
             out = hf.generate(
                 torch.tensor([ids], device="cuda"),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long, device="cuda"),
                 max_new_tokens=24,
                 do_sample=False,
                 min_new_tokens=24,

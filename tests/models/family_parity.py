@@ -50,8 +50,10 @@ def hf_greedy(hf: torch.nn.Module, batch: list[list[int]], cache=None) -> list[l
     outputs = []
     with torch.no_grad():
         for ids in batch:
+            prompt = torch.tensor([ids])
             full = hf.generate(
-                torch.tensor([ids]),
+                prompt,
+                attention_mask=torch.ones_like(prompt),  # (inferred, it hides tokens 0)
                 max_new_tokens=MAX_NEW,
                 do_sample=False,
                 eos_token_id=2,

@@ -168,6 +168,7 @@ def test_gemma_final_softcap_logprobs(tmp_path, family):
     with torch.no_grad():
         out = hf.generate(
             torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),  # (not inferred)
             max_new_tokens=MAX_NEW,
             do_sample=False,
             eos_token_id=2,
