@@ -144,8 +144,8 @@ def prefill_rows(
                              "prefill_tokens": tokens, "prefill_ms": ms})  # fmt: skip
                 print(f"{label}{suffix} prefill {requests}x{tokens}: {ms:.2f} ms", flush=True)
             if profile:
-                rows.append({"run": label + suffix,
-                             "prefill_profile": host_profile(engine, tokens, adapters)})  # fmt: skip
+                profiled = host_profile(engine, tokens, adapters)
+                rows.append({"run": label + suffix, "prefill_profile": profiled})
         finally:
             lora_batch.LOOP_SEGMENTS, lora_batch.MASKED_ROWS = chosen
     return rows

@@ -214,7 +214,10 @@ def _sum_splits_kernel(partials_ptr, out_ptr, numel, splits, BLOCK: tl.constexpr
 
 
 def _check(
-    x: torch.Tensor, weights: torch.Tensor, *layout: torch.Tensor | None, any_strides=False
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    *layout: torch.Tensor | None,
+    any_strides: bool = False,
 ) -> None:
     """Shapes, strides (``any_strides``: the weights' are free) and the layout's dtypes."""
     if x.dim() != 2 or weights.dim() != 3 or x.shape[1] != weights.shape[2]:
