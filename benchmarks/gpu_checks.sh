@@ -10,8 +10,9 @@
 #               prefills (each way an eager batch can run), each run's
 #               kernels profiled at batch 32 (benchmarks/results/lora.md); then
 #               tests/gpu/test_gpu_lora.py and tests/kernels/test_lora_kernel.py's grouped
-#               layout (what the decode graphs run, segmented and dense shrinks) and eager
-#               matmuls (per segment and masked)
+#               layout (what the decode graphs run, segmented and dense shrinks, the expand
+#               onto the joint GEMM's base columns), eager matmuls (per segment and
+#               masked) and the extend attention on packed QKV
 #
 #   OUT=/tmp/out STOP_AT=540 PART=spec bash benchmarks/gpu_checks.sh
 #
@@ -47,6 +48,8 @@ case "$PART" in
     timeout "$(budget)" $PYTHON -P -m pytest -m gpu -v -p no:cacheprovider -rfEs \
       tests/gpu/test_gpu_lora.py tests/kernels/test_lora_kernel.py::test_lora_grouped_mixed_ranks_gpu \
       tests/kernels/test_lora_kernel.py::test_lora_eager_matmuls_gpu \
+      tests/kernels/test_lora_kernel.py::test_lora_expand_onto_base_gpu \
+      tests/kernels/test_extend_attention.py::test_extend_attention_packed_qkv_gpu \
       --junitxml "$OUT/pytest.xml" > "$OUT/pytest.txt" 2>&1
     echo "pytest rc $? after $(elapsed) s"
     tail -5 "$OUT/pytest.txt"

@@ -143,10 +143,12 @@ def _shrink_kernel(
 
 @triton.jit
 def _expand_kernel(
-    h_ptr, b_ptr, out_ptr, seg_indptr_ptr, seg_slots_ptr, row_order_ptr, slot_ranks_ptr,
-    WIDTH, stride_hm, stride_hs, stride_bs, stride_bn, stride_bk, stride_om,
+    h_ptr, b_ptr, out_ptr, base_ptr, seg_indptr_ptr, seg_slots_ptr, row_order_ptr,
+    slot_ranks_ptr, WIDTH, stride_hm, stride_hs, stride_bs, stride_bn, stride_bk, stride_om,
+    stride_basem,
     SHARD_BOUNDS: tl.constexpr, NUM_SHARDS: tl.constexpr, HAS_ROW_ORDER: tl.constexpr,
-    HAS_RANKS: tl.constexpr, H_BY_SLOT: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    HAS_RANKS: tl.constexpr, H_BY_SLOT: tl.constexpr, HAS_BASE: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
@@ -155,7 +157,9 @@ def _expand_kernel(
     program_id(1)``; an output block across a shard boundary takes each shard's part with
     its own columns (``SHARD_BOUNDS``: the shards' first output rows, then ``N``). Rows of a
     segment without a slot are left alone. ``H_BY_SLOT``: ``h``'s row is the token row and
-    the slot's block starts at column ``slot * stride_hs`` (the dense shrink's layout)."""
+    the slot's block starts at column ``slot * stride_hs`` (the dense shrink's layout).
+    ``HAS_BASE``: ``out[rows, block] = base[rows, block] + delta`` instead, for the rows of
+    every segment (a segment without a slot: a copy)."""
     seg = tl.program_id(1)
     slot = tl.load(seg_slots_ptr + seg)
     N: tl.constexpr = SHARD_BOUNDS[NUM_SHARDS]
@@ -165,8 +169,8 @@ def _expand_kernel(
     offs_m, mask_m, rows, any_row = _segment_rows(
         seg_indptr_ptr, row_order_ptr, seg, pid_m, BLOCK_M, HAS_ROW_ORDER
     )
-    if (slot >= 0) & any_row:
-        rank = _slot_rank(slot_ranks_ptr, slot, WIDTH, HAS_RANKS)
+    if ((slot >= 0) | HAS_BASE) & any_row:
+        rank = tl.where(slot >= 0, _slot_rank(slot_ranks_ptr, slot, WIDTH, HAS_RANKS), 0)
         offs_n = first_n + tl.arange(0, BLOCK_N)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         if H_BY_SLOT:
@@ -196,7 +200,11 @@ def _expand_kernel(
                     b_ptrs += BLOCK_K * stride_bk
         out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
         mask = mask_m[:, None] & (offs_n < N)[None, :]
-        acc += tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BASE:
+            base_ptrs = base_ptr + rows[:, None] * stride_basem + offs_n[None, :]
+            acc += tl.load(base_ptrs, mask=mask, other=0.0).to(tl.float32)
+        else:
+            acc += tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -330,6 +338,7 @@ def lora_expand(
     slot_ranks: torch.Tensor | None = None,
     shard_rows: tuple[int, ...] | None = None,
     h_by_slot: bool = False,
+    base: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``out[row p] += h[p] @ b_weights[slot].T`` in place for every position ``p`` of a
     segment with a slot (``h`` ``[T, R]`` by position, ``b_weights`` ``[slots, N, R]``,
@@ -338,9 +347,14 @@ def lora_expand(
     ``out``. ``shard_rows``: the output rows of each shard (None: one shard), shard
     ``s`` reading only block ``s`` of ``R``, up to the slot's rank (``slot_ranks``);
     ``row_order`` as :func:`lora_shrink`'s, its rows distinct. ``h_by_slot``: ``h`` is
-    :func:`lora_shrink_dense`'s ``[T, slots * R]`` by token row, read at the row's slot."""
+    :func:`lora_shrink_dense`'s ``[T, slots * R]`` by token row, read at the row's slot.
+    ``base`` (``[T, N]``, contiguous columns, any row stride): ``out[row p] = base[row p] +
+    delta`` for every position of every segment instead, a segment without a slot copying
+    its rows; ``out`` is then written, never read, and the segments must cover its rows."""
     if out.stride(1) != 1 or out.shape != (h.shape[0], b_weights.shape[1]):
         raise ValueError(f"out must be [T, N] with contiguous columns, got {out.shape}")
+    if base is not None and (base.shape != out.shape or base.stride(1) != 1):
+        raise ValueError(f"base must be [T, N] with contiguous columns, got {base.shape}")
     n, stacked = b_weights.shape[1], b_weights.shape[2]
     if h_by_slot and h.shape[1] != b_weights.shape[0] * stacked:
         raise ValueError(f"h by slot is [T, slots * R], got {tuple(h.shape)}")
@@ -356,12 +370,13 @@ def lora_expand(
     grid = (triton.cdiv(max_seg_len, block_m) * triton.cdiv(n, block_n), seg_slots.shape[0])
     interpreted = is_interpreted(_expand_kernel)
     _expand_kernel[grid](
-        h, b_weights, out, seg_indptr, seg_slots,
+        h, b_weights, out, out if base is None else base, seg_indptr, seg_slots,
         WIDTH=width, stride_hm=h.stride(0), stride_hs=stacked if h_by_slot else 0,
         stride_bs=b_weights.stride(0), stride_bn=b_weights.stride(1),
         stride_bk=b_weights.stride(2), stride_om=out.stride(0),
+        stride_basem=out.stride(0) if base is None else base.stride(0),
         SHARD_BOUNDS=(0, *itertools.accumulate(shard_rows)), NUM_SHARDS=len(shard_rows),
-        H_BY_SLOT=h_by_slot, UPCAST_DOT=interpreted,
+        H_BY_SLOT=h_by_slot, HAS_BASE=base is not None, UPCAST_DOT=interpreted,
         PRECISION="ieee" if interpreted else dot_precision(h.dtype),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         **_flags(row_order, slot_ranks, seg_slots),

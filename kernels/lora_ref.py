@@ -125,9 +125,14 @@ def lora_expand_ref(
     slot_ranks: torch.Tensor | None = None,
     shard_rows: tuple[int, ...] | None = None,
     h_by_slot: bool = False,
+    base: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Pure-torch :func:`~kvflow.kernels.lora.lora_expand` (in place on ``out``): B's
-    blocks off the shards' diagonal are never read."""
+    """Pure-torch :func:`~kvflow.kernels.lora.lora_expand` (in place on ``out``; with
+    ``base``, every segment's rows of ``out`` are first set to ``base``'s): B's blocks off
+    the shards' diagonal are never read."""
+    if base is not None:
+        rows = _rows(row_order, int(seg_indptr[0]), int(seg_indptr[-1]))
+        out[rows] = base[rows]
     shard_rows = shard_rows or (b_weights.shape[1],)
     stacked = b_weights.shape[2]
     width = stacked // len(shard_rows)

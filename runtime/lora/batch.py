@@ -10,6 +10,7 @@ import torch
 
 from kvflow import kernels
 from kvflow.runtime.host_copy import host_to_device
+from kvflow.runtime.layers.matmul import matmul_weight
 from kvflow.runtime.lora.weights import SlotWeights
 
 __all__ = ["DENSE_SHRINK_ROWS", "LOOP_SEGMENTS", "MASKED_ROWS", "LoraBatch", "row_mask"]
@@ -111,6 +112,30 @@ class LoraBatch:
             packed[: len(bounds)], packed[len(bounds) :], max_len, slot_ranks=slot_ranks,
             segments=segments, row_mask=mask,
         )  # fmt: skip
+
+    def joins(self, x: torch.Tensor) -> bool:
+        """Whether :meth:`base_and_delta` runs ``x``: a batch whose segments live on the
+        device (the decode graphs'), up to :data:`DENSE_SHRINK_ROWS` rows."""
+        return self.segments is None and x.numel() <= DENSE_SHRINK_ROWS * x.shape[-1]
+
+    def base_and_delta(self, x: torch.Tensor, weights: SlotWeights) -> torch.Tensor:
+        """The projection's output with the deltas, for weights whose ``joint`` buffer
+        holds the base weight and every slot's A: one GEMM (``[rows, N + slots * R]``),
+        then the expand writes ``base + delta`` into a new output, reading each row's
+        slot's block of the shrink (:func:`~kvflow.kernels.lora_expand`'s ``base``). The
+        segments must cover every row (the decode graphs' put the base model's rows and
+        the padding in the last)."""
+        assert weights.joint is not None, "weights without a joint buffer"
+        n = weights.b.shape[1]
+        rows = x.reshape(-1, x.shape[-1])
+        joint = matmul_weight(rows if rows.is_contiguous() else rows.contiguous(), weights.joint)
+        out = joint.new_empty(joint.shape[0], n)
+        kernels.lora_expand(
+            joint[:, n:], weights.b, out, self.seg_indptr, self.seg_slots, self.max_seg_len,
+            row_order=self.row_order, slot_ranks=self.slot_ranks, shard_rows=weights.shard_rows,
+            h_by_slot=True, base=joint[:, :n],
+        )  # fmt: skip
+        return out.view(*x.shape[:-1], n)
 
     def add_delta(self, x: torch.Tensor, out: torch.Tensor, weights: SlotWeights) -> torch.Tensor:
         """``out[rows of g] += (x @ A[slot].T) @ B[slot].T`` for each adapter segment, in

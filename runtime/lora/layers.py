@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kvflow.runtime.layers import LinearBase, silu_and_mul
+from kvflow.runtime.layers import LinearBase, UnquantizedLinearMethod, silu_and_mul
 from kvflow.runtime.lora.batch import LoraBatch
 from kvflow.runtime.lora.weights import SlotWeights
 
@@ -32,7 +32,16 @@ class LoraLinear(nn.Module):
     input_size]``, ``b_slots`` ``[slots, output_size, shards * max_rank]``, B block-diagonal
     over the shards, zero where an adapter's rank or targets leave room (the kernels read
     each shard's block only up to the slot's rank, and B only on its diagonal), in
-    ``weights`` (:class:`~kvflow.runtime.lora.weights.SlotWeights`)."""
+    ``weights`` (:class:`~kvflow.runtime.lora.weights.SlotWeights`).
+
+    ``join_base``: where the base projection is a plain weight without a bias in
+    ``dtype`` (the unquantized method), its weight and the slots' A share one buffer
+    (:meth:`SlotWeights.joined`; ``base.weight`` becomes a view of its first rows), and a
+    batch that :meth:`~kvflow.runtime.lora.LoraBatch.joins` (the decode graphs') runs one
+    GEMM for the base output and every slot's shrink, then the expand, which writes the
+    sum (:meth:`~kvflow.runtime.lora.LoraBatch.base_and_delta`): two kernels a projection
+    where the separate GEMMs took four (on an H200, the dense shrink is a split-K GEMM and
+    the sum of its partials)."""
 
     def __init__(
         self,
@@ -42,15 +51,22 @@ class LoraLinear(nn.Module):
         max_rank: int,
         dtype: torch.dtype,
         device: str,
+        *,
+        join_base: bool = False,
     ) -> None:
         super().__init__()
         self.base = base
         self.context = context
         self.max_rank = max_rank
         self.output_sizes: tuple[int, ...] = tuple(base.output_sizes)
-        self.weights = SlotWeights.zeros(
-            num_slots, max_rank, base.input_size, self.output_sizes, dtype, device
-        )
+        if join_base and _plain_weight(base, dtype):
+            self.weights = SlotWeights.joined(base.weight, num_slots, max_rank, self.output_sizes)
+            assert self.weights.joint is not None
+            base.weight.data = self.weights.joint[: base.output_size]
+        else:
+            self.weights = SlotWeights.zeros(
+                num_slots, max_rank, base.input_size, self.output_sizes, dtype, device
+            )
 
     @property
     def a_slots(self) -> torch.Tensor:
@@ -80,8 +96,11 @@ class LoraLinear(nn.Module):
             return self.base(x)
         # NOTE: a row-parallel projection's delta joins its partial product before the
         # all-reduce (this rank's input columns times its columns of A), summed with it
-        out = self.base.method.apply(self.base, x)
-        out = batch.add_delta(x, out, self.weights)
+        if self.weights.joint is not None and batch.joins(x):
+            out = batch.base_and_delta(x, self.weights)
+        else:
+            out = self.base.method.apply(self.base, x)
+            out = batch.add_delta(x, out, self.weights)
         return self.base.reduce(out)
 
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
@@ -89,3 +108,14 @@ class LoraLinear(nn.Module):
         if self.context.batch is None:
             return self.base.silu_mul(x)  # type: ignore[operator]
         return silu_and_mul(self.forward(x))
+
+
+def _plain_weight(base: LinearBase, dtype: torch.dtype) -> bool:
+    """The projection is ``x @ weight.T``: the unquantized method's weight in ``dtype``,
+    no bias."""
+    return (
+        type(base.method) is UnquantizedLinearMethod
+        and base.bias is None
+        and base.weight.dtype == dtype
+        and base.weight.is_contiguous()
+    )

@@ -106,7 +106,10 @@ class LoraManager:
                         f"layer {layer_id}'s {path} is not a dense projection (mixture-of-"
                         "experts MLPs take no adapters): narrow --lora-target-modules"
                     )
-                lora = LoraLinear(base, self.context, num_slots, max_rank, self.dtype, self.device)
+                lora = LoraLinear(
+                    base, self.context, num_slots, max_rank, self.dtype, self.device,
+                    join_base=str(self.device).startswith("cuda"),
+                )  # fmt: skip
                 setattr(parent, attr, lora)
                 wrapped[(layer_id, path)] = lora
         return wrapped

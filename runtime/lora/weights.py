@@ -20,7 +20,11 @@ class SlotWeights:
     every other form is a view made once, taking no operation a call (slots are written
     in place: the views stay valid): ``a_t`` and ``b_t``, each slot's ``A.T`` ``[K, R]``
     and ``B.T`` ``[R, N]`` (an eager batch's per-segment matmuls), and ``a_cat`` ``[slots
-    * R, K]`` and ``b_cat`` ``[slots * R, N]``, every slot stacked (the masked matmuls)."""
+    * R, K]`` and ``b_cat`` ``[slots * R, N]``, every slot stacked (the masked matmuls).
+
+    ``joint`` (None: A has memory of its own): ``[N + slots * R, K]``, the base
+    projection's weight rows, then ``a_cat``'s, one buffer (:meth:`joined`), so one GEMM
+    gives a row's base output and its shrink by every slot (the decode graphs')."""
 
     a: torch.Tensor
     b: torch.Tensor
@@ -29,10 +33,18 @@ class SlotWeights:
     b_t: tuple[torch.Tensor, ...]
     a_cat: torch.Tensor
     b_cat: torch.Tensor
+    joint: torch.Tensor | None = None
 
     @classmethod
-    def of(cls, a: torch.Tensor, b_t: torch.Tensor, shard_rows: tuple[int, ...]) -> SlotWeights:
-        """From ``a`` ``[slots, R, K]`` and ``b_t`` ``[slots, R, N]``, both contiguous."""
+    def of(
+        cls,
+        a: torch.Tensor,
+        b_t: torch.Tensor,
+        shard_rows: tuple[int, ...],
+        joint: torch.Tensor | None = None,
+    ) -> SlotWeights:
+        """From ``a`` ``[slots, R, K]`` and ``b_t`` ``[slots, R, N]``, both contiguous
+        (``a`` a view of ``joint``'s last rows, when given)."""
         if a.dim() != 3 or b_t.dim() != 3 or a.shape[:2] != b_t.shape[:2]:
             raise ValueError(f"A [slots, R, K] and B.T [slots, R, N], got {a.shape}, {b_t.shape}")
         if not (a.is_contiguous() and b_t.is_contiguous()):
@@ -43,7 +55,7 @@ class SlotWeights:
         return cls(
             a, b_t.transpose(1, 2), shard_rows, tuple(a[s].t() for s in range(slots)),
             tuple(b_t[s] for s in range(slots)), a.view(slots * width, -1),
-            b_t.view(slots * width, -1),
+            b_t.view(slots * width, -1), joint,
         )  # fmt: skip
 
     @classmethod
@@ -60,3 +72,18 @@ class SlotWeights:
         a = torch.zeros(num_slots, width, input_size, dtype=dtype, device=device)
         b_t = torch.zeros(num_slots, width, sum(shard_rows), dtype=dtype, device=device)
         return cls.of(a, b_t, shard_rows)
+
+    @classmethod
+    def joined(
+        cls, weight: torch.Tensor, num_slots: int, max_rank: int, shard_rows: tuple[int, ...]
+    ) -> SlotWeights:
+        """Zeroed slots whose A shares one buffer with the base projection's ``weight``
+        ``[N, K]``, copied into its first rows (``joint[:N]``: the caller's weight from now
+        on, a contiguous view)."""
+        n, k = weight.shape
+        width = len(shard_rows) * max_rank
+        joint = torch.empty(n + num_slots * width, k, dtype=weight.dtype, device=weight.device)
+        joint[:n].copy_(weight)
+        joint[n:].zero_()
+        b_t = torch.zeros(num_slots, width, n, dtype=weight.dtype, device=weight.device)
+        return cls.of(joint[n:].view(num_slots, width, k), b_t, shard_rows, joint)

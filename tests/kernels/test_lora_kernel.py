@@ -367,3 +367,132 @@ def test_lora_ref_permuted_rows_and_ranks():
     assert h.tolist() == [[3.0, 0.0], [1.0, 0.0], [0.0, 0.0]]
     out = lora_expand_ref(h, b, torch.zeros(3, 2), seg_indptr, seg_slots, **layout)
     assert out.tolist() == [[1.0, 2.0], [0.0, 0.0], [3.0, 6.0]]
+
+
+def _check_onto_base(device, dtype, lengths, slots, ranks, shard_rows, k=40, width=16) -> None:
+    """:func:`lora_expand` with ``base``: the decode graphs' layout (rows permuted, one
+    segment per slot, the base model's and padding rows last), ``h`` and ``base`` the
+    two column ranges of one GEMM by ``[W; every slot's A]``, ``out`` full of NaN: every
+    row written, ``base + delta`` (the base segment's rows: ``base``), as the references
+    give it in float64; weights past each rank NaN, never read."""
+    gen = torch.Generator().manual_seed(sum(lengths) * 7 + k)
+    tokens, n = sum(lengths), sum(shard_rows)
+    a, b = _weights(gen, len(ranks), width, k, shard_rows, ranks, poison=True)
+    weight = torch.randn(n, k, generator=gen) * k**-0.5
+    x = torch.randn(tokens, k, generator=gen)
+    x, a, b, weight = x.to(dtype), a.to(dtype), b.to(dtype), weight.to(dtype)
+    joint = torch.cat([weight, a.flatten(0, 1)])
+    seg_indptr, seg_slots = indptr(lengths), torch.tensor(slots, dtype=torch.int32)
+    layout = {
+        "row_order": torch.randperm(tokens, generator=gen).to(torch.int32),
+        "slot_ranks": torch.tensor(ranks, dtype=torch.int32),
+    }
+    y_ref = x.double() @ joint.double().t()
+    expand = {"shard_rows": shard_rows, "h_by_slot": True, **layout}
+    want = lora_expand_ref(y_ref[:, n:], b.double(), torch.full((tokens, n), float("nan"),
+                           dtype=torch.float64), seg_indptr, seg_slots, base=y_ref[:, :n],
+                           **expand)  # fmt: skip
+    on = {key: t.to(device) if isinstance(t, torch.Tensor) else t for key, t in expand.items()}
+    y = torch.nn.functional.linear(x.to(device), joint.to(device))
+    out = torch.full((tokens, n), float("nan"), dtype=dtype, device=device)
+    got = lora_expand(y[:, n:], b.to(device), out, seg_indptr.to(device), seg_slots.to(device),
+                      tokens, base=y[:, :n], **on)  # fmt: skip
+    assert got.data_ptr() == out.data_ptr() and not got.isnan().any()
+    assert not want.isnan().any()
+    tol = _TOLERANCE[dtype] * 4
+    torch.testing.assert_close(got.cpu().double(), want, atol=tol, rtol=tol)
+    base_rows = layout["row_order"][int(seg_indptr[-2]) :].long()
+    torch.testing.assert_close(got.cpu()[base_rows], y.cpu()[base_rows, :n], atol=0, rtol=0)
+
+
+_ONTO_BASE_CASES = [  # the graphs' layouts: (lengths, slots, each slot's rank, shard rows)
+    ([3, 0, 4, 5], [0, 1, 2, -1], [16, 4, 9], (24, 8, 8)),
+    ([0, 6, 0, 1], [0, 1, 2, -1], [16, 4, 0], (40,)),
+    ([0, 0, 0, 4], [0, 1, 2, -1], [16, 16, 16], (24, 24)),
+    ([1, 0, 0, 0], [0, 1, 2, -1], [5, 16, 16], (40,)),
+]
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("lengths", "slots", "ranks", "shard_rows"), _ONTO_BASE_CASES)
+def test_lora_expand_onto_base_interpret(dtype, lengths, slots, ranks, shard_rows):
+    _check_onto_base(device_for("interpret"), dtype, lengths, slots, ranks, shard_rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("lengths", "slots", "ranks", "shard_rows"), _ONTO_BASE_CASES)
+def test_lora_expand_onto_base_gpu(dtype, lengths, slots, ranks, shard_rows):
+    _check_onto_base(device_for("gpu"), dtype, lengths, slots, ranks, shard_rows)
+
+
+def test_lora_ref_expand_onto_base_sets_every_row():
+    seg_indptr, seg_slots = indptr([1, 2]), torch.tensor([0, -1], dtype=torch.int32)
+    h, b = torch.ones(3, 2), torch.ones(1, 4, 2)
+    base = torch.arange(12.0).view(3, 4)
+    out = lora_expand_ref(h, b, torch.full((3, 4), float("nan")), seg_indptr, seg_slots,
+                          row_order=torch.tensor([2, 0, 1], dtype=torch.int32),
+                          h_by_slot=True, base=base)  # fmt: skip
+    assert torch.equal(out[2], base[2] + 2) and torch.equal(out[:2], base[:2])
+
+
+def _qkv_layers(device, dtype, num_slots=3, max_rank=8):
+    """The same QKV projection (8 query and 2 key/value heads of 4) wrapped twice, with
+    the same random slots: joined with its base weight, and not."""
+    from kvflow.runtime.layers import QKVLinear
+    from kvflow.runtime.lora import LoraContext, LoraLinear
+
+    gen = torch.Generator().manual_seed(3)
+    context, layers = LoraContext(), []
+    weight = torch.randn(48, 24, generator=gen).to(dtype)
+    a = torch.randn(num_slots, 3, max_rank, 24, generator=gen).to(dtype)
+    b = [torch.randn(num_slots, rows, max_rank, generator=gen).to(dtype) for rows in (32, 8, 8)]
+    for join in (True, False):
+        base = QKVLinear(24, 4, 8, 2, bias=False).to(device=device, dtype=dtype)
+        base.weight.data.copy_(weight)
+        lora = LoraLinear(base, context, num_slots, max_rank, dtype, device, join_base=join)
+        for slot in range(num_slots):
+            for shard in range(3):
+                lora.write_slot(slot, shard, a[slot, shard], b[shard][slot])
+        layers.append(lora)
+    return context, layers, weight
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_joined_projection_equals_separate_interpret(dtype):
+    """A LoRA layer joined with its base weight (one buffer: the weight, then every
+    slot's A) gives, for the decode graphs' layout, what the separate matmuls give; its
+    base weight is the same view for every other path."""
+    from kvflow.runtime.lora import LoraBatch
+
+    context, (joined, separate), weight = _qkv_layers("cpu", dtype)
+    assert joined.weights.joint is not None and separate.weights.joint is None
+    assert joined.base.weight.data_ptr() == joined.weights.joint.data_ptr()
+    assert torch.equal(joined.base.weight, weight)
+    assert torch.equal(joined.weights.joint[48:].view_as(joined.a_slots), separate.a_slots)
+    x = torch.randn(6, 24, generator=torch.Generator().manual_seed(4)).to(dtype)
+    context.batch = LoraBatch(
+        indptr([2, 0, 1, 3]), torch.tensor([0, 1, 2, -1], dtype=torch.int32), 6,
+        row_order=torch.tensor([4, 1, 0, 2, 3, 5], dtype=torch.int32),
+        slot_ranks=torch.tensor([8, 3, 5], dtype=torch.int32),
+    )  # fmt: skip
+    assert context.batch.joins(x)
+    got, want = joined(x), separate(x)
+    tol = _TOLERANCE[dtype] * 4
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    assert not torch.equal(got[[4, 1, 0]], x[[4, 1, 0]] @ weight.t())  # deltas were added
+    context.batch = LoraBatch.of([0, -1], [4, 2], "cpu")  # eager: the base weight's view
+    assert context.batch is not None and not context.batch.joins(x)
+    torch.testing.assert_close(joined(x), separate(x), atol=tol, rtol=tol)
+    context.batch = None
+
+
+def test_a_projection_with_a_bias_keeps_its_own_weight():
+    from kvflow.runtime.layers import QKVLinear
+    from kvflow.runtime.lora import LoraContext, LoraLinear
+
+    base = QKVLinear(24, 4, 8, 2, bias=True).to(torch.float32)
+    lora = LoraLinear(base, LoraContext(), 2, 8, torch.float32, "cpu", join_base=True)
+    assert lora.weights.joint is None
