@@ -49,6 +49,7 @@ case "$PART" in
       tests/gpu/test_gpu_lora.py tests/kernels/test_lora_kernel.py::test_lora_grouped_mixed_ranks_gpu \
       tests/kernels/test_lora_kernel.py::test_lora_eager_matmuls_gpu \
       tests/kernels/test_lora_kernel.py::test_lora_expand_onto_base_gpu \
+      tests/kernels/test_lora_kernel.py::test_joined_projection_equals_separate_gpu \
       tests/kernels/test_extend_attention.py::test_extend_attention_packed_qkv_gpu \
       --junitxml "$OUT/pytest.xml" > "$OUT/pytest.txt" 2>&1
     echo "pytest rc $? after $(elapsed) s"

@@ -114,27 +114,51 @@ class LoraBatch:
         )  # fmt: skip
 
     def joins(self, x: torch.Tensor) -> bool:
-        """Whether :meth:`base_and_delta` runs ``x``: a batch whose segments live on the
-        device (the decode graphs'), up to :data:`DENSE_SHRINK_ROWS` rows."""
-        return self.segments is None and x.numel() <= DENSE_SHRINK_ROWS * x.shape[-1]
+        """Whether :meth:`base_and_delta` runs ``x`` (for weights with a ``joint``
+        buffer): a batch whose segments live on the device (the decode graphs'), up to
+        :data:`DENSE_SHRINK_ROWS` rows; an eager batch of up to :data:`MASKED_ROWS` rows
+        with a ``row_mask`` or one adapter segment over every row (a prompt)."""
+        rows = x.numel() // x.shape[-1]
+        if self.segments is None:
+            return rows <= DENSE_SHRINK_ROWS
+        whole = len(self.segments) == 1 and self.segments[0][:2] == (0, rows)
+        return rows <= MASKED_ROWS and (self.row_mask is not None or whole)
 
     def base_and_delta(self, x: torch.Tensor, weights: SlotWeights) -> torch.Tensor:
-        """The projection's output with the deltas, for weights whose ``joint`` buffer
-        holds the base weight and every slot's A: one GEMM (``[rows, N + slots * R]``),
-        then the expand writes ``base + delta`` into a new output, reading each row's
-        slot's block of the shrink (:func:`~kvflow.kernels.lora_expand`'s ``base``). The
-        segments must cover every row (the decode graphs' put the base model's rows and
-        the padding in the last)."""
+        """The projection's output with the deltas, where :meth:`joins`, for weights whose
+        ``joint`` buffer holds the base weight and every slot's A: one GEMM gives the
+        base output and every slot's shrink (``[rows, N + slots * R]``), then
+
+        - the decode graphs: the expand writes ``base + delta`` into a new output, reading
+          each row's slot's block of the shrink (:func:`~kvflow.kernels.lora_expand`'s
+          ``base``; the segments cover every row: the base model's and the padding last);
+        - one segment over every row: ``addmm(base, h of its slot, B.T)``;
+        - a ``row_mask``: the other slots' columns of each row zeroed in place, then
+          ``addmm(base, h, every slot's B.T)``.
+
+        On the host an eager batch's projection is two library calls (three with a mask),
+        one fewer than the separate matmuls (:meth:`add_delta`); the GEMM's extra columns
+        cost ``slots * R / N`` of its work (under 13% for the 8B shapes' QKV at four
+        slots of rank 64, 2% for gate-up)."""
         assert weights.joint is not None, "weights without a joint buffer"
         n = weights.b.shape[1]
         rows = x.reshape(-1, x.shape[-1])
         joint = matmul_weight(rows if rows.is_contiguous() else rows.contiguous(), weights.joint)
-        out = joint.new_empty(joint.shape[0], n)
-        kernels.lora_expand(
-            joint[:, n:], weights.b, out, self.seg_indptr, self.seg_slots, self.max_seg_len,
-            row_order=self.row_order, slot_ranks=self.slot_ranks, shard_rows=weights.shard_rows,
-            h_by_slot=True, base=joint[:, :n],
-        )  # fmt: skip
+        base, h = joint[:, :n], joint[:, n:]
+        if self.segments is None:
+            out = joint.new_empty(joint.shape[0], n)
+            kernels.lora_expand(
+                h, weights.b, out, self.seg_indptr, self.seg_slots, self.max_seg_len,
+                row_order=self.row_order, slot_ranks=self.slot_ranks,
+                shard_rows=weights.shard_rows, h_by_slot=True, base=base,
+            )  # fmt: skip
+        elif self.row_mask is not None:
+            h.view(h.shape[0], self.row_mask.shape[1], -1).mul_(self.row_mask)
+            out = torch.addmm(base, h, weights.b_cat)
+        else:
+            ((_, _, slot),) = self.segments
+            width = weights.a.shape[1]
+            out = torch.addmm(base, h[:, slot * width : (slot + 1) * width], weights.b_t[slot])
         return out.view(*x.shape[:-1], n)
 
     def add_delta(self, x: torch.Tensor, out: torch.Tensor, weights: SlotWeights) -> torch.Tensor:

@@ -7,6 +7,7 @@ the per-segment loop of eager batches (library matmuls over each slot's whole wi
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import pytest
@@ -462,30 +463,59 @@ def _qkv_layers(device, dtype, num_slots=3, max_rank=8):
 @pytest.mark.interpret
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_joined_projection_equals_separate_interpret(dtype):
+    _check_joined(device_for("interpret"), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_joined_projection_equals_separate_gpu(dtype):
+    _check_joined(device_for("gpu"), dtype)
+
+
+def _check_joined(device, dtype) -> None:
     """A LoRA layer joined with its base weight (one buffer: the weight, then every
-    slot's A) gives, for the decode graphs' layout, what the separate matmuls give; its
-    base weight is the same view for every other path."""
+    slot's A) gives, for the decode graphs' layout and the eager batches it takes, what
+    the separate matmuls give; its base weight is the same view for every other path."""
     from kvflow.runtime.lora import LoraBatch
 
-    context, (joined, separate), weight = _qkv_layers("cpu", dtype)
+    context, (joined, separate), weight = _qkv_layers(device, dtype)
     assert joined.weights.joint is not None and separate.weights.joint is None
     assert joined.base.weight.data_ptr() == joined.weights.joint.data_ptr()
-    assert torch.equal(joined.base.weight, weight)
+    assert torch.equal(joined.base.weight.cpu(), weight)
     assert torch.equal(joined.weights.joint[48:].view_as(joined.a_slots), separate.a_slots)
-    x = torch.randn(6, 24, generator=torch.Generator().manual_seed(4)).to(dtype)
+    x = torch.randn(6, 24, generator=torch.Generator().manual_seed(4)).to(dtype).to(device)
     context.batch = LoraBatch(
-        indptr([2, 0, 1, 3]), torch.tensor([0, 1, 2, -1], dtype=torch.int32), 6,
-        row_order=torch.tensor([4, 1, 0, 2, 3, 5], dtype=torch.int32),
-        slot_ranks=torch.tensor([8, 3, 5], dtype=torch.int32),
+        indptr([2, 0, 1, 3]).to(device), torch.tensor([0, 1, 2, -1], dtype=torch.int32,
+        device=device), 6, row_order=torch.tensor([4, 1, 0, 2, 3, 5], dtype=torch.int32,
+        device=device), slot_ranks=torch.tensor([8, 3, 5], dtype=torch.int32, device=device),
     )  # fmt: skip
     assert context.batch.joins(x)
     got, want = joined(x), separate(x)
     tol = _TOLERANCE[dtype] * 4
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
-    assert not torch.equal(got[[4, 1, 0]], x[[4, 1, 0]] @ weight.t())  # deltas were added
-    context.batch = LoraBatch.of([0, -1], [4, 2], "cpu")  # eager: the base weight's view
-    assert context.batch is not None and not context.batch.joins(x)
-    torch.testing.assert_close(joined(x), separate(x), atol=tol, rtol=tol)
+    assert not torch.equal(got[[4, 1, 0]], x[[4, 1, 0]] @ weight.to(device).t())  # deltas
+    _check_eager_joined(context, joined, separate, x, tol)
+
+
+def _check_eager_joined(context, joined, separate, x, tol) -> None:
+    """Eager batches: one segment over every row and a row mask take the joint GEMM;
+    one segment over some rows takes the base weight's view and the separate matmuls."""
+    from kvflow.runtime.lora import LoraBatch
+
+    device = str(x.device)
+    whole = LoraBatch.of([1], [6], device)
+    some = LoraBatch.of([0, -1], [4, 2], device)
+    mixed = LoraBatch.of([0, -1, 2], [2, 1, 3], device)  # (no mask without num_slots)
+    assert whole is not None and some is not None and mixed is not None and mixed.segments
+    masked = dataclasses.replace(
+        mixed, row_mask=row_mask(mixed.segments, 6, 3, x.dtype, device)
+    )  # fmt: skip
+    for batch, joins in ((whole, True), (some, False), (mixed, False), (masked, True)):
+        context.batch = batch
+        assert batch.joins(x) is joins
+        got = joined(x)
+        context.batch = mixed if batch is masked else batch
+        torch.testing.assert_close(got, separate(x), atol=tol, rtol=tol)
     context.batch = None
 
 
