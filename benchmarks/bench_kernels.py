@@ -202,7 +202,9 @@ def tuning_rows(ctx: int, prompt: int, hbm_tbps: float) -> list[str]:
             "num_warps": 4,
             "num_stages": stages,
         }
-        decode_module._launch_config = lambda interpreted, element_size=2, config=config: config
+        decode_module._launch_config = (
+            lambda interpreted, element_size=2, kv_element_size=2, config=config: config
+        )
         try:
             cell = decode_row(128, ctx, hbm_tbps, torch.Generator().manual_seed(0))
             cell = " / ".join(part.strip() for part in cell.split("|")[4:7])

@@ -7,6 +7,11 @@ hold them), as :mod:`bench_kernels` times the bf16 kernel. Each launch config re
 ``decode_attention._launch_config`` for its measurement; the default is the first.
 
     python3 -P benchmarks/bench_kv_attention.py --json-out kv-attention.json
+    python3 -P benchmarks/bench_kv_attention.py --kv fp8_e4m3 --configs 128:3:4 \
+        --splits 0,2,4,8,16 --json-out kv-splits.json
+
+``--configs``: ``default`` and ``BLOCK_N:stages:warps`` items (default: ``CONFIGS``);
+``--splits``: KV splits per request (0: the kernel's own choice, the default).
 """
 
 from __future__ import annotations
@@ -41,8 +46,10 @@ CONFIGS = [  # (BLOCK_N, num_stages, num_warps); None: the kernel's own choice
 KV_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
 
 
-def time_case(batch: int, ctx: int, kv_dtype: torch.dtype, gen: torch.Generator) -> float:
-    """Microseconds per layer call of the default-split decode kernel."""
+def time_case(
+    batch: int, ctx: int, kv_dtype: torch.dtype, gen: torch.Generator, splits: int = 0
+) -> float:
+    """Microseconds per layer call of the decode kernel (``splits`` 0: its default)."""
     tokens = batch * ctx
     pools, num_slots = kv_pools(tokens, kv_dtype)
     q = torch.randn(batch, Q_HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
@@ -51,7 +58,7 @@ def time_case(batch: int, ctx: int, kv_dtype: torch.dtype, gen: torch.Generator)
     kv_indices = paged_indices(batch, ctx, num_slots, gen)
     calls = [
         lambda pool=pool: decode_attention_fwd(
-            q, pool[0], pool[1], out, kv_indptr, kv_indices, HEAD_DIM**-0.5
+            q, pool[0], pool[1], out, kv_indptr, kv_indices, HEAD_DIM**-0.5, splits or None
         )
         for pool in pools
     ]
@@ -62,34 +69,48 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="64x2048,256x2560", help="batch x context, ...")
     parser.add_argument("--hbm-tbps", type=float, default=4.8, help="peak HBM TB/s (H200)")
+    parser.add_argument("--kv", default=",".join(KV_DTYPES), help="KV dtypes, ...")
+    parser.add_argument("--configs", help="default,BLOCK_N:stages:warps,... (CONFIGS)")
+    parser.add_argument("--splits", default="0", help="KV splits per request, ... (0: default)")
     parser.add_argument("--json-out")
     args = parser.parse_args()
+    configs = CONFIGS if not args.configs else [
+        None if item == "default" else tuple(int(v) for v in item.split(":"))
+        for item in args.configs.split(",")
+    ]  # fmt: skip
     default = decode_module._launch_config
     rows = []
-    for case in args.cases.split(","):
-        batch, ctx = (int(part) for part in case.split("x"))
-        for name, kv_dtype in KV_DTYPES.items():
-            for config in CONFIGS:
-                if config is not None:
-                    block_n, stages, warps = config
-                    fixed = {"BLOCK_N": block_n, "MIN_SPLIT": max(64, block_n),
-                             "num_warps": warps, "num_stages": stages}  # fmt: skip
-                    decode_module._launch_config = lambda *_, fixed=fixed, **__: fixed
-                try:
-                    us = time_case(batch, ctx, kv_dtype, torch.Generator().manual_seed(0))
-                    error = None
-                except Exception as failure:  # a config can run out of shared memory
-                    us, error = None, f"{type(failure).__name__}: {failure}"[:200]
-                finally:
-                    decode_module._launch_config = default
-                    torch.cuda.empty_cache()
-                kv_bytes = 2 * batch * ctx * KV_HEADS * HEAD_DIM * kv_dtype.itemsize
-                tbps = kv_bytes / (us * 1e-6) / 1e12 if us else None
-                row = {"batch": batch, "ctx": ctx, "kv": name, "config": config, "us": us,
-                       "tbps": tbps, "error": error}  # fmt: skip
-                rows.append(row)
-                cell = f"{us:.1f} us, {tbps:.2f} TB/s ({tbps / args.hbm_tbps:.0%})" if us else error
-                print(f"batch {batch} ctx {ctx} {name} {config or 'default'}: {cell}", flush=True)
+    cases = [
+        (int(batch), int(ctx), name, splits)
+        for batch, ctx in (case.split("x") for case in args.cases.split(","))
+        for name in args.kv.split(",")
+        for splits in (int(s) for s in args.splits.split(","))
+    ]
+    for batch, ctx, name, splits in cases:
+        kv_dtype = KV_DTYPES[name]
+        for config in configs:
+            if config is not None:
+                block_n, stages, warps = config
+                fixed = {"BLOCK_N": block_n, "MIN_SPLIT": max(64, block_n),
+                         "num_warps": warps, "num_stages": stages}  # fmt: skip
+                decode_module._launch_config = lambda *_, fixed=fixed, **__: fixed
+            try:
+                gen = torch.Generator().manual_seed(0)
+                us = time_case(batch, ctx, kv_dtype, gen, splits)
+                error = None
+            except Exception as failure:  # a config can run out of shared memory
+                us, error = None, f"{type(failure).__name__}: {failure}"[:200]
+            finally:
+                decode_module._launch_config = default
+                torch.cuda.empty_cache()
+            kv_bytes = 2 * batch * ctx * KV_HEADS * HEAD_DIM * kv_dtype.itemsize
+            tbps = kv_bytes / (us * 1e-6) / 1e12 if us else None
+            row = {"batch": batch, "ctx": ctx, "kv": name, "config": config,
+                   "splits": splits or "default", "us": us, "tbps": tbps, "error": error}  # fmt: skip
+            rows.append(row)
+            cell = f"{us:.1f} us, {tbps:.2f} TB/s ({tbps / args.hbm_tbps:.0%})" if us else error
+            print(f"batch {batch} ctx {ctx} {name} {config or 'default'} splits "
+                  f"{splits or 'default'}: {cell}", flush=True)  # fmt: skip
     if args.json_out:
         with open(args.json_out, "w") as handle:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, handle, indent=1)
