@@ -226,11 +226,7 @@ def _rowwise_fp8_matmul_kernel(
         mask_k = offs_k < K - k * BLOCK_K
         a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        # NOTE: Hopper's FP8 tensor cores accumulate in less than float32: promoted
-        # into the float32 sum every BLOCK_K products (Triton's default on sm_90 never
-        # promotes; float32 outputs then differed from the exact sum by ~1.5e-3 of its
-        # largest value at K = 4,096-14,336 on an H200)
-        acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+        acc += tl.dot(a, b)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     a_s = tl.load(as_ptr + offs_m, mask=mask_m, other=0.0)
