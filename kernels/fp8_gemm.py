@@ -28,10 +28,10 @@ from kvflow.kernels._launch import is_interpreted, multiprocessor_count
 __all__ = [
     "FP8_DTYPE",
     "FP8_MAX",
-    "TRITON_ROWWISE_ROWS",
     "fp8_kernels_take",
     "fp8_rowwise_mm",
     "fp8_rowwise_mm_ref",
+    "TRITON_ROWWISE_ROWS",
     "per_token_group_quant_fp8",
     "per_token_group_quant_fp8_ref",
     "w8a8_block_fp8_matmul",
