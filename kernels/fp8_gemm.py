@@ -7,14 +7,8 @@ reference.
 - :func:`w8a8_block_fp8_matmul`: ``(xq * x_scale) @ (w * w_scale).T`` with ``x_scale`` per
   token and group of ``block_k`` columns and ``w_scale`` per ``block_n x block_k`` block of
   ``w`` ``[N, K]`` (DeepSeek-V3 / Qwen3 FP8), accumulated in float32.
-- :func:`fp8_rowwise_mm`: per-token x per-output-channel scales: up to
-  :data:`TRITON_ROWWISE_ROWS` rows (decode steps) a Triton GEMM in tiles that fill the
-  device, past that ``torch._scaled_mm`` (cuBLASLt).
-
-On an H200 (Llama-3.1-8B's projections in a decode step at batch 128, CUDA graphs),
-cuBLASLt ran every row-wise FP8 GEMM in one 128 x 128 tile without split-K: 32 tiles for
-a 4096-wide projection on 132 SMs, 28 us a GEMM on average, 3.6 ms a step against 4.3 ms
-for bf16's GEMMs, where the FP8 weights alone stream in 1.5 ms.
+- :func:`fp8_rowwise_mm`: per-token x per-output-channel scales through
+  ``torch._scaled_mm`` (cuBLASLt, CUDA only).
 """
 
 from __future__ import annotations
@@ -23,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvflow.kernels._launch import is_interpreted, multiprocessor_count
+from kvflow.kernels._launch import is_interpreted
 
 __all__ = [
     "FP8_DTYPE",
@@ -31,7 +25,6 @@ __all__ = [
     "fp8_kernels_take",
     "fp8_rowwise_mm",
     "fp8_rowwise_mm_ref",
-    "TRITON_ROWWISE_ROWS",
     "per_token_group_quant_fp8",
     "per_token_group_quant_fp8_ref",
     "w8a8_block_fp8_matmul",
@@ -41,8 +34,6 @@ __all__ = [
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
 _EPS = 1e-10  # an all-zero group gets this absmax, not a zero scale
-# up to this many rows fp8_rowwise_mm runs the Triton GEMM (a decode step's batch)
-TRITON_ROWWISE_ROWS = 256
 
 
 @triton.jit
@@ -201,50 +192,6 @@ def w8a8_block_fp8_matmul_ref(
     return (x @ weight.T).to(out_dtype)
 
 
-# NOTE: the row count varies every eager step: not specialized on, so a new count
-# compiles nothing (the tiles depend on it only through the wrapper's choice of BLOCK_M)
-@triton.jit(do_not_specialize=["M"])
-def _rowwise_fp8_matmul_kernel(
-    a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr,
-    M, N, K, stride_am, stride_bn, stride_cm,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """``c[tile] = (a[rows] @ b[cols].T) * as[rows] * bs[cols]``: float32 accumulation
-    over all of K, the two scales applied once at the end."""
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    pid_m = tl.program_id(0) // num_pid_n
-    pid_n = tl.program_id(0) % num_pid_n
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :]
-    b_ptrs = b_ptr + offs_n[None, :].to(tl.int64) * stride_bn + offs_k[:, None]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        mask_k = offs_k < K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        acc += tl.dot(a, b)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
-    a_s = tl.load(as_ptr + offs_m, mask=mask_m, other=0.0)
-    b_s = tl.load(bs_ptr + offs_n, mask=mask_n, other=0.0)
-    acc = acc * a_s[:, None] * b_s[None, :]
-    c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
-
-
-def _rowwise_tiles(rows: int, n: int, device: torch.device) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N): rows in tiles of 16-64; columns in 128 where that already gives
-    two tiles per SM, else 64."""
-    block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
-    sms = multiprocessor_count(device.index or 0) if device.type == "cuda" else 1
-    wide = triton.cdiv(rows, block_m) * triton.cdiv(n, 128) >= 2 * sms
-    return block_m, 128 if wide else 64
-
-
 def fp8_rowwise_mm(
     xq: torch.Tensor,
     x_scale: torch.Tensor,
@@ -253,35 +200,11 @@ def fp8_rowwise_mm(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     """``xq`` FP8 ``[M, K]`` with ``x_scale`` float32 ``[M, 1]``, ``w`` FP8 ``[N, K]`` (rows
-    contiguous) with ``w_scale`` float32 ``[1, N]`` -> ``[M, N]`` in ``out_dtype``. Up to
-    :data:`TRITON_ROWWISE_ROWS` rows the Triton GEMM (float32 accumulation, written in
-    ``out_dtype``); past that ``torch._scaled_mm`` (row-wise scales; cuBLASLt writes
-    bfloat16, cast after). K and N are multiples of 16."""
-    rows, k = xq.shape
-    if rows > TRITON_ROWWISE_ROWS or not fp8_kernels_take(xq):
-        out = torch._scaled_mm(
-            xq, w.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=torch.bfloat16
-        )
-        return out if out_dtype == torch.bfloat16 else out.to(out_dtype)
-    n = w.shape[0]
-    if w.shape[1] != k or x_scale.numel() != rows or w_scale.numel() != n:
-        raise ValueError(
-            f"shapes x {tuple(xq.shape)}, x_scale {tuple(x_scale.shape)}, w {tuple(w.shape)}, "
-            f"w_scale {tuple(w_scale.shape)}"
-        )
-    if xq.stride(1) != 1 or w.stride(1) != 1:
-        raise ValueError("x and w need a unit stride along K")
-    out = torch.empty((rows, n), dtype=out_dtype, device=xq.device)
-    if rows == 0:
-        return out
-    block_m, block_n = _rowwise_tiles(rows, n, xq.device)
-    grid = (triton.cdiv(rows, block_m) * triton.cdiv(n, block_n),)
-    _rowwise_fp8_matmul_kernel[grid](
-        xq, w, out, x_scale.contiguous(), w_scale.contiguous(),
-        rows, n, k, xq.stride(0), w.stride(0), out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, num_warps=4, num_stages=4,
-    )  # fmt: skip
-    return out
+    contiguous) with ``w_scale`` float32 ``[1, N]`` -> ``[M, N]`` in ``out_dtype``, through
+    ``torch._scaled_mm`` (row-wise scales; cuBLASLt writes bfloat16, cast after). K and N
+    are multiples of 16."""
+    out = torch._scaled_mm(xq, w.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=torch.bfloat16)
+    return out if out_dtype == torch.bfloat16 else out.to(out_dtype)
 
 
 def fp8_rowwise_mm_ref(

@@ -94,7 +94,7 @@ def test_block_matmul_gpu(rows, n, k, out_dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 7, 256, 300])  # (300: past the Triton GEMM's rows)
+@pytest.mark.parametrize("rows", [1, 7, 256])
 def test_rowwise_scaled_mm_gpu(rows):
     gen = torch.Generator().manual_seed(rows)
     xq = torch.randn(rows, 512, generator=gen).to(FP8_DTYPE)
@@ -147,37 +147,3 @@ def test_fp8_gemv_interpret(n, k, blocked, tile_k):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_fp8_gemv_gpu(n, k, blocked, dtype):
     _check_gemv(device_for("gpu"), n, k, blocked, dtype)
-
-
-def _check_rowwise_triton(device: str, rows: int, n: int, k: int, out_dtype: torch.dtype):
-    """Up to TRITON_ROWWISE_ROWS rows the Triton GEMM: against the float32 product of the
-    dequantized operands, tiles across M, N and K borders."""
-    gen = torch.Generator().manual_seed(rows * 7 + n + k)
-    xq = (torch.randn(rows, k, generator=gen) * 8).to(FP8_DTYPE)
-    w = (torch.randn(n, k, generator=gen) * 8).to(FP8_DTYPE)
-    x_scale = torch.rand(rows, 1, generator=gen) + 0.5
-    w_scale = torch.rand(1, n, generator=gen) * 1e-2 + 1e-3
-    expected = fp8_rowwise_mm_ref(xq, x_scale, w, w_scale, torch.float32)
-    on = (t.to(device) for t in (xq, x_scale, w, w_scale))
-    got = fp8_rowwise_mm(*on, out_dtype)
-    assert got.shape == (rows, n) and got.dtype == out_dtype
-    tol = {torch.float32: 1e-4, torch.bfloat16: 1.6e-2}[out_dtype]
-    torch.testing.assert_close(
-        got.cpu().float(), expected, atol=tol * expected.abs().max(), rtol=tol
-    )
-
-
-@pytest.mark.interpret
-@pytest.mark.parametrize(("rows", "n", "k"), [(3, 80, 256), (40, 144, 160)])
-def test_rowwise_triton_interpret(rows, n, k):
-    _check_rowwise_triton(device_for("interpret"), rows, n, k, torch.float32)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize(
-    ("rows", "n", "k"),
-    [(2, 6144, 4096), (17, 4096, 4096), (128, 28672, 4096), (130, 4096, 14336), (256, 384, 640)],
-)
-def test_rowwise_triton_gpu(rows, n, k, out_dtype):
-    _check_rowwise_triton(device_for("gpu"), rows, n, k, out_dtype)
