@@ -114,9 +114,10 @@ class LoraManager:
                 wrapped[(layer_id, path)] = lora
             if str(self.device).startswith("cuda"):
                 # NOTE: a joined projection leaves its old weight's memory free in torch's
-                # cache; the next layer's joint buffers would be cut out of those blocks,
-                # and the pieces left over could not go back to the driver for the KV pool
-                # (on an H200, 8B shapes: 2,640 tokens of KV fewer)
+                # cache; the next layer's joint buffers could be cut out of those blocks,
+                # and what is left of a block cannot go back to the driver for the KV pool
+                # (sized after this). Returned a layer at a time, the old weights never mix
+                # with the new buffers.
                 torch.cuda.empty_cache()
         return wrapped
 
