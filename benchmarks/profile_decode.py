@@ -5,8 +5,8 @@ Llama-3.1-8B shapes, dummy weights; ``--batch`` requests of 32-token prompts dec
 ``--new-tokens`` tokens twice (a warm-up and a timed run, both under torch.profiler, whose
 kernels inside CUDA graphs are reported one by one). Prints the output tok/s of the
 timed run and the 30 kernels with the most device time, in microseconds per decode step;
-``--json-out`` keeps both. Flags after ``--`` go to the engine as ``kvflow serve``'s
-(``--quantization fp8``, ``--kv-cache-dtype fp8_e4m3``).
+``--json-out`` keeps both. After ``--``, ``--quantization`` and ``--kv-cache-dtype`` go to
+the engine as ``kvflow serve``'s (``fp8``, ``fp8_e4m3``); other flags are refused.
 
     python3 -P benchmarks/profile_decode.py --batch 128 --json-out bf16.json
     python3 -P benchmarks/profile_decode.py --batch 128 --json-out fp8.json -- --quantization fp8
@@ -21,11 +21,14 @@ from pathlib import Path
 from bench_gpu import gpu_name, make_engine
 from bench_lora_gpu import decode_rate, kernel_profile
 
+ENGINE_FLAGS = ("--quantization", "--kv-cache-dtype")  # string-valued: passed as given
+
 
 def engine_flags(extra: list[str]) -> dict[str, str]:
-    """``--name value`` pairs as the engine's keyword arguments (``name`` with ``_``)."""
-    if len(extra) % 2 or any(not flag.startswith("--") for flag in extra[::2]):
-        raise SystemExit(f"engine flags come as --name value pairs, got {extra}")
+    """``--name value`` pairs of :data:`ENGINE_FLAGS` as the engine's keyword arguments
+    (``name`` with ``_``)."""
+    if len(extra) % 2 or any(flag not in ENGINE_FLAGS for flag in extra[::2]):
+        raise SystemExit(f"engine flags are {', '.join(ENGINE_FLAGS)} with a value, got {extra}")
     pairs = zip(extra[::2], extra[1::2], strict=True)
     return {flag[2:].replace("-", "_"): value for flag, value in pairs}
 

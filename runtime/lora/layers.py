@@ -37,11 +37,12 @@ class LoraLinear(nn.Module):
     ``join_base``: where the base projection is a plain weight without a bias in
     ``dtype`` (the unquantized method), its weight and the slots' A share one buffer
     (:meth:`SlotWeights.joined`; ``base.weight`` becomes a view of its first rows), and a
-    batch that :meth:`~kvflow.runtime.lora.LoraBatch.joins` (the decode graphs') runs one
-    GEMM for the base output and every slot's shrink, then the expand, which writes the
-    sum (:meth:`~kvflow.runtime.lora.LoraBatch.base_and_delta`): two kernels a projection
-    where the separate GEMMs took four (on an H200, the dense shrink is a split-K GEMM and
-    the sum of its partials)."""
+    batch that :meth:`~kvflow.runtime.lora.LoraBatch.joins` (the decode graphs', an eager
+    prompt over the whole batch, a masked eager batch) runs one GEMM for the base output
+    and every slot's shrink, then adds the deltas onto its base columns
+    (:meth:`~kvflow.runtime.lora.LoraBatch.base_and_delta`): in the decode graphs two
+    kernels a projection where the separate GEMMs took four (on an H200, the dense shrink
+    is a split-K GEMM and the sum of its partials)."""
 
     def __init__(
         self,

@@ -96,6 +96,7 @@ class LoraManager:
     ) -> dict[tuple[int, str], LoraLinear]:
         wrapped: dict[tuple[int, str], LoraLinear] = {}
         paths = sorted({LORA_TARGETS[m].layer for m in targets})
+        on_cuda = str(self.device).startswith("cuda")
         for layer_id, layer in enumerate(layers):
             for path in paths:
                 parent_path, _, attr = path.rpartition(".")
@@ -108,11 +109,11 @@ class LoraManager:
                     )
                 lora = LoraLinear(
                     base, self.context, num_slots, max_rank, self.dtype, self.device,
-                    join_base=str(self.device).startswith("cuda"),
+                    join_base=on_cuda,
                 )  # fmt: skip
                 setattr(parent, attr, lora)
                 wrapped[(layer_id, path)] = lora
-            if str(self.device).startswith("cuda"):
+            if on_cuda:
                 # NOTE: a joined projection leaves its old weight's memory free in torch's
                 # cache; the next layer's joint buffers could be cut out of those blocks,
                 # and what is left of a block cannot go back to the driver for the KV pool

@@ -24,7 +24,8 @@ class SlotWeights:
 
     ``joint`` (None: A has memory of its own): ``[N + slots * R, K]``, the base
     projection's weight rows, then ``a_cat``'s, one buffer (:meth:`joined`), so one GEMM
-    gives a row's base output and its shrink by every slot (the decode graphs')."""
+    gives a row's base output and its shrink by every slot
+    (:meth:`~kvflow.runtime.lora.LoraBatch.base_and_delta`)."""
 
     a: torch.Tensor
     b: torch.Tensor

@@ -176,9 +176,9 @@ SGLANG_FLAGS: Mapping[str, Same | Alias | NoEffect | Refuse] = {
     "--max-lora-rank": Same(),
     "--lora-target-modules": Same("q/k/v/o_proj, gate/up/down_proj, qkv_proj, gate_up_proj, all"),
     "--lora-backend": Refuse(
-        "kvflow's LoRA runs its own kernels on CUDA (segmented Triton kernels in the decode "
-        "graphs and past 2,048 eager rows, cuBLAS matmuls in smaller eager batches; torch "
-        "matmuls on CPU)",
+        "kvflow's LoRA runs its own kernels on CUDA (cuBLAS matmuls, with the base "
+        "projection's GEMM where its weight is plain, and a Triton expand in the decode "
+        "graphs; segmented Triton kernels past 2,048 eager rows; torch matmuls on CPU)",
         accepts=("triton",),
     ),
     "--speculative-algorithm": Same(
